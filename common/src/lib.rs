@@ -1,0 +1,10 @@
+//! Types and constants shared by linkpilot's eBPF programs and its controller.
+//!
+//! Every map key and value is `#[repr(C)]`, `Copy`, and free of implicit padding, so the two sides
+//! agree on the bytes. `aya::Pod` impls live behind the `user` feature.
+#![no_std]
+
+pub mod maps;
+pub mod packet;
+
+pub use maps::*;

@@ -1,0 +1,125 @@
+//! Map names, program names and the map value types of the kernel/userspace ABI.
+
+/// TC classifier on ingress. Program names are at most 15 bytes (`BPF_OBJ_NAME_LEN` - 1), so the
+/// kernel, bpftool and our own stale-attachment check all see the same name.
+pub const PROG_TC_INGRESS: &str = "lp_tc_ingress";
+/// TC classifier on egress.
+pub const PROG_TC_EGRESS: &str = "lp_tc_egress";
+/// `tcp:tcp_retransmit_skb` tracepoint.
+pub const PROG_TCP_RETRANSMIT: &str = "lp_tcp_retrans";
+/// Every program name of ours, to recognise them among the kernel's loaded programs.
+pub const PROGRAM_NAMES: [&str; 3] = [PROG_TC_INGRESS, PROG_TC_EGRESS, PROG_TCP_RETRANSMIT];
+
+/// Per-CPU hash: ifindex (`u32`) -> [`IfaceStats`]. Only watched interfaces have an entry; the
+/// controller inserts them before attaching, the programs never insert.
+pub const MAP_IFACE_STATS: &str = "LP_IFACE_STATS";
+/// Hash: ifindex (`u32`) -> [`IfaceConfig`].
+pub const MAP_IFACE_CONFIG: &str = "LP_IFACE_CONFIG";
+/// Hash: [`LocalAddr`] -> ifindex (`u32`): addresses of watched interfaces, used to attribute a
+/// retransmission (whose tracepoint carries no device) to the interface owning its source address.
+pub const MAP_LOCAL_ADDRS: &str = "LP_LOCAL_ADDRS";
+/// Global of type [`KernelOffsets`], set at load time from the running kernel's BTF.
+pub const GLOBAL_KERNEL_OFFSETS: &str = "LP_KERNEL_OFFSETS";
+
+/// Capacity of the per-interface maps.
+pub const MAX_IFACES: u32 = 64;
+/// Capacity of [`MAP_LOCAL_ADDRS`].
+pub const MAX_LOCAL_ADDRS: u32 = 1024;
+
+/// Address family numbers as the kernel uses them in tracepoints.
+pub const AF_INET: u16 = 2;
+/// IPv6 address family.
+pub const AF_INET6: u16 = 10;
+
+/// Per-interface counters, one copy per CPU; the controller sums them.
+///
+/// Packets are wire segments, not skbs: a GSO/GRO skb of `n` segments counts `n` packets and
+/// `len + (n - 1) * header_len` bytes, the bytes the segments occupy on the wire including their
+/// L2 header (without preamble, FCS and inter-frame gap).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IfaceStats {
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    /// TCP segments retransmitted successfully from a source address of this interface
+    /// (`tcp_skb_pcount` of each retransmitted skb, as the kernel's TcpRetransSegs counts).
+    pub retrans_segs: u64,
+    /// Retransmission attempts that the stack reported as failed (tracepoint `err != 0`).
+    pub retrans_failed: u64,
+}
+
+impl IfaceStats {
+    /// Adds another CPU's counters to these.
+    pub fn accumulate(&mut self, other: &Self) {
+        self.rx_packets = self.rx_packets.wrapping_add(other.rx_packets);
+        self.rx_bytes = self.rx_bytes.wrapping_add(other.rx_bytes);
+        self.tx_packets = self.tx_packets.wrapping_add(other.tx_packets);
+        self.tx_bytes = self.tx_bytes.wrapping_add(other.tx_bytes);
+        self.retrans_segs = self.retrans_segs.wrapping_add(other.retrans_segs);
+        self.retrans_failed = self.retrans_failed.wrapping_add(other.retrans_failed);
+    }
+}
+
+/// Link-layer framing of an interface, as TC programs see `skb->data`.
+pub const L2_ETHERNET: u32 = 1;
+/// No link-layer header: `skb->data` starts at the IP header (tun, wireguard, ...).
+pub const L2_RAW_IP: u32 = 2;
+
+/// What the TC programs need to know about a watched interface.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IfaceConfig {
+    /// [`L2_ETHERNET`] or [`L2_RAW_IP`].
+    pub l2: u32,
+    pub _reserved: u32,
+}
+
+/// Key of [`MAP_LOCAL_ADDRS`]: an IPv4 address occupies the first 4 bytes, the rest are zero.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LocalAddr {
+    /// [`AF_INET`] or [`AF_INET6`].
+    pub family: u16,
+    pub _pad: u16,
+    pub addr: [u8; 16],
+}
+
+/// Byte offsets inside kernel structures that the tracepoint program reads. Zero in
+/// `tcp_gso_segs` means "unknown": each retransmitted skb then counts as one segment.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelOffsets {
+    /// Offset of `tcp_skb_cb.tcp_gso_segs` (a `u16`) from the start of `struct sk_buff`, i.e.
+    /// `offsetof(sk_buff, cb) + offsetof(tcp_skb_cb, tcp_gso_segs)`.
+    pub skb_tcp_gso_segs: u32,
+    /// Non-zero when the tracepoint record has the `err` field (Linux 6.13 and later); older
+    /// kernels fire the tracepoint only for successful retransmissions.
+    pub retransmit_has_err: u32,
+}
+
+/// Offsets in the `tcp:tcp_retransmit_skb` record that the program reads. The controller checks
+/// them against the running kernel's tracefs format file before loading.
+pub mod retransmit_record {
+    pub const SKBADDR: usize = 8;
+    pub const FAMILY: usize = 32;
+    pub const SADDR: usize = 34;
+    pub const SADDR_V6: usize = 42;
+    pub const ERR: usize = 76;
+}
+
+const _: () = assert!(core::mem::size_of::<IfaceStats>() == 48);
+const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 8);
+const _: () = assert!(core::mem::size_of::<LocalAddr>() == 20);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 8);
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all four are #[repr(C)], Copy, made only of integers, with no implicit padding (the
+    // size assertions above pin their layouts), so every bit pattern is a valid value.
+    unsafe impl aya::Pod for super::IfaceStats {}
+    unsafe impl aya::Pod for super::IfaceConfig {}
+    unsafe impl aya::Pod for super::LocalAddr {}
+    unsafe impl aya::Pod for super::KernelOffsets {}
+}

@@ -1,0 +1,260 @@
+//! What linkpilot needs from the running kernel, checked up front so that a missing privilege or
+//! feature is one clear error instead of a syscall failure deep inside loading.
+
+use std::{fs, path::PathBuf};
+
+use btf_rs::{Btf, BtfType, Type};
+use linkpilot_common::{retransmit_record, KernelOffsets};
+
+use crate::paths::{PROC_SELF_STATUS, TRACEFS, TRACEFS_LEGACY, VMLINUX_BTF};
+
+/// A kernel prerequisite that is not met.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error(
+        "missing privileges: loading and attaching eBPF programs needs root, or CAP_BPF, \
+         CAP_NET_ADMIN and CAP_PERFMON (missing: {missing})"
+    )]
+    MissingCapabilities { missing: String },
+    #[error(
+        "tracefs is not mounted (looked in {TRACEFS} and {TRACEFS_LEGACY}); mount it with \
+         `mount -t tracefs nodev {TRACEFS}` (`cargo xtask setup` does this); note that \
+         `ip netns exec` remounts /sys without it, `nsenter --net=/run/netns/NAME` does not"
+    )]
+    NoTracefs,
+    #[error("tracepoint {name} is not available in this kernel ({path} is missing)")]
+    NoTracepoint { name: String, path: String },
+    #[error(
+        "tracepoint {tracepoint}: field {field} is at offset {found:?} in this kernel, linkpilot \
+         reads it at {expected}; this kernel's record layout is not supported"
+    )]
+    TracepointLayout {
+        tracepoint: String,
+        field: &'static str,
+        expected: usize,
+        found: Option<usize>,
+    },
+    #[error("reading {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+}
+
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Checks that this process may load and attach our programs.
+pub fn check_privileges() -> Result<(), KernelError> {
+    let status = fs::read_to_string(PROC_SELF_STATUS)
+        .map_err(|source| KernelError::Read { path: PROC_SELF_STATUS.into(), source })?;
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    missing_capabilities(eff)
+        .map_or(Ok(()), |missing| Err(KernelError::MissingCapabilities { missing }))
+}
+
+fn missing_capabilities(eff: u64) -> Option<String> {
+    let has = |cap: u32| eff & (1u64 << cap) != 0;
+    // Before CAP_BPF/CAP_PERFMON existed, CAP_SYS_ADMIN covered both.
+    let mut missing = Vec::new();
+    if !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
+        missing.push("CAP_BPF");
+    }
+    if !has(CAP_PERFMON) && !has(CAP_SYS_ADMIN) {
+        missing.push("CAP_PERFMON");
+    }
+    if !has(CAP_NET_ADMIN) {
+        missing.push("CAP_NET_ADMIN");
+    }
+    (!missing.is_empty()).then(|| missing.join(", "))
+}
+
+/// The tracefs mount point.
+pub fn tracefs() -> Result<PathBuf, KernelError> {
+    [TRACEFS, TRACEFS_LEGACY]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("events").is_dir())
+        .ok_or(KernelError::NoTracefs)
+}
+
+/// Field name -> offset, from a tracefs `format` file.
+fn format_offsets(format: &str) -> Vec<(String, usize)> {
+    // Lines look like: "\tfield:__u16 family;\toffset:32;\tsize:2;\tsigned:0;"
+    format
+        .lines()
+        .filter_map(|line| {
+            let decl = line.trim().strip_prefix("field:")?.split(';').next()?;
+            let name = decl.rsplit([' ', '*']).next()?.split('[').next()?.to_owned();
+            let off = line.split("offset:").nth(1)?.split(';').next()?.trim().parse().ok()?;
+            Some((name, off))
+        })
+        .collect()
+}
+
+/// Checks that `tcp:tcp_retransmit_skb` exists and has the layout the program reads; returns
+/// whether it carries the `err` field.
+pub fn check_retransmit_tracepoint() -> Result<bool, KernelError> {
+    let name = "tcp:tcp_retransmit_skb";
+    let path = tracefs()?.join("events/tcp/tcp_retransmit_skb/format");
+    let format = fs::read_to_string(&path).map_err(|_| KernelError::NoTracepoint {
+        name: name.into(),
+        path: path.display().to_string(),
+    })?;
+    check_retransmit_layout(&format)
+}
+
+fn check_retransmit_layout(format: &str) -> Result<bool, KernelError> {
+    let fields = format_offsets(format);
+    let offset_of = |f: &str| fields.iter().find(|(n, _)| n == f).map(|(_, o)| *o);
+    for (field, expected) in [
+        ("skbaddr", retransmit_record::SKBADDR),
+        ("family", retransmit_record::FAMILY),
+        ("saddr", retransmit_record::SADDR),
+        ("saddr_v6", retransmit_record::SADDR_V6),
+    ] {
+        let found = offset_of(field);
+        if found != Some(expected) {
+            return Err(KernelError::TracepointLayout {
+                tracepoint: "tcp:tcp_retransmit_skb".into(),
+                field,
+                expected,
+                found,
+            });
+        }
+    }
+    match offset_of("err") {
+        None => Ok(false),
+        Some(o) if o == retransmit_record::ERR => Ok(true),
+        found => Err(KernelError::TracepointLayout {
+            tracepoint: "tcp:tcp_retransmit_skb".into(),
+            field: "err",
+            expected: retransmit_record::ERR,
+            found,
+        }),
+    }
+}
+
+/// Offsets of kernel structure fields, from the kernel's BTF. A kernel without BTF, or whose
+/// layout we cannot find, yields zero offsets: retransmissions are then counted per skb, and the
+/// returned note says so.
+pub fn kernel_offsets(retransmit_has_err: bool) -> (KernelOffsets, Option<String>) {
+    let mut offsets =
+        KernelOffsets { skb_tcp_gso_segs: 0, retransmit_has_err: u32::from(retransmit_has_err) };
+    match skb_tcp_gso_segs_offset() {
+        Ok(off) => {
+            offsets.skb_tcp_gso_segs = off;
+            (offsets, None)
+        }
+        Err(why) => {
+            (offsets, Some(format!("retransmissions are counted per skb, not per segment: {why}")))
+        }
+    }
+}
+
+/// `offsetof(struct sk_buff, cb) + offsetof(struct tcp_skb_cb, tcp_gso_segs)`.
+fn skb_tcp_gso_segs_offset() -> Result<u32, String> {
+    let btf = Btf::from_file(VMLINUX_BTF).map_err(|e| format!("reading {VMLINUX_BTF}: {e}"))?;
+    let cb = member_offset(&btf, "sk_buff", "cb")?;
+    let segs = member_offset(&btf, "tcp_skb_cb", "tcp_gso_segs")?;
+    u32::try_from(cb + segs).map_err(|_| "offset out of range".to_owned())
+}
+
+/// Byte offset of `member` in `struct name`, looking through anonymous structs and unions.
+fn member_offset(btf: &Btf, name: &str, member: &str) -> Result<usize, String> {
+    let types = btf.resolve_types_by_name(name).map_err(|e| format!("BTF has no {name}: {e}"))?;
+    let s = types
+        .iter()
+        .find_map(|t| match t {
+            Type::Struct(s) if !s.members.is_empty() => Some(s),
+            _ => None,
+        })
+        .ok_or_else(|| format!("BTF has no struct {name}"))?;
+    find_member(btf, s, member, 0, 4)?
+        .ok_or_else(|| format!("struct {name} has no member {member}"))
+}
+
+fn find_member(
+    btf: &Btf,
+    s: &btf_rs::Struct,
+    member: &str,
+    base_bits: usize,
+    depth: u8,
+) -> Result<Option<usize>, String> {
+    for m in &s.members {
+        let bits = base_bits + m.bit_offset() as usize;
+        let name = match m.get_name_offset() {
+            Some(_) => btf.resolve_name(m).unwrap_or_default(),
+            None => String::new(),
+        };
+        if name == member {
+            return Ok(Some(bits / 8));
+        }
+        if name.is_empty() && depth > 0 {
+            if let Ok(Type::Struct(inner) | Type::Union(inner)) = btf.resolve_chained_type(m) {
+                if let Some(off) = find_member(btf, &inner, member, bits, depth - 1)? {
+                    return Ok(Some(off));
+                }
+            }
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FORMAT_6_18: &str = "name: tcp_retransmit_skb\nID: 2281\nformat:\n\
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\
+\tfield:const void * skbaddr;\toffset:8;\tsize:8;\tsigned:0;\n\
+\tfield:const void * skaddr;\toffset:16;\tsize:8;\tsigned:0;\n\
+\tfield:int state;\toffset:24;\tsize:4;\tsigned:1;\n\
+\tfield:__u16 family;\toffset:32;\tsize:2;\tsigned:0;\n\
+\tfield:__u8 saddr[4];\toffset:34;\tsize:4;\tsigned:0;\n\
+\tfield:__u8 daddr[4];\toffset:38;\tsize:4;\tsigned:0;\n\
+\tfield:__u8 saddr_v6[16];\toffset:42;\tsize:16;\tsigned:0;\n\
+\tfield:int err;\toffset:76;\tsize:4;\tsigned:1;\n";
+
+    #[test]
+    fn parses_tracefs_format() {
+        let f = format_offsets(FORMAT_6_18);
+        assert!(f.contains(&("skbaddr".to_owned(), 8)));
+        assert!(f.contains(&("saddr_v6".to_owned(), 42)));
+        assert!(check_retransmit_layout(FORMAT_6_18).unwrap());
+        let without_err: String =
+            FORMAT_6_18.lines().filter(|l| !l.contains(" err;")).collect::<Vec<_>>().join("\n");
+        assert!(!check_retransmit_layout(&without_err).unwrap());
+    }
+
+    #[test]
+    fn layout_mismatch_names_the_field() {
+        let moved = FORMAT_6_18.replace("family;\toffset:32", "family;\toffset:36");
+        let err = check_retransmit_layout(&moved).unwrap_err().to_string();
+        assert!(err.contains("field family is at offset Some(36)"), "{err}");
+    }
+
+    #[test]
+    fn capabilities() {
+        assert_eq!(missing_capabilities(u64::MAX), None);
+        assert_eq!(missing_capabilities(1 << CAP_SYS_ADMIN | 1 << CAP_NET_ADMIN), None);
+        assert_eq!(missing_capabilities(1 << CAP_BPF), Some("CAP_PERFMON, CAP_NET_ADMIN".into()));
+        assert_eq!(missing_capabilities(0), Some("CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN".into()));
+    }
+
+    #[test]
+    fn btf_offsets_of_this_kernel() {
+        // Every kernel this project supports has BTF; the value is sanity-checked against the
+        // known layout (cb follows 40 bytes of list/socket pointers, tcp_gso_segs is 8 into cb).
+        if !std::path::Path::new(VMLINUX_BTF).exists() {
+            return;
+        }
+        let btf = Btf::from_file(VMLINUX_BTF).unwrap();
+        assert_eq!(member_offset(&btf, "tcp_skb_cb", "tcp_gso_segs").unwrap(), 8);
+        assert_eq!(member_offset(&btf, "sk_buff", "cb").unwrap(), 40);
+        assert!(member_offset(&btf, "sk_buff", "no_such_member").is_err());
+    }
+}

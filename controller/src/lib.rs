@@ -1,0 +1,11 @@
+//! linkpilot: an eBPF-based adaptive link controller.
+//!
+//! The library holds everything; the `linkpilot` binary is a thin CLI over it.
+//! `probes` is the only module that talks to aya; `kernel` and `iface` read the running system;
+//! `watch` turns counter readings into rates and prints them.
+
+pub mod iface;
+pub mod kernel;
+pub mod paths;
+pub mod probes;
+pub mod watch;

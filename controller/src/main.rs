@@ -1,0 +1,144 @@
+//! The `linkpilot` command line.
+
+use std::{
+    process::ExitCode,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use linkpilot::{
+    iface::{self, Iface},
+    kernel,
+    probes::Probes,
+    watch::{rates, table_header, table_row, Sample, Totals},
+};
+use tokio::signal::unix::{signal, SignalKind};
+use tracing::{error, warn};
+
+#[derive(Parser)]
+#[command(name = "linkpilot", version, about = "eBPF-based adaptive link controller")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Count packets, bytes and TCP retransmissions per interface, printed once a second.
+    Watch {
+        /// Interface to watch (repeat for several).
+        #[arg(long = "iface", required = true, value_name = "IF")]
+        ifaces: Vec<String>,
+        /// One JSON object per interface and second instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Stop after this many one-second intervals (default: until Ctrl-C or SIGTERM).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        count: Option<u64>,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!("starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match cli.command {
+        Command::Watch { ifaces, json, count } => runtime.block_on(watch(&ifaces, json, count)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn watch(names: &[String], json: bool, count: Option<u64>) -> anyhow::Result<()> {
+    let ifaces = names.iter().map(|n| Iface::resolve(n)).collect::<Result<Vec<_>, _>>()?;
+    kernel::check_privileges()?;
+    let has_err = kernel::check_retransmit_tracepoint()?;
+    let (offsets, note) = kernel::kernel_offsets(has_err);
+    if let Some(note) = note {
+        warn!("{note}");
+    }
+    // Signal handlers first, so a Ctrl-C during attach still detaches cleanly.
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+
+    let mut probes = Probes::load(offsets)?;
+    probes
+        .sync_local_addrs(&iface::local_addrs(&ifaces).context("listing interface addresses")?)?;
+    for iface in &ifaces {
+        probes.watch(iface)?;
+    }
+    probes.attach_retransmit()?;
+    tracing::info!(ifaces = ?names, "watching; Ctrl-C or SIGTERM to stop");
+
+    let mut prev: Vec<Totals> = vec![Totals::default(); ifaces.len()];
+    let mut last_read = Instant::now();
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    ticker.tick().await;
+    let mut ticks = 0u64;
+    if !json {
+        println!("{}", table_header());
+    }
+    loop {
+        let stop = tokio::select! {
+            _ = ticker.tick() => false,
+            _ = sigterm.recv() => true,
+            _ = sigint.recv() => true,
+        };
+        // Addresses can change while we watch; retransmissions are attributed by address.
+        match iface::local_addrs(&ifaces) {
+            Ok(addrs) => probes.sync_local_addrs(&addrs)?,
+            Err(e) => warn!("listing interface addresses: {e}"),
+        }
+        let now = Instant::now();
+        let elapsed = now - last_read;
+        last_read = now;
+        ticks += 1;
+        let last = stop || count.is_some_and(|c| ticks >= c);
+        for (i, iface) in ifaces.iter().enumerate() {
+            let totals = Totals::from(probes.stats(iface.ifindex)?);
+            let r = rates(&prev[i], &totals, elapsed);
+            prev[i] = totals;
+            if json {
+                let sample = Sample {
+                    unix_ms: SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .as_millis(),
+                    iface: &iface.name,
+                    ifindex: iface.ifindex,
+                    interval_s: elapsed.as_secs_f64(),
+                    rates: r,
+                    totals,
+                    last,
+                };
+                println!("{}", serde_json::to_string(&sample)?);
+            } else {
+                println!("{}", table_row(&iface.name, &r));
+            }
+        }
+        if last {
+            break;
+        }
+    }
+    drop(probes);
+    tracing::info!("detached");
+    Ok(())
+}

@@ -1,0 +1,230 @@
+//! The only module that talks to aya: loads the embedded eBPF object, attaches it, and reads and
+//! writes its maps. Dropping [`Probes`] detaches everything (TCX and perf links are fd-owned).
+
+use std::collections::HashMap as StdHashMap;
+
+use aya::{
+    maps::{HashMap, MapData, MapError, PerCpuHashMap},
+    programs::{tc, ProgramError, SchedClassifier, TcAttachType, TracePoint},
+    util::KernelVersion,
+    Ebpf, EbpfError, EbpfLoader,
+};
+use linkpilot_common::{
+    IfaceConfig, IfaceStats, KernelOffsets, LocalAddr, GLOBAL_KERNEL_OFFSETS, MAP_IFACE_CONFIG,
+    MAP_IFACE_STATS, MAP_LOCAL_ADDRS, PROG_TCP_RETRANSMIT, PROG_TC_EGRESS, PROG_TC_INGRESS,
+};
+use tracing::{debug, info};
+
+use crate::iface::Iface;
+
+/// The eBPF object built by build.rs from the `ebpf/` crate.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/linkpilot"));
+
+/// Failure to load, attach or use the eBPF programs.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("loading the eBPF object: {0}")]
+    Object(#[source] Box<EbpfError>),
+    #[error("the eBPF object has no {kind} named {name}")]
+    Missing { kind: &'static str, name: &'static str },
+    #[error("the kernel verifier rejected program {program}: {summary} (full log at debug level)")]
+    Verifier { program: &'static str, summary: String },
+    #[error("{action} program {program}: {source}")]
+    Program { action: &'static str, program: &'static str, source: Box<ProgramError> },
+    #[error("attaching {program} to {iface} ({direction}): {source}")]
+    Attach {
+        program: &'static str,
+        iface: String,
+        direction: &'static str,
+        source: Box<ProgramError>,
+    },
+    #[error("map {map}: {source}")]
+    Map { map: &'static str, source: Box<MapError> },
+}
+
+/// Loaded programs and the maps the controller uses.
+pub struct Probes {
+    ebpf: Ebpf,
+    stats: PerCpuHashMap<MapData, u32, IfaceStats>,
+    config: HashMap<MapData, u32, IfaceConfig>,
+    local_addrs: HashMap<MapData, LocalAddr, u32>,
+    watched: Vec<Iface>,
+}
+
+impl Probes {
+    /// Loads the object with `offsets` patched in and verifies every program. Nothing is
+    /// attached yet.
+    pub fn load(offsets: KernelOffsets) -> Result<Self, ProbeError> {
+        let mut ebpf = EbpfLoader::new()
+            .override_global(GLOBAL_KERNEL_OFFSETS, &offsets, true)
+            .load(OBJECT)
+            .map_err(|e| ProbeError::Object(Box::new(e)))?;
+        for name in [PROG_TC_INGRESS, PROG_TC_EGRESS] {
+            let prog: &mut SchedClassifier = program(&mut ebpf, name)?;
+            prog.load().map_err(|e| load_error(name, e))?;
+        }
+        let prog: &mut TracePoint = program(&mut ebpf, PROG_TCP_RETRANSMIT)?;
+        prog.load().map_err(|e| load_error(PROG_TCP_RETRANSMIT, e))?;
+        let stats = take_map(&mut ebpf, MAP_IFACE_STATS)?;
+        let config = take_map(&mut ebpf, MAP_IFACE_CONFIG)?;
+        let local_addrs = take_map(&mut ebpf, MAP_LOCAL_ADDRS)?;
+        Ok(Self { ebpf, stats, config, local_addrs, watched: Vec::new() })
+    }
+
+    /// Starts counting on `iface`: zeroes its counters, then attaches ingress and egress.
+    pub fn watch(&mut self, iface: &Iface) -> Result<(), ProbeError> {
+        let zero = vec![IfaceStats::default(); nr_cpus()?];
+        let zero = aya::maps::PerCpuValues::try_from(zero).map_err(|e| ProbeError::Map {
+            map: MAP_IFACE_STATS,
+            source: Box::new(MapError::from(e)),
+        })?;
+        self.stats.insert(iface.ifindex, zero, 0).map_err(|e| map_error(MAP_IFACE_STATS, e))?;
+        self.config
+            .insert(iface.ifindex, IfaceConfig { l2: iface.l2, _reserved: 0 }, 0)
+            .map_err(|e| map_error(MAP_IFACE_CONFIG, e))?;
+        if KernelVersion::current().is_ok_and(|v| v < KernelVersion::new(6, 6, 0)) {
+            // Before TCX, classifiers hang off the clsact qdisc; it may already exist.
+            let _ = tc::qdisc_add_clsact(&iface.name);
+        }
+        for (name, attach_type, direction) in [
+            (PROG_TC_INGRESS, TcAttachType::Ingress, "ingress"),
+            (PROG_TC_EGRESS, TcAttachType::Egress, "egress"),
+        ] {
+            let prog: &mut SchedClassifier = program(&mut self.ebpf, name)?;
+            prog.attach(&iface.name, attach_type).map_err(|e| ProbeError::Attach {
+                program: name,
+                iface: iface.name.clone(),
+                direction,
+                source: Box::new(e),
+            })?;
+            debug!(iface = %iface.name, ifindex = iface.ifindex, direction, "attached");
+        }
+        self.watched.push(iface.clone());
+        Ok(())
+    }
+
+    /// Attaches the retransmission tracepoint.
+    pub fn attach_retransmit(&mut self) -> Result<(), ProbeError> {
+        let prog: &mut TracePoint = program(&mut self.ebpf, PROG_TCP_RETRANSMIT)?;
+        prog.attach("tcp", "tcp_retransmit_skb").map_err(|e| ProbeError::Program {
+            action: "attaching",
+            program: PROG_TCP_RETRANSMIT,
+            source: Box::new(e),
+        })?;
+        info!("attached tcp:tcp_retransmit_skb");
+        Ok(())
+    }
+
+    /// The interfaces being watched, in the order they were added.
+    pub fn watched(&self) -> &[Iface] {
+        &self.watched
+    }
+
+    /// Counters of `ifindex` summed over CPUs, since it was watched.
+    pub fn stats(&self, ifindex: u32) -> Result<IfaceStats, ProbeError> {
+        let per_cpu = self.stats.get(&ifindex, 0).map_err(|e| map_error(MAP_IFACE_STATS, e))?;
+        let mut sum = IfaceStats::default();
+        per_cpu.iter().for_each(|v| sum.accumulate(v));
+        Ok(sum)
+    }
+
+    /// Makes the local-address map equal to `want` (address -> ifindex).
+    pub fn sync_local_addrs(
+        &mut self,
+        want: &StdHashMap<LocalAddr, u32>,
+    ) -> Result<(), ProbeError> {
+        let map_err = |e| map_error(MAP_LOCAL_ADDRS, e);
+        let have: Vec<LocalAddr> =
+            self.local_addrs.keys().collect::<Result<_, _>>().map_err(map_err)?;
+        for key in have.iter().filter(|k| !want.contains_key(k)) {
+            self.local_addrs.remove(key).map_err(map_err)?;
+        }
+        for (key, ifindex) in want {
+            if self.local_addrs.get(key, 0).ok() != Some(*ifindex) {
+                self.local_addrs.insert(key, ifindex, 0).map_err(map_err)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn map_error(map: &'static str, e: MapError) -> ProbeError {
+    ProbeError::Map { map, source: Box::new(e) }
+}
+
+fn nr_cpus() -> Result<usize, ProbeError> {
+    aya::util::nr_cpus().map_err(|(_, io_error)| {
+        map_error(
+            MAP_IFACE_STATS,
+            MapError::SyscallError(aya::sys::SyscallError { call: "nr_cpus", io_error }),
+        )
+    })
+}
+
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, ProbeError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
+    let prog = ebpf.program_mut(name).ok_or(ProbeError::Missing { kind: "program", name })?;
+    prog.try_into().map_err(|e| ProbeError::Program {
+        action: "typing",
+        program: name,
+        source: Box::new(e),
+    })
+}
+
+fn take_map<V>(ebpf: &mut Ebpf, name: &'static str) -> Result<V, ProbeError>
+where
+    V: TryFrom<aya::maps::Map, Error = MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(ProbeError::Missing { kind: "map", name })?;
+    V::try_from(map).map_err(|e| map_error(name, e))
+}
+
+/// Logs the whole verifier log at debug level and keeps its last meaningful lines for the error.
+fn load_error(program: &'static str, error: ProgramError) -> ProbeError {
+    match error {
+        ProgramError::LoadError { io_error, verifier_log } => {
+            let log = verifier_log.to_string();
+            debug!(program, %log, "verifier log");
+            ProbeError::Verifier { program, summary: verifier_summary(&io_error, &log) }
+        }
+        e => ProbeError::Program { action: "loading", program, source: Box::new(e) },
+    }
+}
+
+/// The kernel's errno plus the last non-statistics lines of the verifier log, where the verifier
+/// states why it gave up.
+fn verifier_summary(io_error: &std::io::Error, log: &str) -> String {
+    let tail: Vec<&str> = log
+        .lines()
+        .map(str::trim)
+        .filter(|l| {
+            !l.is_empty() && !l.starts_with("processed ") && !l.starts_with("verification time")
+        })
+        .rev()
+        .take(3)
+        .collect();
+    if tail.is_empty() {
+        io_error.to_string()
+    } else {
+        format!("{io_error}: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" | "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verifier_summary_keeps_the_reason() {
+        let log = "0: (b7) r0 = 0\n1: (79) r1 = *(u64 *)(r1 +8)\ninvalid bpf_context access off=8 size=8\n\
+                   processed 2 insns (limit 1000000) max_states_per_insn 0\n";
+        let io = std::io::Error::from_raw_os_error(libc::EACCES);
+        let s = verifier_summary(&io, log);
+        assert!(s.starts_with("Permission denied"), "{s}");
+        assert!(s.ends_with("invalid bpf_context access off=8 size=8"), "{s}");
+        assert!(!s.contains("processed"), "{s}");
+        assert_eq!(verifier_summary(&io, ""), io.to_string());
+    }
+}

@@ -1,0 +1,84 @@
+//! TCP retransmissions from `tcp:tcp_retransmit_skb`, attributed to the watched interface that
+//! owns the flow's source address (the tracepoint carries no device).
+
+use aya_ebpf::{
+    helpers::bpf_probe_read_kernel,
+    macros::{map, tracepoint},
+    maps::HashMap,
+    programs::TracePointContext,
+};
+use linkpilot_common::{
+    retransmit_record::{
+        ERR as TP_ERR, FAMILY as TP_FAMILY, SADDR as TP_SADDR, SADDR_V6 as TP_SADDR_V6,
+        SKBADDR as TP_SKBADDR,
+    },
+    KernelOffsets, LocalAddr, AF_INET, AF_INET6, MAX_LOCAL_ADDRS,
+};
+
+use crate::traffic::IFACE_STATS;
+
+#[map(name = "LP_LOCAL_ADDRS")]
+static LOCAL_ADDRS: HashMap<LocalAddr, u32> = HashMap::with_max_entries(MAX_LOCAL_ADDRS, 0);
+
+/// Set by the controller at load time from the kernel's BTF.
+#[unsafe(no_mangle)]
+static LP_KERNEL_OFFSETS: KernelOffsets =
+    KernelOffsets { skb_tcp_gso_segs: 0, retransmit_has_err: 0 };
+
+#[tracepoint]
+pub fn lp_tcp_retrans(ctx: TracePointContext) -> u32 {
+    // A failed read only loses this one event; there is nothing better to do in a tracepoint.
+    let _ = try_count(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_count(ctx: &TracePointContext) -> Result<(), i64> {
+    // SAFETY: offsets are within the record the format file describes.
+    let family: u16 = unsafe { ctx.read_at(TP_FAMILY)? };
+    let mut key = LocalAddr { family, _pad: 0, addr: [0; 16] };
+    if family == AF_INET {
+        // SAFETY: as above.
+        let a: [u8; 4] = unsafe { ctx.read_at(TP_SADDR)? };
+        key.addr[..4].copy_from_slice(&a);
+    } else if family == AF_INET6 {
+        // SAFETY: as above.
+        key.addr = unsafe { ctx.read_at(TP_SADDR_V6)? };
+    } else {
+        return Ok(());
+    }
+    // SAFETY: the controller writes this map only with whole values.
+    let Some(&ifindex) = (unsafe { LOCAL_ADDRS.get(key) }) else { return Ok(()) };
+    let Some(stats) = IFACE_STATS.get_ptr_mut(ifindex) else { return Ok(()) };
+    // SAFETY: a read-only global patched at load time; `err` is only read where it exists.
+    let has_err = unsafe { core::ptr::read_volatile(&LP_KERNEL_OFFSETS.retransmit_has_err) };
+    // SAFETY: offset within the record when `has_err` is set.
+    let err: i32 = if has_err != 0 { unsafe { ctx.read_at(TP_ERR)? } } else { 0 };
+    // SAFETY: a per-CPU value; see traffic.rs.
+    let stats = unsafe { &mut *stats };
+    if err != 0 {
+        stats.retrans_failed += 1;
+        return Ok(());
+    }
+    stats.retrans_segs += u64::from(segments(ctx));
+    Ok(())
+}
+
+/// `tcp_skb_pcount(skb)`: how many MSS-sized segments the retransmitted skb carries, which is
+/// what TcpRetransSegs adds. One when the offset is unknown or the read fails.
+#[inline(always)]
+fn segments(ctx: &TracePointContext) -> u16 {
+    // SAFETY: a read-only global patched at load time.
+    let off = unsafe { core::ptr::read_volatile(&LP_KERNEL_OFFSETS.skb_tcp_gso_segs) };
+    if off == 0 {
+        return 1;
+    }
+    // SAFETY: offset within the tracepoint record.
+    let Ok(skb) = (unsafe { ctx.read_at::<u64>(TP_SKBADDR) }) else { return 1 };
+    let ptr = (skb + u64::from(off)) as *const u16;
+    // SAFETY: bpf_probe_read_kernel tolerates any address and reports failure.
+    match unsafe { bpf_probe_read_kernel(ptr) } {
+        Ok(segs) if segs > 0 => segs,
+        _ => 1,
+    }
+}

@@ -1,0 +1,49 @@
+//! Helpers for the privileged integration tests: network namespaces torn down by guards, commands
+//! whose failures say what failed, and the `linkpilot` binary driven as a user would.
+//!
+//! Addresses come from the benchmarking range 198.18.0.0/15 (RFC 2544); traffic never leaves the
+//! namespaces a test made.
+
+pub mod netns;
+pub mod oracle;
+pub mod watcher;
+
+use std::{
+    path::PathBuf,
+    process::{Command, Output},
+};
+
+/// Runs `args` (program first) and returns stdout; panics with the command and its stderr.
+pub fn sh(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "command {:?} failed ({}): {}",
+        args,
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `args` and returns its output whatever the exit status.
+pub fn run(args: &[&str]) -> Output {
+    Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("could not start {:?}: {e}", args[0]))
+}
+
+/// The `linkpilot` binary under test: `LINKPILOT_BIN` (set by `cargo xtask test`) or the debug
+/// build of this workspace.
+pub fn linkpilot_bin() -> PathBuf {
+    let path = std::env::var_os("LINKPILOT_BIN").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/linkpilot")
+    });
+    assert!(
+        path.is_file(),
+        "{} does not exist: build it with `cargo build -p linkpilot` or run `cargo xtask test`",
+        path.display()
+    );
+    path
+}

@@ -1,0 +1,144 @@
+//! `linkpilot watch --json` run as a child process inside a test namespace.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use nix::{
+    sys::signal::{kill, Signal},
+    unistd::Pid,
+};
+use serde::Deserialize;
+
+use crate::{linkpilot_bin, netns::Netns};
+
+/// Totals of one interface as `watch --json` prints them.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct Totals {
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub retrans_segs: u64,
+    pub retrans_failed: u64,
+}
+
+/// One line of `watch --json`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Sample {
+    pub iface: String,
+    pub totals: Totals,
+    pub last: bool,
+}
+
+/// A running `linkpilot watch`; killed if dropped without [`Watcher::stop`].
+pub struct Watcher {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    stderr: thread::JoinHandle<String>,
+}
+
+impl Watcher {
+    /// Starts watching `ifaces` in `ns` and returns once the first sample is out, i.e. once
+    /// every program is attached.
+    pub fn start(ns: &Netns, ifaces: &[&str]) -> Self {
+        // nsenter, not `ip netns exec`: the latter remounts /sys, hiding tracefs.
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{}", ns.name))
+            .arg(linkpilot_bin())
+            .args(["watch", "--json"]);
+        for i in ifaces {
+            cmd.args(["--iface", i]);
+        }
+        let mut child = cmd
+            .env("RUST_LOG", "debug")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting linkpilot watch");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (tx, lines) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = thread::spawn(move || {
+            let mut all = String::new();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                all.push_str(&line);
+                all.push('\n');
+            }
+            all
+        });
+        let mut w = Self { child, lines, stderr };
+        if let Err(e) = w.lines.recv_timeout(Duration::from_secs(20)) {
+            let _ = w.child.kill();
+            let _ = w.child.wait();
+            let log = std::mem::replace(&mut w.stderr, thread::spawn(String::new))
+                .join()
+                .unwrap_or_default();
+            panic!("linkpilot watch printed no sample within 20 s ({e}); its log:\n{log}");
+        }
+        w
+    }
+
+    /// The child's process id (nsenter execs linkpilot, so it is linkpilot's).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal`, waits for a clean exit, and returns the last sample of each interface.
+    pub fn stop_with(mut self, signal: Signal) -> Vec<Sample> {
+        kill(Pid::from_raw(self.child.id() as i32), signal).expect("signalling linkpilot");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("waiting for linkpilot") {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "linkpilot did not exit within 10 s of {signal}");
+            thread::sleep(Duration::from_millis(20));
+        };
+        let log = std::mem::replace(&mut self.stderr, thread::spawn(String::new))
+            .join()
+            .unwrap_or_default();
+        assert!(status.success(), "linkpilot exited with {status}; its log:\n{log}");
+        // The reader thread ends at EOF, closing the channel; bounded in case it never does.
+        let mut raw = Vec::new();
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            raw.push(line);
+        }
+        let samples: Vec<Sample> = raw
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
+            .collect();
+        let last: Vec<Sample> = samples.into_iter().filter(|s| s.last).collect();
+        assert!(!last.is_empty(), "linkpilot printed no final sample; its log:\n{log}");
+        last
+    }
+
+    /// Stops with SIGINT (Ctrl-C) and returns the final totals of `iface`.
+    pub fn stop(self, iface: &str) -> Totals {
+        let last = self.stop_with(Signal::SIGINT);
+        last.iter()
+            .find(|s| s.iface == iface)
+            .unwrap_or_else(|| panic!("no final sample for {iface}: {last:?}"))
+            .totals
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! Bad input and missing prerequisites: one clear error, exit status 1, nothing attached.
+
+use std::process::Command;
+
+use linkpilot_tests::{linkpilot_bin, netns::Netns, oracle::loaded_program_names, run};
+
+fn linkpilot(prefix: &[&str], args: &[&str]) -> (i32, String) {
+    let bin = linkpilot_bin();
+    let bin = bin.to_str().expect("utf-8 path");
+    let full: Vec<&str> = prefix.iter().copied().chain([bin]).chain(args.iter().copied()).collect();
+    let out = run(&full);
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn assert_none_loaded() {
+    let ours = ["lp_tc_ingress", "lp_tc_egress", "lp_tcp_retrans"];
+    let loaded = loaded_program_names();
+    assert!(loaded.iter().all(|n| !ours.contains(&n.as_str())), "left loaded: {loaded:?}");
+}
+
+#[test]
+fn missing_interface() {
+    let ns = Netns::new("err");
+    let (code, err) = linkpilot(
+        &["nsenter", &format!("--net=/run/netns/{}", ns.name)],
+        &["watch", "--iface", "lpnope0"],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("interface \"lpnope0\" does not exist"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_none_loaded();
+}
+
+#[test]
+fn missing_privileges() {
+    let (code, err) = linkpilot(
+        &["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"],
+        &["watch", "--iface", "lo"],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("missing privileges") && err.contains("CAP_BPF"), "{err}");
+    assert_none_loaded();
+}
+
+#[test]
+fn missing_tracefs() {
+    // A private mount namespace, so the host's tracefs stays mounted.
+    let script = format!(
+        "umount -l /sys/kernel/tracing 2>/dev/null; umount -l /sys/kernel/debug 2>/dev/null; \
+         exec {} watch --iface lo",
+        linkpilot_bin().display()
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .expect("unshare");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("tracefs is not mounted"), "{err}");
+    assert_none_loaded();
+}
+
+#[test]
+fn bad_arguments() {
+    for args in [&["watch"][..], &["watch", "--iface", "lo", "--count", "0"], &["nonsense"]] {
+        let (code, err) = linkpilot(&[], args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains("error:") && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}

@@ -1,0 +1,145 @@
+//! `cargo xtask setup`: installs what a fresh machine lacks. Every step checks first, so a
+//! machine that has everything is done in seconds; a failing step is named in the error.
+
+use std::{fs, process::Command};
+
+use anyhow::{bail, Context as _};
+
+use crate::run::{output, status, succeeds};
+
+/// Debian packages the build and the tests use, and why.
+const DEBIAN_PACKAGES: &[(&str, &str)] = &[
+    ("llvm-22-dev", "bpf-linker links against LLVM 22, the LLVM of the nightly toolchain"),
+    ("iproute2", "ip, tc, ss and nstat for the test namespaces and as oracles"),
+    ("iputils-ping", "ping, an RTT oracle"),
+    ("iperf3", "a throughput oracle"),
+    ("tcpdump", "a packet oracle"),
+    ("tshark", "a packet oracle"),
+    ("bpftool", "lists attached programs, an oracle for detach"),
+    ("ethtool", "offload settings in tests"),
+    ("nftables", "loss and drop injection in tests"),
+    ("python3-scapy", "crafting packets in tests"),
+    ("util-linux", "setpriv and unshare for privilege and mount tests"),
+    ("cmake", "the ibverbs crate builds rdma-core"),
+    ("pkg-config", "the ibverbs crate's build"),
+    ("libnl-3-dev", "the ibverbs crate's build"),
+    ("libnl-route-3-dev", "the ibverbs crate's build"),
+    ("libibverbs-dev", "the ibverbs crate's build"),
+    ("libclang-dev", "bindgen for the ibverbs crate (LLVM 14's libclang)"),
+];
+
+const NIGHTLY: &str = "nightly";
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+pub fn run() -> anyhow::Result<()> {
+    nightly_toolchain().context("setup step 'nightly toolchain with rust-src'")?;
+    debian_packages().context("setup step 'Debian packages'")?;
+    bpf_linker().context("setup step 'bpf-linker (LLVM 22)'")?;
+    tracefs().context("setup step 'tracefs mounted'")?;
+    eprintln!("setup: everything is in place");
+    Ok(())
+}
+
+fn nightly_toolchain() -> anyhow::Result<()> {
+    if !succeeds(Command::new("rustup").args(["run", NIGHTLY, "rustc", "--version"])) {
+        status(
+            "installing the nightly toolchain",
+            Command::new("rustup").args(["toolchain", "install", NIGHTLY, "--profile", "minimal"]),
+        )?;
+    }
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        NIGHTLY,
+    ]))
+    .unwrap_or_default();
+    for component in ["rust-src", "clippy"] {
+        if !installed.lines().any(|l| l.starts_with(component)) {
+            status(
+                &format!("adding {component} to nightly"),
+                Command::new("rustup").args([
+                    "component",
+                    "add",
+                    component,
+                    "--toolchain",
+                    NIGHTLY,
+                ]),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn is_installed(package: &str) -> bool {
+    output(Command::new("dpkg-query").args(["-W", "-f=${Status}", package]))
+        .is_some_and(|s| s.ends_with("install ok installed"))
+}
+
+fn debian_packages() -> anyhow::Result<()> {
+    let missing: Vec<&str> =
+        DEBIAN_PACKAGES.iter().map(|(p, _)| *p).filter(|p| !is_installed(p)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    for (p, why) in DEBIAN_PACKAGES.iter().filter(|(p, _)| missing.contains(p)) {
+        eprintln!("setup: installing {p}: {why}");
+    }
+    if !nix_is_root() {
+        bail!(
+            "these Debian packages are missing and installing them needs root: {}",
+            missing.join(" ")
+        );
+    }
+    status("apt-get update", Command::new("apt-get").args(["update", "-q"]))?;
+    status(
+        "apt-get install",
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+fn bpf_linker() -> anyhow::Result<()> {
+    // Linked against LLVM 22 if its dynamic libLLVM is 22; a build against another LLVM cannot
+    // link nightly's bitcode.
+    if let Some(path) = output(Command::new("sh").args(["-c", "command -v bpf-linker"])) {
+        let libs = output(Command::new("ldd").arg(path.trim())).unwrap_or_default();
+        if libs.contains("libLLVM.so.22") || libs.contains("libLLVM-22") {
+            return Ok(());
+        }
+        eprintln!("setup: {} is not linked against LLVM 22; rebuilding it", path.trim());
+    }
+    let path = format!("/usr/lib/llvm-22/bin:{}", std::env::var("PATH").unwrap_or_default());
+    status(
+        "cargo install bpf-linker",
+        Command::new(env!("CARGO"))
+            .args([
+                "install",
+                "bpf-linker",
+                "--locked",
+                "--force",
+                "--no-default-features",
+                "--features",
+                "llvm-22",
+            ])
+            .env("PATH", path),
+    )
+}
+
+fn tracefs() -> anyhow::Result<()> {
+    let mounts = fs::read_to_string("/proc/mounts").context("reading /proc/mounts")?;
+    if mounts.lines().any(|l| l.split_whitespace().nth(1) == Some(TRACEFS)) {
+        return Ok(());
+    }
+    if !nix_is_root() {
+        bail!("tracefs is not mounted at {TRACEFS} and mounting it needs root");
+    }
+    status("mounting tracefs", Command::new("mount").args(["-t", "tracefs", "nodev", TRACEFS]))
+}
+
+fn nix_is_root() -> bool {
+    output(Command::new("id").arg("-u")).is_some_and(|u| u.trim() == "0")
+}

@@ -1,0 +1,76 @@
+//! `cargo xtask test`: the one test command, for developers and CI alike.
+
+use std::process::Command;
+
+use anyhow::bail;
+
+use crate::{
+    build_ebpf,
+    run::{status, workspace_root},
+    setup,
+};
+
+pub fn run(privileged: bool) -> anyhow::Result<()> {
+    setup::run()?;
+    let cargo = env!("CARGO");
+    status("rustfmt check", Command::new(cargo).args(["fmt", "--all", "--", "--check"]))?;
+    status(
+        "clippy (host crates)",
+        Command::new(cargo).args([
+            "clippy",
+            "--workspace",
+            "--exclude",
+            "linkpilot-ebpf",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    status(
+        "clippy (eBPF crate)",
+        Command::new("rustup").args([
+            "run",
+            "nightly",
+            "cargo",
+            "clippy",
+            "--package",
+            "linkpilot-ebpf",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+            "--release",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    status(
+        "unit tests",
+        Command::new(cargo).args([
+            "test",
+            "--workspace",
+            "--exclude",
+            "linkpilot-ebpf",
+            "--exclude",
+            "linkpilot-tests",
+        ]),
+    )?;
+    if !privileged {
+        eprintln!("test: privileged tests skipped (--no-privileged)");
+        return Ok(());
+    }
+    if !Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n")) {
+        bail!("the privileged tests need root (namespaces, eBPF); run as root or pass --no-privileged");
+    }
+    let object = build_ebpf::build(false)?;
+    eprintln!("test: eBPF object {}", object.display());
+    let bin = workspace_root().join("target/debug/linkpilot");
+    status(
+        "privileged tests",
+        Command::new(cargo)
+            .args(["test", "--package", "linkpilot-tests", "--", "--test-threads=1"])
+            .env("LINKPILOT_BIN", bin),
+    )
+}
