@@ -47,3 +47,16 @@ pub fn linkpilot_bin() -> PathBuf {
     );
     path
 }
+
+/// The `linkpilot-lab` binary: `LINKPILOT_LAB_BIN` or the debug build of this workspace.
+pub fn lab_bin() -> PathBuf {
+    let path = std::env::var_os("LINKPILOT_LAB_BIN").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/linkpilot-lab")
+    });
+    assert!(
+        path.is_file(),
+        "{} does not exist: build it with `cargo build -p linkpilot-lab` or run `cargo xtask test`",
+        path.display()
+    );
+    path
+}

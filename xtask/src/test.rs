@@ -66,11 +66,16 @@ pub fn run(privileged: bool) -> anyhow::Result<()> {
     }
     let object = build_ebpf::build(false)?;
     eprintln!("test: eBPF object {}", object.display());
-    let bin = workspace_root().join("target/debug/linkpilot");
+    status(
+        "building the binaries",
+        Command::new(cargo).args(["build", "--package", "linkpilot-lab"]),
+    )?;
+    let target = workspace_root().join("target/debug");
     status(
         "privileged tests",
         Command::new(cargo)
             .args(["test", "--package", "linkpilot-tests", "--", "--test-threads=1"])
-            .env("LINKPILOT_BIN", bin),
+            .env("LINKPILOT_BIN", target.join("linkpilot"))
+            .env("LINKPILOT_LAB_BIN", target.join("linkpilot-lab")),
     )
 }

@@ -1,0 +1,183 @@
+//! Human units in configuration files: "90ms", "200Mbit/s", "2MiB", "0.5%". Each type
+//! deserializes from a string, so a bad value is reported by the TOML parser at its line and
+//! column.
+
+use std::{fmt, str::FromStr};
+
+use serde::{de, Deserialize, Deserializer};
+
+/// A duration in nanoseconds: "90ms", "1.5s", "250us", "0".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Nanos(pub u64);
+
+/// A rate in bits per second: "200Mbit/s", "40Gbit/s", "1.5kbit/s".
+#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+pub struct BitRate(pub f64);
+
+/// A size in bytes: "2MiB", "64KiB", "1500B", "1MB".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Bytes(pub u64);
+
+/// A fraction in [0, 1], written as a percentage: "0.5%".
+#[derive(Clone, Copy, Debug, Default, PartialEq, PartialOrd)]
+pub struct Fraction(pub f64);
+
+fn split_number(s: &str) -> Option<(f64, &str)> {
+    let s = s.trim();
+    let end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(end);
+    let value: f64 = num.parse().ok()?;
+    value.is_finite().then_some((value, unit.trim()))
+}
+
+impl FromStr for Nanos {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!("invalid duration {s:?}: expected a number and a unit: ns, us, ms, s, min (e.g. \"90ms\")")
+        };
+        let (v, unit) = split_number(s).ok_or_else(bad)?;
+        let scale = match unit {
+            "ns" => 1.0,
+            "us" | "µs" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "min" => 60e9,
+            "" if v == 0.0 => 0.0,
+            _ => return Err(bad()),
+        };
+        let ns = v * scale;
+        if ns > u64::MAX as f64 / 2.0 {
+            return Err(format!("duration {s:?} is too large"));
+        }
+        Ok(Self(ns.round() as u64))
+    }
+}
+
+impl FromStr for BitRate {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!("invalid rate {s:?}: expected a number and a unit: bit/s, kbit/s, Mbit/s, Gbit/s (e.g. \"200Mbit/s\")")
+        };
+        let (v, unit) = split_number(s).ok_or_else(bad)?;
+        let scale = match unit {
+            "bit/s" => 1.0,
+            "kbit/s" => 1e3,
+            "Mbit/s" => 1e6,
+            "Gbit/s" => 1e9,
+            _ => return Err(bad()),
+        };
+        if v <= 0.0 {
+            return Err(format!("rate {s:?} must be above zero"));
+        }
+        Ok(Self(v * scale))
+    }
+}
+
+impl FromStr for Bytes {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!("invalid size {s:?}: expected a number and a unit: B, KiB, MiB, GiB, kB, MB, GB (e.g. \"2MiB\")")
+        };
+        let (v, unit) = split_number(s).ok_or_else(bad)?;
+        let scale = match unit {
+            "B" => 1.0,
+            "KiB" => 1024.0,
+            "MiB" => 1024.0 * 1024.0,
+            "GiB" => 1024.0 * 1024.0 * 1024.0,
+            "kB" => 1e3,
+            "MB" => 1e6,
+            "GB" => 1e9,
+            _ => return Err(bad()),
+        };
+        Ok(Self((v * scale).round() as u64))
+    }
+}
+
+impl FromStr for Fraction {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad =
+            || format!("invalid percentage {s:?}: expected a number followed by % (e.g. \"0.5%\")");
+        let (v, unit) = split_number(s).ok_or_else(bad)?;
+        if unit != "%" {
+            return Err(bad());
+        }
+        if v > 100.0 {
+            return Err(format!("percentage {s:?} is above 100%"));
+        }
+        Ok(Self(v / 100.0))
+    }
+}
+
+macro_rules! deserialize_from_str {
+    ($($t:ty => $what:literal),*) => {$(
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl de::Visitor<'_> for V {
+                    type Value = $t;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str($what)
+                    }
+                    fn visit_str<E: de::Error>(self, s: &str) -> Result<$t, E> {
+                        s.parse().map_err(E::custom)
+                    }
+                }
+                d.deserialize_str(V)
+            }
+        }
+    )*};
+}
+
+deserialize_from_str!(
+    Nanos => "a duration string such as \"90ms\"",
+    BitRate => "a rate string such as \"200Mbit/s\"",
+    Bytes => "a size string such as \"2MiB\"",
+    Fraction => "a percentage string such as \"0.5%\""
+);
+
+impl fmt::Display for Nanos {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.3}ms", self.0 as f64 / 1e6)
+    }
+}
+
+impl fmt::Display for BitRate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.1}Mbit/s", self.0 / 1e6)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_units() {
+        assert_eq!("90ms".parse::<Nanos>().unwrap(), Nanos(90_000_000));
+        assert_eq!("1.5s".parse::<Nanos>().unwrap(), Nanos(1_500_000_000));
+        assert_eq!("250us".parse::<Nanos>().unwrap(), Nanos(250_000));
+        assert_eq!("0".parse::<Nanos>().unwrap(), Nanos(0));
+        assert_eq!("200Mbit/s".parse::<BitRate>().unwrap(), BitRate(200e6));
+        assert_eq!("2MiB".parse::<Bytes>().unwrap(), Bytes(2 << 20));
+        assert_eq!("0.5%".parse::<Fraction>().unwrap(), Fraction(0.005));
+    }
+
+    #[test]
+    fn rejects_with_a_hint() {
+        for (bad, hint) in
+            [("90", "unit"), ("ms", "number"), ("5 parsecs", "unit"), ("-3ms", "number")]
+        {
+            let e = bad.parse::<Nanos>().unwrap_err();
+            assert!(e.contains("invalid duration") && e.contains("90ms"), "{bad}: {e} ({hint})");
+        }
+        assert!("0bit/s".parse::<BitRate>().unwrap_err().contains("above zero"));
+        assert!("200Mbps".parse::<BitRate>().unwrap_err().contains("Mbit/s"));
+        assert!("101%".parse::<Fraction>().unwrap_err().contains("above 100%"));
+        assert!("0.5".parse::<Fraction>().unwrap_err().contains("%"));
+        assert!("1e400ms".parse::<Nanos>().is_err());
+    }
+}
