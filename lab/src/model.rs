@@ -6,7 +6,7 @@ use rand::{Rng, RngExt as _};
 use rand_distr::{Distribution, Normal, Pareto};
 
 use crate::{
-    scenario::{Ecn, Jitter, LinkModel, Loss},
+    scenario::{Ecn, Jitter, LinkModel, Loss, QueueLevel},
     units::Nanos,
 };
 
@@ -162,7 +162,7 @@ impl Link {
                 return Verdict::Drop(DropCause::QueueFull);
             }
             if let Some(aqm) = p.ecn {
-                if should_mark(aqm, queue_delay, rng) {
+                if should_mark(aqm, queue_delay, self.queued_bytes(now, Some(rate)), rng) {
                     if !ecn.is_ect() {
                         return Verdict::Drop(DropCause::Aqm);
                     }
@@ -196,17 +196,25 @@ impl Link {
     }
 }
 
-fn should_mark(aqm: Ecn, queue_delay: u64, rng: &mut impl Rng) -> bool {
+/// Whether a packet finding `queue_delay` ns / `queue_bytes` bytes ahead of it is marked.
+fn should_mark(aqm: Ecn, queue_delay: u64, queue_bytes: u64, rng: &mut impl Rng) -> bool {
+    let level = |l: QueueLevel| match l {
+        QueueLevel::Delay(d) => (queue_delay, d.0),
+        QueueLevel::Length(b) => (queue_bytes, b.0),
+    };
     match aqm {
-        Ecn::Step { threshold } => queue_delay >= threshold.0,
+        Ecn::Step { threshold } => {
+            let (now, at) = level(threshold);
+            now >= at
+        }
         Ecn::Red { min, max, max_p } => {
-            if queue_delay < min.0 {
+            let ((now, lo), (_, hi)) = (level(min), level(max));
+            if now < lo {
                 false
-            } else if queue_delay >= max.0 {
+            } else if now >= hi {
                 true
             } else {
-                let p = max_p.0 * (queue_delay - min.0) as f64 / (max.0 - min.0) as f64;
-                rng.random::<f64>() < p
+                rng.random::<f64>() < max_p.0 * (now - lo) as f64 / (hi - lo) as f64
             }
         }
     }
@@ -297,7 +305,7 @@ mod tests {
     fn step_ecn_marks_ect_and_drops_not_ect() {
         let p = Params {
             rate_bps: Some(12e6),
-            ecn: Some(Ecn::Step { threshold: Nanos(1_500_000) }),
+            ecn: Some(Ecn::Step { threshold: QueueLevel::Delay(Nanos(1_500_000)) }),
             ..params()
         };
         let mut l = Link::new();
@@ -384,11 +392,20 @@ mod tests {
 
     #[test]
     fn red_marks_with_rising_probability() {
-        let aqm = Ecn::Red { min: Nanos(1_000_000), max: Nanos(3_000_000), max_p: Fraction(0.5) };
+        let d = |ns| QueueLevel::Delay(Nanos(ns));
+        let aqm = Ecn::Red { min: d(1_000_000), max: d(3_000_000), max_p: Fraction(0.5) };
         let mut r = rng();
-        assert!(!should_mark(aqm, 999_999, &mut r));
-        assert!(should_mark(aqm, 3_000_000, &mut r));
-        let marked = (0..10_000).filter(|_| should_mark(aqm, 2_000_000, &mut r)).count();
+        assert!(!should_mark(aqm, 999_999, 0, &mut r));
+        assert!(should_mark(aqm, 3_000_000, 0, &mut r));
+        let marked = (0..10_000).filter(|_| should_mark(aqm, 2_000_000, 0, &mut r)).count();
         assert!((2_200..2_800).contains(&marked), "{marked}");
+    }
+
+    #[test]
+    fn length_thresholds_use_queued_bytes() {
+        let aqm = Ecn::Step { threshold: QueueLevel::Length(crate::units::Bytes(3000)) };
+        let mut r = rng();
+        assert!(!should_mark(aqm, u64::MAX, 2999, &mut r));
+        assert!(should_mark(aqm, 0, 3000, &mut r));
     }
 }

@@ -147,15 +147,45 @@ pub enum Jitter {
     Pareto { mean: Nanos },
 }
 
+/// A queue level: a queueing delay ("5ms") or a queue length ("64KiB").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd)]
+pub enum QueueLevel {
+    Delay(Nanos),
+    Length(Bytes),
+}
+
+impl<'de> Deserialize<'de> for QueueLevel {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if let Ok(n) = s.parse::<Nanos>() {
+            return Ok(QueueLevel::Delay(n));
+        }
+        s.parse::<Bytes>().map(QueueLevel::Length).map_err(|_| {
+            de::Error::custom(format!(
+                "invalid queue level {s:?}: expected a queueing delay such as \"5ms\" or a queue length such as \"64KiB\""
+            ))
+        })
+    }
+}
+
+impl fmt::Display for QueueLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QueueLevel::Delay(n) => write!(f, "{n}"),
+            QueueLevel::Length(b) => write!(f, "{}B", b.0),
+        }
+    }
+}
+
 /// Where the bottleneck queue marks ECT packets with CE (and drops Not-ECT ones instead).
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
 #[serde(tag = "mode", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Ecn {
-    /// Mark every packet that sees a queue delay at or above `threshold`.
-    Step { threshold: Nanos },
+    /// Mark every packet that finds the queue at or above `threshold`.
+    Step { threshold: QueueLevel },
     /// RED-like: no marks below `min`, probability rising linearly to `max_p` at `max`, every
-    /// packet marked above `max`.
-    Red { min: Nanos, max: Nanos, max_p: Fraction },
+    /// packet marked above `max`. `min` and `max` are both delays or both lengths.
+    Red { min: QueueLevel, max: QueueLevel, max_p: Fraction },
 }
 
 /// Random loss.
@@ -317,8 +347,15 @@ impl Scenario {
             let (line, column) = span.map_or((1, 1), |s| line_col(src, s.start));
             ScenarioError { file: file.to_owned(), line, column, message }
         };
-        let raw: RawScenario =
-            toml::from_str(src).map_err(|e| at(e.span(), e.message().to_owned()))?;
+        let raw: RawScenario = toml::from_str(src).map_err(|e| {
+            let message = match e.span().and_then(|s| key_before(src, s.start)) {
+                Some(key) if !e.message().contains(&format!("`{key}`")) => {
+                    format!("field `{key}`: {}", e.message())
+                }
+                _ => e.message().to_owned(),
+            };
+            at(e.span(), message)
+        })?;
         let mut phases = Vec::new();
         if let Some(chain) = &raw.chain {
             if !raw.phase.is_empty() {
@@ -469,6 +506,18 @@ fn validate_link(
     })
 }
 
+/// The bare key whose value starts at byte `offset` (`delay` in `delay = "9 parsecs"`).
+fn key_before(src: &str, offset: usize) -> Option<&str> {
+    let line_start = src[..offset.min(src.len())].rfind('\n').map_or(0, |i| i + 1);
+    let before = src[line_start..offset.min(src.len())].trim_end();
+    let before = before.strip_suffix('=')?.trim_end();
+    let start = before
+        .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+        .map_or(0, |i| i + 1);
+    let key = &before[start..];
+    (!key.is_empty()).then_some(key)
+}
+
 /// 1-based line and column of byte `offset` in `src`.
 pub fn line_col(src: &str, offset: usize) -> (usize, usize) {
     let before = &src[..offset.min(src.len())];
@@ -499,13 +548,18 @@ mod tests {
     fn errors_name_line_and_column() {
         let src = "name = \"x\"\n[[phase]]\nname = \"a\"\nduration = \"10s\"\n[phase.link]\ndelay = \"90 parsecs\"\n";
         let e = err(src);
-        assert!(e.starts_with("bad.toml:6:9: invalid duration \"90 parsecs\""), "{e}");
+        assert!(
+            e.starts_with("bad.toml:6:9: field `delay`: invalid duration \"90 parsecs\""),
+            "{e}"
+        );
         let e = err("name = \"x\"\n[[phase]]\nname = \"a\"\nduration = \"10s\"\ncolour = 1\n");
         assert!(e.starts_with("bad.toml:5:1: unknown field `colour`"), "{e}");
         let e = err("name = \"x\"\n[[phase]]\nname = \"a\"\nduration = \"0s\"\n");
         assert!(e.starts_with("bad.toml:4:12: phase \"a\": duration must be above zero"), "{e}");
         let e = err("name = \"x\"\n[[phase]]\nname = \"a\"\nduration = \"1s\"\n[phase.link]\nrate = \"1Mbit/s\"\necn = { mode = \"red\", min = \"9ms\", max = \"5ms\", max_p = \"10%\" }\n");
         assert!(e.starts_with("bad.toml:7:7: phase \"a\": RED needs min < max"), "{e}");
+        let e = err("name = \"x\"\n[[phase]]\nname = \"a\"\nduration = \"1s\"\n[phase.link]\nrate = \"1Mbit/s\"\necn = { mode = \"step\", threshold = \"5 furlongs\" }\n");
+        assert!(e.starts_with("bad.toml:7:7: field `ecn`: invalid queue level \"5 furlongs\""), "{e}");
         let e = err("name = \"x\"\n");
         assert!(e.contains("no phases"), "{e}");
         let e = err("name = \"x\"\nchain = [\"nope\"]\n");
