@@ -559,7 +559,10 @@ mod tests {
         let e = err("name = \"x\"\n[[phase]]\nname = \"a\"\nduration = \"1s\"\n[phase.link]\nrate = \"1Mbit/s\"\necn = { mode = \"red\", min = \"9ms\", max = \"5ms\", max_p = \"10%\" }\n");
         assert!(e.starts_with("bad.toml:7:7: phase \"a\": RED needs min < max"), "{e}");
         let e = err("name = \"x\"\n[[phase]]\nname = \"a\"\nduration = \"1s\"\n[phase.link]\nrate = \"1Mbit/s\"\necn = { mode = \"step\", threshold = \"5 furlongs\" }\n");
-        assert!(e.starts_with("bad.toml:7:7: field `ecn`: invalid queue level \"5 furlongs\""), "{e}");
+        assert!(
+            e.starts_with("bad.toml:7:7: field `ecn`: invalid queue level \"5 furlongs\""),
+            "{e}"
+        );
         let e = err("name = \"x\"\n");
         assert!(e.contains("no phases"), "{e}");
         let e = err("name = \"x\"\nchain = [\"nope\"]\n");

@@ -138,7 +138,10 @@ fn bad_scenario_names_line_and_column_and_starts_nothing() {
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains(&format!("{}:6:8: field `rate`: invalid rate \"200 Mbps\"", file.display())), "{err}");
+    assert!(
+        err.contains(&format!("{}:6:8: field `rate`: invalid rate \"200 Mbps\"", file.display())),
+        "{err}"
+    );
     assert_eq!(namespaces(), before, "a bad scenario created namespaces");
     let _ = std::fs::remove_dir_all(&dir);
 }
