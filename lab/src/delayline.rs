@@ -166,12 +166,13 @@ fn run(
             // The error is taken as the packet is handed to the kernel, before the write runs
             // the receiving side's stack on this thread.
             let _ = sched_error.record(now_ns().saturating_sub(h.at).max(1));
+            // A TUN write takes the whole packet or fails: there are no partial writes.
             match tun.write(&h.data) {
-                Ok(_) => {
+                Ok(n) if n == h.data.len() => {
                     stats.packets_out.fetch_add(1, Relaxed);
-                    stats.bytes_out.fetch_add(h.data.len() as u64, Relaxed);
+                    stats.bytes_out.fetch_add(n as u64, Relaxed);
                 }
-                Err(_) => {
+                _ => {
                     stats.drops_write.fetch_add(1, Relaxed);
                 }
             }

@@ -72,7 +72,8 @@ pub fn parse_ping_avg(out: &str) -> Option<f64> {
 }
 
 /// iperf3 TCP throughput across a 200 Mbit/s, 180 ms RTT link is within 10% of 200 Mbit/s, with
-/// socket buffers sized for the bandwidth-delay product (4.5 MB).
+/// socket buffers sized for the bandwidth-delay product (4.5 MB) and CUBIC. (BBR, this kernel's
+/// default, empties the pipe for PROBE_RTT every 10 s and so measures ~5% below the link.)
 pub fn throughput() -> anyhow::Result<Figure> {
     let lab =
         lab("sttput", &one_phase("delay = \"90ms\"\nrate = \"200Mbit/s\"\nqueue = \"5MiB\""))?;
@@ -89,7 +90,18 @@ pub fn throughput() -> anyhow::Result<Figure> {
         spawn_quiet(us.command("iperf3").args(["-s", "-1", "-B", &us.ipv4.to_string()]))?;
     thread::sleep(Duration::from_millis(500));
     // Slow start at 180 ms RTT overshoots the queue once; measure the 15 s after it.
-    let out = hk.exec(&["iperf3", "-c", &us.ipv4.to_string(), "-t", "25", "-O", "10", "-J"]);
+    let out = hk.exec(&[
+        "iperf3",
+        "-c",
+        &us.ipv4.to_string(),
+        "-C",
+        "cubic",
+        "-t",
+        "25",
+        "-O",
+        "10",
+        "-J",
+    ]);
     let _ = server.kill();
     let _ = server.wait();
     let json: serde_json::Value = serde_json::from_str(&out?).context("iperf3 -J output")?;
@@ -216,7 +228,10 @@ pub fn loss() -> anyhow::Result<Figure> {
     let received =
         parse_ping_received(&out).with_context(|| format!("no counts in ping's output:\n{out}"))?;
     let lost = n - received;
-    let lab_lost = lab.stats(Direction::HkToUs).drops_loss;
+    let link = lab.stats(Direction::HkToUs);
+    let lab_lost = link.drops_loss;
+    // Anything else that crossed (the odd IPv6 control packet) may have been lost too.
+    let others = link.packets_in.saturating_sub(n);
     let p = 0.02;
     let sigma = (p * (1.0 - p) / n as f64).sqrt();
     let measured = lost as f64 / n as f64;
@@ -226,8 +241,11 @@ pub fn loss() -> anyhow::Result<Figure> {
             "ping lost {lost}/{n} = {:.2}%, lab dropped {lab_lost}",
             measured * 100.0
         ),
-        expected: format!("2% ± {:.2}% (4 sigma), equal counts", 4.0 * sigma * 100.0),
-        pass: (measured - p).abs() <= 4.0 * sigma && lab_lost == lost,
+        expected: format!(
+            "2% ± {:.2}% (4 sigma); lab drops = ping losses (+ up to {others} other packets)",
+            4.0 * sigma * 100.0
+        ),
+        pass: (measured - p).abs() <= 4.0 * sigma && (lost..=lost + others).contains(&lab_lost),
     })
 }
 
