@@ -16,6 +16,13 @@ fn main() -> anyhow::Result<()> {
         .manifest_path
         .parent()
         .ok_or_else(|| anyhow!("{} has no parent directory", ebpf.manifest_path))?;
+    // aya-build watches the eBPF crate's directory; the shared types it compiles in live in
+    // common/, which must trigger a rebuild of the object too.
+    if let Some(common) = metadata.packages.iter().find(|p| p.name.as_str() == "linkpilot-common") {
+        if let Some(dir) = common.manifest_path.parent() {
+            println!("cargo::rerun-if-changed={dir}");
+        }
+    }
     let package = aya_build::Package {
         name: ebpf.name.as_str(),
         root_dir: root_dir.as_str(),

@@ -18,6 +18,12 @@ pub const MAP_IFACE_CONFIG: &str = "LP_IFACE_CONFIG";
 /// Hash: [`LocalAddr`] -> ifindex (`u32`): addresses of watched interfaces, used to attribute a
 /// retransmission (whose tracepoint carries no device) to the interface owning its source address.
 pub const MAP_LOCAL_ADDRS: &str = "LP_LOCAL_ADDRS";
+/// LPM trie: [`PeerPrefix`] -> peer id (`u32`, 1..=[`MAX_PEERS`]); IPv4 prefixes as IPv4-mapped
+/// IPv6 (`::ffff:0:0/96` + the IPv4 prefix).
+pub const MAP_PEERS: &str = "LP_PEERS";
+/// Per-CPU hash: [`PeerKey`] -> [`PeerStats`]. The controller inserts every (watched interface,
+/// peer) pair, including [`PEER_OTHER`], before attaching.
+pub const MAP_PEER_STATS: &str = "LP_PEER_STATS";
 /// Global of type [`KernelOffsets`], set at load time from the running kernel's BTF.
 pub const GLOBAL_KERNEL_OFFSETS: &str = "LP_KERNEL_OFFSETS";
 
@@ -25,6 +31,13 @@ pub const GLOBAL_KERNEL_OFFSETS: &str = "LP_KERNEL_OFFSETS";
 pub const MAX_IFACES: u32 = 64;
 /// Capacity of [`MAP_LOCAL_ADDRS`].
 pub const MAX_LOCAL_ADDRS: u32 = 1024;
+
+/// Peers a policy can name.
+pub const MAX_PEERS: u32 = 64;
+/// Peer id of traffic that matches no configured peer.
+pub const PEER_OTHER: u32 = 0;
+/// Capacity of [`MAP_PEER_STATS`]: every interface with every peer and "other".
+pub const MAX_PEER_ENTRIES: u32 = MAX_IFACES * (MAX_PEERS + 1);
 
 /// Address family numbers as the kernel uses them in tracepoints.
 pub const AF_INET: u16 = 2;
@@ -48,6 +61,10 @@ pub struct IfaceStats {
     pub retrans_segs: u64,
     /// Retransmission attempts that the stack reported as failed (tracepoint `err != 0`).
     pub retrans_failed: u64,
+    /// Packets that are not IPv4/IPv6 (ARP, LLDP, ...) or whose IP header is malformed or
+    /// truncated, by direction: counted, never parsed further.
+    pub rx_unknown: u64,
+    pub tx_unknown: u64,
 }
 
 impl IfaceStats {
@@ -59,6 +76,80 @@ impl IfaceStats {
         self.tx_bytes = self.tx_bytes.wrapping_add(other.tx_bytes);
         self.retrans_segs = self.retrans_segs.wrapping_add(other.retrans_segs);
         self.retrans_failed = self.retrans_failed.wrapping_add(other.retrans_failed);
+        self.rx_unknown = self.rx_unknown.wrapping_add(other.rx_unknown);
+        self.tx_unknown = self.tx_unknown.wrapping_add(other.tx_unknown);
+    }
+}
+
+/// Key of [`MAP_PEER_STATS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PeerKey {
+    pub ifindex: u32,
+    pub peer: u32,
+}
+
+/// Key of [`MAP_PEERS`] (the layout `bpf_lpm_trie_key` requires: prefix length, then data).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerPrefix {
+    pub prefix_len: u32,
+    pub addr: [u8; 16],
+}
+
+/// Counters of one direction of one (interface, peer), in segments.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DirCounters {
+    pub packets: u64,
+    pub bytes: u64,
+    /// By ECN codepoint: Not-ECT, ECT(1), ECT(0), CE.
+    pub ecn: [u64; 4],
+    /// TCP segments with ECE set (the receiver echoing congestion back).
+    pub tcp_ece: u64,
+    /// TCP segments with CWR set (the sender reacting).
+    pub tcp_cwr: u64,
+    /// IP packets whose transport header could not be reached (long IPv6 extension chains,
+    /// non-first fragments, truncation): counted, never read past IP.
+    pub unparsed: u64,
+}
+
+impl DirCounters {
+    pub fn accumulate(&mut self, o: &Self) {
+        self.packets = self.packets.wrapping_add(o.packets);
+        self.bytes = self.bytes.wrapping_add(o.bytes);
+        for i in 0..4 {
+            self.ecn[i] = self.ecn[i].wrapping_add(o.ecn[i]);
+        }
+        self.tcp_ece = self.tcp_ece.wrapping_add(o.tcp_ece);
+        self.tcp_cwr = self.tcp_cwr.wrapping_add(o.tcp_cwr);
+        self.unparsed = self.unparsed.wrapping_add(o.unparsed);
+    }
+}
+
+/// Per (interface, peer) counters, one copy per CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerStats {
+    pub rx: DirCounters,
+    pub tx: DirCounters,
+    /// Egress segments by DSCP (0..=63).
+    pub tx_dscp: [u64; 64],
+}
+
+impl Default for PeerStats {
+    fn default() -> Self {
+        Self { rx: DirCounters::default(), tx: DirCounters::default(), tx_dscp: [0; 64] }
+    }
+}
+
+impl PeerStats {
+    pub fn accumulate(&mut self, o: &Self) {
+        self.rx.accumulate(&o.rx);
+        self.tx.accumulate(&o.tx);
+        for i in 0..64 {
+            self.tx_dscp[i] = self.tx_dscp[i].wrapping_add(o.tx_dscp[i]);
+        }
     }
 }
 
@@ -109,17 +200,24 @@ pub mod retransmit_record {
     pub const ERR: usize = 76;
 }
 
-const _: () = assert!(core::mem::size_of::<IfaceStats>() == 48);
+const _: () = assert!(core::mem::size_of::<IfaceStats>() == 64);
+const _: () = assert!(core::mem::size_of::<PeerKey>() == 8);
+const _: () = assert!(core::mem::size_of::<PeerPrefix>() == 20);
+const _: () = assert!(core::mem::size_of::<DirCounters>() == 72);
+const _: () = assert!(core::mem::size_of::<PeerStats>() == 2 * 72 + 64 * 8);
 const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 8);
 const _: () = assert!(core::mem::size_of::<LocalAddr>() == 20);
 const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 8);
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: all four are #[repr(C)], Copy, made only of integers, with no implicit padding (the
-    // size assertions above pin their layouts), so every bit pattern is a valid value.
+    // SAFETY: all are #[repr(C)], Copy, made only of integers, with no implicit padding (the size
+    // assertions above pin their layouts), so every bit pattern is a valid value.
     unsafe impl aya::Pod for super::IfaceStats {}
     unsafe impl aya::Pod for super::IfaceConfig {}
     unsafe impl aya::Pod for super::LocalAddr {}
     unsafe impl aya::Pod for super::KernelOffsets {}
+    unsafe impl aya::Pod for super::PeerKey {}
+    unsafe impl aya::Pod for super::PeerPrefix {}
+    unsafe impl aya::Pod for super::PeerStats {}
 }

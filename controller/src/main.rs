@@ -7,12 +7,14 @@ use std::{
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use ipnet::IpNet;
 use linkpilot::{
     iface::{self, Iface},
     kernel,
     probes::Probes,
-    watch::{rates, table_header, table_row, Sample, Totals},
+    watch::{peer_row, rates, table_header, table_row, PeerTotals, Sample, Totals},
 };
+use linkpilot_common::{MAX_PEERS, PEER_OTHER};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, warn};
 
@@ -33,6 +35,10 @@ enum Command {
         /// One JSON object per interface and second instead of a table.
         #[arg(long)]
         json: bool,
+        /// A named peer: NAME=CIDR (repeat; several CIDRs may share a name). Traffic to or from
+        /// no named peer is counted as "other".
+        #[arg(long = "peer", value_name = "NAME=CIDR", value_parser = parse_peer)]
+        peers: Vec<(String, IpNet)>,
         /// Stop after this many one-second intervals (default: until Ctrl-C or SIGTERM).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
         count: Option<u64>,
@@ -56,7 +62,9 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Watch { ifaces, json, count } => runtime.block_on(watch(&ifaces, json, count)),
+        Command::Watch { ifaces, json, peers, count } => {
+            runtime.block_on(watch(&ifaces, json, &peers, count))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -67,8 +75,50 @@ fn main() -> ExitCode {
     }
 }
 
-async fn watch(names: &[String], json: bool, count: Option<u64>) -> anyhow::Result<()> {
+fn parse_peer(s: &str) -> Result<(String, IpNet), String> {
+    let (name, cidr) = s.split_once('=').ok_or_else(|| format!("{s:?} is not NAME=CIDR"))?;
+    if name.is_empty() || name == "other" {
+        return Err(format!("peer name {name:?} is empty or reserved"));
+    }
+    // A bare address is a host prefix.
+    let net: IpNet = cidr
+        .parse()
+        .or_else(|_| cidr.parse::<std::net::IpAddr>().map(IpNet::from))
+        .map_err(|_| format!("{cidr:?} is neither a CIDR prefix nor an address"))?;
+    Ok((name.to_owned(), net.trunc()))
+}
+
+/// Peer names in id order (index = id - 1) and the (id, prefix) list for the probes.
+struct PeerIds {
+    names: Vec<String>,
+    prefixes: Vec<(u32, IpNet)>,
+}
+
+fn peer_ids(peers: &[(String, IpNet)]) -> anyhow::Result<PeerIds> {
+    let mut names: Vec<String> = Vec::new();
+    let mut prefixes = Vec::new();
+    for (name, net) in peers {
+        let id = match names.iter().position(|n| n == name) {
+            Some(i) => i + 1,
+            None => {
+                names.push(name.clone());
+                names.len()
+            }
+        };
+        anyhow::ensure!(id <= MAX_PEERS as usize, "at most {MAX_PEERS} peers can be named");
+        prefixes.push((id as u32, *net));
+    }
+    Ok(PeerIds { names, prefixes })
+}
+
+async fn watch(
+    names: &[String],
+    json: bool,
+    peers: &[(String, IpNet)],
+    count: Option<u64>,
+) -> anyhow::Result<()> {
     let ifaces = names.iter().map(|n| Iface::resolve(n)).collect::<Result<Vec<_>, _>>()?;
+    let PeerIds { names: peer_names, prefixes } = peer_ids(peers)?;
     kernel::check_privileges()?;
     let has_err = kernel::check_retransmit_tracepoint()?;
     let (offsets, note) = kernel::kernel_offsets(has_err);
@@ -80,6 +130,7 @@ async fn watch(names: &[String], json: bool, count: Option<u64>) -> anyhow::Resu
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
 
     let mut probes = Probes::load(offsets)?;
+    probes.set_peers(&prefixes)?;
     probes
         .sync_local_addrs(&iface::local_addrs(&ifaces).context("listing interface addresses")?)?;
     for iface in &ifaces {
@@ -89,6 +140,15 @@ async fn watch(names: &[String], json: bool, count: Option<u64>) -> anyhow::Resu
     tracing::info!(ifaces = ?names, "watching; Ctrl-C or SIGTERM to stop");
 
     let mut prev: Vec<Totals> = vec![Totals::default(); ifaces.len()];
+    // Peer rows: configured peers by id, then "other" (id 0).
+    let peer_list: Vec<(u32, &str)> = (1..=peer_names.len() as u32)
+        .zip(peer_names.iter().map(String::as_str))
+        .chain([(PEER_OTHER, "other")])
+        .collect();
+    let mut prev_peers: Vec<Vec<PeerTotals>> = ifaces
+        .iter()
+        .map(|_| peer_list.iter().map(|(_, n)| PeerTotals::new(n, &Default::default())).collect())
+        .collect();
     let mut last_read = Instant::now();
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     ticker.tick().await;
@@ -116,6 +176,18 @@ async fn watch(names: &[String], json: bool, count: Option<u64>) -> anyhow::Resu
             let totals = Totals::from(probes.stats(iface.ifindex)?);
             let r = rates(&prev[i], &totals, elapsed);
             prev[i] = totals;
+            let peers = peer_list
+                .iter()
+                .map(|(id, name)| {
+                    Ok(PeerTotals::new(name, &probes.peer_stats(iface.ifindex, *id)?))
+                })
+                .collect::<Result<Vec<_>, linkpilot::probes::ProbeError>>()?;
+            let peer_rows: Vec<String> = prev_peers[i]
+                .iter()
+                .zip(&peers)
+                .map(|(a, b)| peer_row(a, b, elapsed.as_secs_f64()))
+                .collect();
+            prev_peers[i] = peers.clone();
             if json {
                 let sample = Sample {
                     unix_ms: SystemTime::now()
@@ -127,11 +199,15 @@ async fn watch(names: &[String], json: bool, count: Option<u64>) -> anyhow::Resu
                     interval_s: elapsed.as_secs_f64(),
                     rates: r,
                     totals,
+                    peers,
                     last,
                 };
                 println!("{}", serde_json::to_string(&sample)?);
             } else {
                 println!("{}", table_row(&iface.name, &r));
+                for row in peer_rows {
+                    println!("{row}");
+                }
             }
         }
         if last {

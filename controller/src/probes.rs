@@ -4,14 +4,19 @@
 use std::collections::HashMap as StdHashMap;
 
 use aya::{
-    maps::{HashMap, MapData, MapError, PerCpuHashMap},
+    maps::{
+        lpm_trie::{Key as LpmKey, LpmTrie},
+        HashMap, MapData, MapError, PerCpuHashMap, PerCpuValues,
+    },
     programs::{tc, ProgramError, SchedClassifier, TcAttachType, TracePoint},
     util::KernelVersion,
     Ebpf, EbpfError, EbpfLoader,
 };
+use ipnet::IpNet;
 use linkpilot_common::{
-    IfaceConfig, IfaceStats, KernelOffsets, LocalAddr, GLOBAL_KERNEL_OFFSETS, MAP_IFACE_CONFIG,
-    MAP_IFACE_STATS, MAP_LOCAL_ADDRS, PROG_TCP_RETRANSMIT, PROG_TC_EGRESS, PROG_TC_INGRESS,
+    IfaceConfig, IfaceStats, KernelOffsets, LocalAddr, PeerKey, PeerStats, GLOBAL_KERNEL_OFFSETS,
+    MAP_IFACE_CONFIG, MAP_IFACE_STATS, MAP_LOCAL_ADDRS, MAP_PEERS, MAP_PEER_STATS, MAX_PEERS,
+    PEER_OTHER, PROG_TCP_RETRANSMIT, PROG_TC_EGRESS, PROG_TC_INGRESS,
 };
 use tracing::{debug, info};
 
@@ -38,6 +43,8 @@ pub enum ProbeError {
         direction: &'static str,
         source: Box<ProgramError>,
     },
+    #[error("peer id {id} is out of range: ids are 1 to {MAX_PEERS}")]
+    PeerId { id: u32 },
     #[error("map {map}: {source}")]
     Map { map: &'static str, source: Box<MapError> },
 }
@@ -48,6 +55,10 @@ pub struct Probes {
     stats: PerCpuHashMap<MapData, u32, IfaceStats>,
     config: HashMap<MapData, u32, IfaceConfig>,
     local_addrs: HashMap<MapData, LocalAddr, u32>,
+    peers: LpmTrie<MapData, [u8; 16], u32>,
+    peer_stats: PerCpuHashMap<MapData, PeerKey, PeerStats>,
+    /// Peer ids in use, besides PEER_OTHER.
+    peer_ids: Vec<u32>,
     watched: Vec<Iface>,
 }
 
@@ -68,20 +79,68 @@ impl Probes {
         let stats = take_map(&mut ebpf, MAP_IFACE_STATS)?;
         let config = take_map(&mut ebpf, MAP_IFACE_CONFIG)?;
         let local_addrs = take_map(&mut ebpf, MAP_LOCAL_ADDRS)?;
-        Ok(Self { ebpf, stats, config, local_addrs, watched: Vec::new() })
+        let peers = take_map(&mut ebpf, MAP_PEERS)?;
+        let peer_stats = take_map(&mut ebpf, MAP_PEER_STATS)?;
+        Ok(Self {
+            ebpf,
+            stats,
+            config,
+            local_addrs,
+            peers,
+            peer_stats,
+            peer_ids: Vec::new(),
+            watched: Vec::new(),
+        })
+    }
+
+    /// Maps `prefixes` to peer ids (1..=MAX_PEERS). Call before [`Probes::watch`], which creates
+    /// the per-peer counters of each interface.
+    pub fn set_peers(&mut self, prefixes: &[(u32, IpNet)]) -> Result<(), ProbeError> {
+        for &(id, net) in prefixes {
+            if id == PEER_OTHER || id > MAX_PEERS {
+                return Err(ProbeError::PeerId { id });
+            }
+            let (len, addr) = mapped(net);
+            self.peers
+                .insert(&LpmKey::new(len, addr), id, 0)
+                .map_err(|e| map_error(MAP_PEERS, e))?;
+            if !self.peer_ids.contains(&id) {
+                self.peer_ids.push(id);
+            }
+        }
+        Ok(())
     }
 
     /// Starts counting on `iface`: zeroes its counters, then attaches ingress and egress.
     pub fn watch(&mut self, iface: &Iface) -> Result<(), ProbeError> {
+        self.count_on(iface)?;
+        self.attach_tc(iface)
+    }
+
+    /// Creates the zeroed counters and configuration of `iface` without attaching anything, so
+    /// that [`Probes::run_classifier`] counts into them.
+    pub fn count_on(&mut self, iface: &Iface) -> Result<(), ProbeError> {
         let zero = vec![IfaceStats::default(); nr_cpus()?];
         let zero = aya::maps::PerCpuValues::try_from(zero).map_err(|e| ProbeError::Map {
             map: MAP_IFACE_STATS,
             source: Box::new(MapError::from(e)),
         })?;
         self.stats.insert(iface.ifindex, zero, 0).map_err(|e| map_error(MAP_IFACE_STATS, e))?;
+        let cpus = nr_cpus()?;
+        for peer in std::iter::once(PEER_OTHER).chain(self.peer_ids.iter().copied()) {
+            let zero = PerCpuValues::try_from(vec![PeerStats::default(); cpus])
+                .map_err(|e| map_error(MAP_PEER_STATS, MapError::from(e)))?;
+            self.peer_stats
+                .insert(PeerKey { ifindex: iface.ifindex, peer }, zero, 0)
+                .map_err(|e| map_error(MAP_PEER_STATS, e))?;
+        }
         self.config
             .insert(iface.ifindex, IfaceConfig { l2: iface.l2, _reserved: 0 }, 0)
             .map_err(|e| map_error(MAP_IFACE_CONFIG, e))?;
+        Ok(())
+    }
+
+    fn attach_tc(&mut self, iface: &Iface) -> Result<(), ProbeError> {
         if KernelVersion::current().is_ok_and(|v| v < KernelVersion::new(6, 6, 0)) {
             // Before TCX, classifiers hang off the clsact qdisc; it may already exist.
             let _ = tc::qdisc_add_clsact(&iface.name);
@@ -128,6 +187,43 @@ impl Probes {
         Ok(sum)
     }
 
+    /// Runs the ingress (or egress) classifier on `packet` (from its Ethernet header) `repeat`
+    /// times with BPF_PROG_TEST_RUN. The test skb's device is loopback, so the counters of
+    /// ifindex 1 move if [`Probes::count_on`] was called for `lo`. Returns the verdict and the
+    /// kernel's mean time per run.
+    pub fn run_classifier(
+        &mut self,
+        egress: bool,
+        packet: &[u8],
+        repeat: u32,
+    ) -> Result<(i32, std::time::Duration), ProbeError> {
+        use aya::programs::{TestRun, TestRunOptions};
+        let name = if egress { PROG_TC_EGRESS } else { PROG_TC_INGRESS };
+        let prog: &mut SchedClassifier = program(&mut self.ebpf, name)?;
+        let opts = TestRunOptions {
+            data_in: Some(packet),
+            repeat: repeat.max(1),
+            ..TestRunOptions::default()
+        };
+        let r = prog.test_run(opts).map_err(|e| ProbeError::Program {
+            action: "test-running",
+            program: name,
+            source: Box::new(e),
+        })?;
+        Ok((r.return_value as i32, r.duration))
+    }
+
+    /// Counters of (`ifindex`, `peer`) summed over CPUs.
+    pub fn peer_stats(&self, ifindex: u32, peer: u32) -> Result<PeerStats, ProbeError> {
+        let per_cpu = self
+            .peer_stats
+            .get(&PeerKey { ifindex, peer }, 0)
+            .map_err(|e| map_error(MAP_PEER_STATS, e))?;
+        let mut sum = PeerStats::default();
+        per_cpu.iter().for_each(|v| sum.accumulate(v));
+        Ok(sum)
+    }
+
     /// Makes the local-address map equal to `want` (address -> ifindex).
     pub fn sync_local_addrs(
         &mut self,
@@ -145,6 +241,14 @@ impl Probes {
             }
         }
         Ok(())
+    }
+}
+
+/// A prefix as the LPM trie holds it: IPv4 as IPv4-mapped IPv6.
+pub fn mapped(net: IpNet) -> (u32, [u8; 16]) {
+    match net {
+        IpNet::V4(n) => (96 + u32::from(n.prefix_len()), n.network().to_ipv6_mapped().octets()),
+        IpNet::V6(n) => (u32::from(n.prefix_len()), n.network().octets()),
     }
 }
 
@@ -215,6 +319,15 @@ fn verifier_summary(io_error: &std::io::Error, log: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefixes_are_ipv4_mapped() {
+        let (len, addr) = mapped("198.18.1.0/24".parse().unwrap());
+        assert_eq!(len, 120);
+        assert_eq!(&addr[10..], &[0xff, 0xff, 198, 18, 1, 0]);
+        let (len, addr) = mapped("2001:db8:2::/48".parse().unwrap());
+        assert_eq!((len, addr[0], addr[1]), (48, 0x20, 0x01));
+    }
 
     #[test]
     fn verifier_summary_keeps_the_reason() {

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use linkpilot_common::IfaceStats;
+use std::collections::BTreeMap;
+
+use linkpilot_common::{DirCounters, IfaceStats, PeerStats};
 use serde::Serialize;
 
 /// Rates of one interface over one interval.
@@ -24,6 +26,71 @@ pub struct Totals {
     pub tx_bytes: u64,
     pub retrans_segs: u64,
     pub retrans_failed: u64,
+    pub rx_unknown: u64,
+    pub tx_unknown: u64,
+}
+
+/// One direction of one peer, as printed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DirTotals {
+    pub packets: u64,
+    pub bytes: u64,
+    pub not_ect: u64,
+    pub ect1: u64,
+    pub ect0: u64,
+    pub ce: u64,
+    pub tcp_ece: u64,
+    pub tcp_cwr: u64,
+    pub unparsed: u64,
+}
+
+impl From<DirCounters> for DirTotals {
+    fn from(d: DirCounters) -> Self {
+        Self {
+            packets: d.packets,
+            bytes: d.bytes,
+            not_ect: d.ecn[0],
+            ect1: d.ecn[1],
+            ect0: d.ecn[2],
+            ce: d.ecn[3],
+            tcp_ece: d.tcp_ece,
+            tcp_cwr: d.tcp_cwr,
+            unparsed: d.unparsed,
+        }
+    }
+}
+
+/// Totals of one peer on one interface since it was watched.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PeerTotals {
+    pub peer: String,
+    pub rx: DirTotals,
+    pub tx: DirTotals,
+    /// Egress segments by DSCP, non-zero entries only.
+    pub tx_dscp: BTreeMap<u8, u64>,
+}
+
+impl PeerTotals {
+    pub fn new(peer: &str, s: &PeerStats) -> Self {
+        Self {
+            peer: peer.to_owned(),
+            rx: s.rx.into(),
+            tx: s.tx.into(),
+            tx_dscp: (0u8..64).zip(s.tx_dscp).filter(|(_, n)| *n > 0).collect(),
+        }
+    }
+}
+
+/// Share of ECN-capable packets that arrived CE-marked between two readings (0 when none were
+/// ECN-capable).
+pub fn ce_fraction(prev: &DirTotals, now: &DirTotals) -> f64 {
+    let ce = now.ce.saturating_sub(prev.ce);
+    let ect = ce + now.ect0.saturating_sub(prev.ect0) + now.ect1.saturating_sub(prev.ect1);
+    if ect == 0 {
+        0.0
+    } else {
+        ce as f64 / ect as f64
+    }
 }
 
 impl From<IfaceStats> for Totals {
@@ -35,6 +102,8 @@ impl From<IfaceStats> for Totals {
             tx_bytes: s.tx_bytes,
             retrans_segs: s.retrans_segs,
             retrans_failed: s.retrans_failed,
+            rx_unknown: s.rx_unknown,
+            tx_unknown: s.tx_unknown,
         }
     }
 }
@@ -69,6 +138,8 @@ pub struct Sample<'a> {
     pub rates: Rates,
     /// Totals since the interface was attached.
     pub totals: Totals,
+    /// Per-peer totals (configured peers, then "other").
+    pub peers: Vec<PeerTotals>,
     /// True on the last line, printed after detaching.
     pub last: bool,
 }
@@ -91,6 +162,21 @@ pub fn table_row(iface: &str, r: &Rates) -> String {
         r.tx_packets_per_s,
         human_bits(r.tx_bytes_per_s * 8.0),
         r.retrans_segs_per_s
+    )
+}
+
+/// One peer row of the human table: rates over the interval and the CE share of ECN-capable
+/// arrivals.
+pub fn peer_row(prev: &PeerTotals, now: &PeerTotals, secs: f64) -> String {
+    let rate = |a: u64, b: u64| if secs > 0.0 { b.saturating_sub(a) as f64 / secs } else { 0.0 };
+    format!(
+        "  {:<14} {:>10.0} {:>12} {:>10.0} {:>12}  CE in {:.1}%",
+        now.peer,
+        rate(prev.rx.packets, now.rx.packets),
+        human_bits(rate(prev.rx.bytes, now.rx.bytes) * 8.0),
+        rate(prev.tx.packets, now.tx.packets),
+        human_bits(rate(prev.tx.bytes, now.tx.bytes) * 8.0),
+        ce_fraction(&prev.rx, &now.rx) * 100.0
     )
 }
 
@@ -125,6 +211,22 @@ mod tests {
         let r = rates(&totals(1_000, 0), &totals(10, 0), Duration::from_secs(1));
         assert_eq!(r.rx_packets_per_s, 10.0);
         assert_eq!(rates(&totals(1, 0), &totals(2, 0), Duration::ZERO), Rates::default());
+    }
+
+    #[test]
+    fn ce_share_of_ecn_capable() {
+        let a = DirTotals { ect0: 100, ce: 10, ..Default::default() };
+        let b = DirTotals { ect0: 190, ce: 20, not_ect: 500, ..Default::default() };
+        assert_eq!(ce_fraction(&a, &b), 0.1);
+        assert_eq!(ce_fraction(&a, &a), 0.0);
+    }
+
+    #[test]
+    fn dscp_histogram_keeps_non_zero() {
+        let mut s = PeerStats::default();
+        s.tx_dscp[46] = 7;
+        let t = PeerTotals::new("us", &s);
+        assert_eq!(t.tx_dscp, BTreeMap::from([(46, 7)]));
     }
 
     #[test]

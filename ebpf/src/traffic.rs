@@ -1,14 +1,16 @@
-//! Per-interface packet and byte counters at TC ingress and egress.
+//! Per-interface and per-peer counters at TC ingress and egress: packets, bytes, ECN codepoints,
+//! TCP ECE/CWR, egress DSCP.
 
 use aya_ebpf::{
     bindings::TC_ACT_UNSPEC,
     macros::{classifier, map},
-    maps::{HashMap, PerCpuHashMap},
+    maps::{lpm_trie::Key, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap},
     programs::TcContext,
 };
 use linkpilot_common::{
-    packet::{segment_header_len, wire_bytes, PacketBytes},
-    IfaceConfig, IfaceStats, MAX_IFACES,
+    packet::{parse, wire_bytes, Headers, PacketBytes},
+    DirCounters, IfaceConfig, IfaceStats, PeerKey, PeerStats, MAX_IFACES, MAX_PEERS,
+    MAX_PEER_ENTRIES, PEER_OTHER,
 };
 
 #[map(name = "LP_IFACE_STATS")]
@@ -18,16 +20,59 @@ pub(crate) static IFACE_STATS: PerCpuHashMap<u32, IfaceStats> =
 #[map(name = "LP_IFACE_CONFIG")]
 static IFACE_CONFIG: HashMap<u32, IfaceConfig> = HashMap::with_max_entries(MAX_IFACES, 0);
 
-struct Skb<'a>(&'a TcContext);
+/// BPF_F_NO_PREALLOC, which LPM tries require.
+const NO_PREALLOC: u32 = 1;
 
-impl PacketBytes for Skb<'_> {
+#[map(name = "LP_PEERS")]
+static PEERS: LpmTrie<[u8; 16], u32> = LpmTrie::with_max_entries(MAX_PEERS * 4, NO_PREALLOC);
+
+#[map(name = "LP_PEER_STATS")]
+static PEER_STATS: PerCpuHashMap<PeerKey, PeerStats> =
+    PerCpuHashMap::with_max_entries(MAX_PEER_ENTRIES, 0);
+
+/// Bytes of the packet the parser sees: enough for Ethernet + VLAN + IPv6 + one extension header
+/// + TCP with options. Headers beyond it are "unparsed", never guessed.
+const HEADER_BYTES: usize = 128;
+
+/// Per-CPU scratch space for the packet's first bytes (the BPF stack is 512 bytes).
+#[map(name = "LP_SCRATCH")]
+static SCRATCH: PerCpuArray<[u8; HEADER_BYTES]> = PerCpuArray::with_max_entries(1, 0);
+
+/// The packet's first bytes, copied with one `bpf_skb_load_bytes` (which also reads non-linear
+/// skbs). Direct packet access would save the copy, but LLVM merges its bounds checks into
+/// shapes the verifier rejects.
+struct Head<'a> {
+    bytes: &'a [u8; HEADER_BYTES],
+    len: usize,
+}
+
+impl<'a> Head<'a> {
     #[inline(always)]
-    fn byte(&self, offset: usize) -> Option<u8> {
-        self.0.load::<u8>(offset).ok()
+    fn load(ctx: &TcContext) -> Option<Self> {
+        let buf = SCRATCH.get_ptr_mut(0)?;
+        // SAFETY: per-CPU scratch, used only by this program invocation on this CPU.
+        let buf: &'a mut [u8; HEADER_BYTES] = unsafe { &mut *buf };
+        let len = (ctx.len() as usize).min(HEADER_BYTES);
+        if len == 0 {
+            return None;
+        }
+        let n = ctx.load_bytes(0, &mut buf[..len]).ok()?;
+        Some(Head { bytes: buf, len: n })
     }
 }
 
-#[derive(Clone, Copy)]
+impl PacketBytes for Head<'_> {
+    #[inline(always)]
+    fn byte(&self, offset: usize) -> Option<u8> {
+        if offset < self.len {
+            self.bytes.get(offset).copied()
+        } else {
+            None
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Direction {
     Rx,
     Tx,
@@ -52,19 +97,57 @@ fn count(ctx: &TcContext, dir: Direction) {
     // SAFETY: the controller writes this map only with whole values.
     let Some(config) = (unsafe { IFACE_CONFIG.get(ifindex) }) else { return };
     let Some(stats) = IFACE_STATS.get_ptr_mut(ifindex) else { return };
+    // A zeroed `Headers` (version 0) for non-IP rather than an Option: LLVM fills the None arm
+    // of an Option with whatever register is at hand, which the verifier rejects as pointer
+    // arithmetic when that register holds a pointer.
+    let h = Head::load(ctx).and_then(|head| parse(&head, config.l2)).unwrap_or_default();
     let segs = gso_segs.max(1);
-    let header_len = if segs > 1 { segment_header_len(&Skb(ctx), config.l2) } else { None };
+    let header_len = (segs > 1 && h.header_len != 0).then_some(usize::from(h.header_len));
     let bytes = wire_bytes(ctx.len(), segs, header_len);
+    let segs = u64::from(segs);
     // SAFETY: a per-CPU value, written only by programs on this CPU; TC runs with BH disabled.
     let stats = unsafe { &mut *stats };
     match dir {
         Direction::Rx => {
-            stats.rx_packets += u64::from(segs);
+            stats.rx_packets += segs;
             stats.rx_bytes += bytes;
         }
         Direction::Tx => {
-            stats.tx_packets += u64::from(segs);
+            stats.tx_packets += segs;
             stats.tx_bytes += bytes;
         }
+    }
+    if h.version == 0 {
+        match dir {
+            Direction::Rx => stats.rx_unknown += segs,
+            Direction::Tx => stats.tx_unknown += segs,
+        }
+        return;
+    }
+    count_peer(ifindex, dir, &h, segs, bytes);
+}
+
+#[inline(always)]
+fn count_peer(ifindex: u32, dir: Direction, h: &Headers, segs: u64, bytes: u64) {
+    let remote = if dir == Direction::Rx { h.src } else { h.dst };
+    let peer = PEERS.get(Key::new(128, remote)).copied().unwrap_or(PEER_OTHER);
+    let Some(ps) = PEER_STATS.get_ptr_mut(PeerKey { ifindex, peer }) else { return };
+    // SAFETY: a per-CPU value, as above.
+    let ps = unsafe { &mut *ps };
+    let d: &mut DirCounters = if dir == Direction::Rx { &mut ps.rx } else { &mut ps.tx };
+    d.packets += segs;
+    d.bytes += bytes;
+    d.ecn[usize::from(h.tos & 3)] += segs;
+    if h.l4 == 0 {
+        d.unparsed += segs;
+    }
+    if h.tcp_flags & 0x40 != 0 {
+        d.tcp_ece += segs;
+    }
+    if h.tcp_flags & 0x80 != 0 {
+        d.tcp_cwr += segs;
+    }
+    if dir == Direction::Tx {
+        ps.tx_dscp[usize::from(h.tos >> 2)] += segs;
     }
 }

@@ -27,12 +27,46 @@ pub struct Totals {
     pub retrans_failed: u64,
 }
 
+/// One direction of one peer as `watch --json` prints it.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct DirTotals {
+    pub packets: u64,
+    pub bytes: u64,
+    pub not_ect: u64,
+    pub ect1: u64,
+    pub ect0: u64,
+    pub ce: u64,
+    pub tcp_ece: u64,
+    pub tcp_cwr: u64,
+    pub unparsed: u64,
+}
+
+/// One peer as `watch --json` prints it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct PeerTotals {
+    pub peer: String,
+    pub rx: DirTotals,
+    pub tx: DirTotals,
+    pub tx_dscp: std::collections::BTreeMap<u8, u64>,
+}
+
 /// One line of `watch --json`.
 #[derive(Clone, Debug, Deserialize)]
 pub struct Sample {
     pub iface: String,
     pub totals: Totals,
+    pub peers: Vec<PeerTotals>,
     pub last: bool,
+}
+
+impl Sample {
+    /// The totals of peer `name`.
+    pub fn peer(&self, name: &str) -> &PeerTotals {
+        self.peers
+            .iter()
+            .find(|p| p.peer == name)
+            .unwrap_or_else(|| panic!("no peer {name}: {self:?}"))
+    }
 }
 
 /// A running `linkpilot watch`; killed if dropped without [`Watcher::stop`].
@@ -46,11 +80,15 @@ impl Watcher {
     /// Starts watching `ifaces` in `ns` and returns once the first sample is out, i.e. once
     /// every program is attached.
     pub fn start(ns: &Netns, ifaces: &[&str]) -> Self {
+        Self::start_in(&ns.name, ifaces, &[])
+    }
+
+    /// Like [`Watcher::start`] in namespace `netns`, with extra `watch` arguments.
+    pub fn start_in(netns: &str, ifaces: &[&str], extra: &[&str]) -> Self {
         // nsenter, not `ip netns exec`: the latter remounts /sys, hiding tracefs.
         let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net=/run/netns/{}", ns.name))
-            .arg(linkpilot_bin())
-            .args(["watch", "--json"]);
+        cmd.arg(format!("--net=/run/netns/{netns}")).arg(linkpilot_bin()).args(["watch", "--json"]);
+        cmd.args(extra);
         for i in ifaces {
             cmd.args(["--iface", i]);
         }
