@@ -7,8 +7,11 @@ pub const PROG_TC_INGRESS: &str = "lp_tc_ingress";
 pub const PROG_TC_EGRESS: &str = "lp_tc_egress";
 /// `tcp:tcp_retransmit_skb` tracepoint.
 pub const PROG_TCP_RETRANSMIT: &str = "lp_tcp_retrans";
+/// An empty classifier, loaded only by the benchmark as its baseline.
+pub const PROG_TC_NOOP: &str = "lp_tc_noop";
 /// Every program name of ours, to recognise them among the kernel's loaded programs.
-pub const PROGRAM_NAMES: [&str; 3] = [PROG_TC_INGRESS, PROG_TC_EGRESS, PROG_TCP_RETRANSMIT];
+pub const PROGRAM_NAMES: [&str; 4] =
+    [PROG_TC_INGRESS, PROG_TC_EGRESS, PROG_TCP_RETRANSMIT, PROG_TC_NOOP];
 
 /// Per-CPU hash: ifindex (`u32`) -> [`IfaceStats`]. Only watched interfaces have an entry; the
 /// controller inserts them before attaching, the programs never insert.

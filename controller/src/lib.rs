@@ -4,6 +4,7 @@
 //! `probes` is the only module that talks to aya; `kernel` and `iface` read the running system;
 //! `watch` turns counter readings into rates and prints them.
 
+pub mod bench;
 pub mod iface;
 pub mod kernel;
 pub mod paths;

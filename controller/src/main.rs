@@ -27,6 +27,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Nanoseconds per packet of each TC program via BPF_PROG_TEST_RUN, next to an empty one.
+    BenchPrograms {
+        /// Runs per measurement (the kernel reports the mean).
+        #[arg(long, default_value_t = 1_000_000)]
+        repeat: u32,
+        /// Measurements per cell; the median is printed.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+    },
     /// Count packets, bytes and TCP retransmissions per interface, printed once a second.
     Watch {
         /// Interface to watch (repeat for several).
@@ -62,6 +71,7 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
+        Command::BenchPrograms { repeat, rounds } => linkpilot::bench::run(repeat, rounds.max(1)),
         Command::Watch { ifaces, json, peers, count } => {
             runtime.block_on(watch(&ifaces, json, &peers, count))
         }

@@ -16,7 +16,7 @@ use ipnet::IpNet;
 use linkpilot_common::{
     IfaceConfig, IfaceStats, KernelOffsets, LocalAddr, PeerKey, PeerStats, GLOBAL_KERNEL_OFFSETS,
     MAP_IFACE_CONFIG, MAP_IFACE_STATS, MAP_LOCAL_ADDRS, MAP_PEERS, MAP_PEER_STATS, MAX_PEERS,
-    PEER_OTHER, PROG_TCP_RETRANSMIT, PROG_TC_EGRESS, PROG_TC_INGRESS,
+    PEER_OTHER, PROG_TCP_RETRANSMIT, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_TC_NOOP,
 };
 use tracing::{debug, info};
 
@@ -197,8 +197,30 @@ impl Probes {
         packet: &[u8],
         repeat: u32,
     ) -> Result<(i32, std::time::Duration), ProbeError> {
-        use aya::programs::{TestRun, TestRunOptions};
         let name = if egress { PROG_TC_EGRESS } else { PROG_TC_INGRESS };
+        self.run_named(name, packet, repeat)
+    }
+
+    /// Like [`Probes::run_classifier`] for the empty classifier, the benchmark's baseline.
+    pub fn run_noop(
+        &mut self,
+        packet: &[u8],
+        repeat: u32,
+    ) -> Result<(i32, std::time::Duration), ProbeError> {
+        let prog: &mut SchedClassifier = program(&mut self.ebpf, PROG_TC_NOOP)?;
+        if prog.fd().is_err() {
+            prog.load().map_err(|e| load_error(PROG_TC_NOOP, e))?;
+        }
+        self.run_named(PROG_TC_NOOP, packet, repeat)
+    }
+
+    fn run_named(
+        &mut self,
+        name: &'static str,
+        packet: &[u8],
+        repeat: u32,
+    ) -> Result<(i32, std::time::Duration), ProbeError> {
+        use aya::programs::{TestRun, TestRunOptions};
         let prog: &mut SchedClassifier = program(&mut self.ebpf, name)?;
         let opts = TestRunOptions {
             data_in: Some(packet),

@@ -151,3 +151,10 @@ fn count_peer(ifindex: u32, dir: Direction, h: &Headers, segs: u64, bytes: u64) 
         ps.tx_dscp[usize::from(h.tos >> 2)] += segs;
     }
 }
+
+/// Does nothing: the baseline that `linkpilot bench-programs` subtracts (the cost of the
+/// BPF_PROG_TEST_RUN harness itself). Never attached.
+#[classifier]
+pub fn lp_tc_noop(_ctx: TcContext) -> i32 {
+    TC_ACT_UNSPEC
+}
