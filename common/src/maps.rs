@@ -27,6 +27,13 @@ pub const MAP_PEERS: &str = "LP_PEERS";
 /// Per-CPU hash: [`PeerKey`] -> [`PeerStats`]. The controller inserts every (watched interface,
 /// peer) pair, including [`PEER_OTHER`], before attaching.
 pub const MAP_PEER_STATS: &str = "LP_PEER_STATS";
+/// Array of [`DscpRule`], [`MAX_DSCP_RULES`] slots; the egress program applies the first enabled
+/// rule that matches.
+pub const MAP_DSCP_RULES: &str = "LP_DSCP_RULES";
+/// Slots of [`MAP_DSCP_RULES`].
+pub const MAX_DSCP_RULES: u32 = 16;
+/// [`DscpRule::peer`] value matching every peer.
+pub const ANY_PEER: u32 = u32::MAX;
 /// Global of type [`KernelOffsets`], set at load time from the running kernel's BTF.
 pub const GLOBAL_KERNEL_OFFSETS: &str = "LP_KERNEL_OFFSETS";
 
@@ -64,6 +71,8 @@ pub struct IfaceStats {
     pub retrans_segs: u64,
     /// Retransmission attempts that the stack reported as failed (tracepoint `err != 0`).
     pub retrans_failed: u64,
+    /// Egress packets whose DSCP a rule rewrote.
+    pub tx_dscp_rewritten: u64,
     /// Packets that are not IPv4/IPv6 (ARP, LLDP, ...) or whose IP header is malformed or
     /// truncated, by direction: counted, never parsed further.
     pub rx_unknown: u64,
@@ -81,6 +90,35 @@ impl IfaceStats {
         self.retrans_failed = self.retrans_failed.wrapping_add(other.retrans_failed);
         self.rx_unknown = self.rx_unknown.wrapping_add(other.rx_unknown);
         self.tx_unknown = self.tx_unknown.wrapping_add(other.tx_unknown);
+        self.tx_dscp_rewritten = self.tx_dscp_rewritten.wrapping_add(other.tx_dscp_rewritten);
+    }
+}
+
+/// An egress DSCP rewrite: packets to `peer` (or [`ANY_PEER`]) whose source or destination port
+/// is in `port_lo..=port_hi` (0..=65535 for all; ports are ignored for protocols without them
+/// only when the range is the full one) leave with DSCP `dscp`; the ECN bits are kept.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DscpRule {
+    /// Non-zero when the slot is in use.
+    pub enabled: u32,
+    pub peer: u32,
+    pub port_lo: u16,
+    pub port_hi: u16,
+    /// 0..=63.
+    pub dscp: u8,
+    pub _pad: [u8; 3],
+}
+
+impl DscpRule {
+    /// Whether the rule applies to a packet to `peer` with ports `sport`/`dport`.
+    #[inline(always)]
+    pub fn matches(&self, peer: u32, sport: u16, dport: u16) -> bool {
+        let all_ports = self.port_lo == 0 && self.port_hi == u16::MAX;
+        let in_range = |p: u16| p >= self.port_lo && p <= self.port_hi;
+        self.enabled != 0
+            && (self.peer == ANY_PEER || self.peer == peer)
+            && (all_ports || in_range(sport) || in_range(dport))
     }
 }
 
@@ -146,6 +184,23 @@ impl Default for PeerStats {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dscp_rule_selectors() {
+        let r =
+            DscpRule { enabled: 1, peer: 2, port_lo: 0, port_hi: u16::MAX, dscp: 46, _pad: [0; 3] };
+        assert!(r.matches(2, 0, 0));
+        assert!(!r.matches(3, 0, 0));
+        let r = DscpRule { peer: ANY_PEER, port_lo: 5201, port_hi: 5210, ..r };
+        assert!(r.matches(9, 40000, 5205) && r.matches(9, 5201, 40000));
+        assert!(!r.matches(9, 40000, 5211));
+        assert!(!DscpRule { enabled: 0, ..r }.matches(9, 5201, 5201));
+    }
+}
+
 impl PeerStats {
     pub fn accumulate(&mut self, o: &Self) {
         self.rx.accumulate(&o.rx);
@@ -203,7 +258,8 @@ pub mod retransmit_record {
     pub const ERR: usize = 76;
 }
 
-const _: () = assert!(core::mem::size_of::<IfaceStats>() == 64);
+const _: () = assert!(core::mem::size_of::<IfaceStats>() == 72);
+const _: () = assert!(core::mem::size_of::<DscpRule>() == 16);
 const _: () = assert!(core::mem::size_of::<PeerKey>() == 8);
 const _: () = assert!(core::mem::size_of::<PeerPrefix>() == 20);
 const _: () = assert!(core::mem::size_of::<DirCounters>() == 72);
@@ -221,6 +277,7 @@ mod pod {
     unsafe impl aya::Pod for super::LocalAddr {}
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::PeerKey {}
+    unsafe impl aya::Pod for super::DscpRule {}
     unsafe impl aya::Pod for super::PeerPrefix {}
     unsafe impl aya::Pod for super::PeerStats {}
 }

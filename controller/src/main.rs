@@ -14,7 +14,7 @@ use linkpilot::{
     probes::Probes,
     watch::{peer_row, rates, table_header, table_row, PeerTotals, Sample, Totals},
 };
-use linkpilot_common::{MAX_PEERS, PEER_OTHER};
+use linkpilot_common::{DscpRule, ANY_PEER, MAX_PEERS, PEER_OTHER};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, warn};
 
@@ -48,10 +48,39 @@ enum Command {
         /// no named peer is counted as "other".
         #[arg(long = "peer", value_name = "NAME=CIDR", value_parser = parse_peer)]
         peers: Vec<(String, IpNet)>,
+        /// Rewrite the DSCP of egress packets: SELECTOR=DSCP, where SELECTOR is a peer name or
+        /// `*`, optionally followed by `:LO-HI` (source or destination port range). First match
+        /// wins; ECN bits are kept. E.g. `--dscp us=26`, `--dscp '*:5201-5210=46'`.
+        #[arg(long = "dscp", value_name = "SELECTOR=DSCP", value_parser = parse_dscp)]
+        dscp: Vec<DscpArg>,
         /// Stop after this many one-second intervals (default: until Ctrl-C or SIGTERM).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
         count: Option<u64>,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dscp_selectors() {
+        let d = parse_dscp("us=26").unwrap();
+        assert_eq!((d.peer.as_deref(), d.ports, d.dscp), (Some("us"), (0, u16::MAX), 26));
+        let d = parse_dscp("*:5201-5210=46").unwrap();
+        assert_eq!((d.peer, d.ports, d.dscp), (None, (5201, 5210), 46));
+        for bad in ["us", "us=64", "us=x", "=3", "us:9-1=3", "us:70000=3"] {
+            assert!(parse_dscp(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn peers() {
+        assert!(parse_peer("us=198.18.2.0/24").is_ok());
+        assert_eq!(parse_peer("h=198.18.2.1").unwrap().1.prefix_len(), 32);
+        assert!(parse_peer("other=10.0.0.0/8").is_err());
+        assert!(parse_peer("x=nonsense").is_err());
+    }
 }
 
 fn main() -> ExitCode {
@@ -72,8 +101,8 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::BenchPrograms { repeat, rounds } => linkpilot::bench::run(repeat, rounds.max(1)),
-        Command::Watch { ifaces, json, peers, count } => {
-            runtime.block_on(watch(&ifaces, json, &peers, count))
+        Command::Watch { ifaces, json, peers, dscp, count } => {
+            runtime.block_on(watch(&ifaces, json, &peers, &dscp, count))
         }
     };
     match result {
@@ -83,6 +112,43 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A `--dscp` rule before peer names are resolved to ids.
+#[derive(Clone, Debug)]
+struct DscpArg {
+    peer: Option<String>,
+    ports: (u16, u16),
+    dscp: u8,
+}
+
+fn parse_dscp(s: &str) -> Result<DscpArg, String> {
+    let (selector, dscp) =
+        s.rsplit_once('=').ok_or_else(|| format!("{s:?} is not SELECTOR=DSCP"))?;
+    let dscp: u8 = dscp
+        .parse()
+        .ok()
+        .filter(|d| *d < 64)
+        .ok_or_else(|| format!("DSCP {dscp:?} is not 0 to 63"))?;
+    let (peer, ports) = match selector.split_once(':') {
+        Some((p, range)) => {
+            let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+            let port =
+                |x: &str| x.parse::<u16>().map_err(|_| format!("port {x:?} is not 0 to 65535"));
+            let (lo, hi) = (port(lo)?, port(hi)?);
+            if lo > hi {
+                return Err(format!("port range {range:?} is empty"));
+            }
+            (p, (lo, hi))
+        }
+        None => (selector, (0, u16::MAX)),
+    };
+    let peer = match peer {
+        "*" => None,
+        "" => return Err("the selector needs a peer name or *".into()),
+        name => Some(name.to_owned()),
+    };
+    Ok(DscpArg { peer, ports, dscp })
 }
 
 fn parse_peer(s: &str) -> Result<(String, IpNet), String> {
@@ -125,10 +191,31 @@ async fn watch(
     names: &[String],
     json: bool,
     peers: &[(String, IpNet)],
+    dscp: &[DscpArg],
     count: Option<u64>,
 ) -> anyhow::Result<()> {
     let ifaces = names.iter().map(|n| Iface::resolve(n)).collect::<Result<Vec<_>, _>>()?;
     let PeerIds { names: peer_names, prefixes } = peer_ids(peers)?;
+    let rules = dscp
+        .iter()
+        .map(|d| {
+            let peer = match &d.peer {
+                None => ANY_PEER,
+                Some(name) => match peer_names.iter().position(|n| n == name) {
+                    Some(i) => i as u32 + 1,
+                    None => anyhow::bail!("--dscp names peer {name:?}, which no --peer defines"),
+                },
+            };
+            Ok(DscpRule {
+                enabled: 1,
+                peer,
+                port_lo: d.ports.0,
+                port_hi: d.ports.1,
+                dscp: d.dscp,
+                _pad: [0; 3],
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     kernel::check_privileges()?;
     let has_err = kernel::check_retransmit_tracepoint()?;
     let (offsets, note) = kernel::kernel_offsets(has_err);
@@ -141,6 +228,7 @@ async fn watch(
 
     let mut probes = Probes::load(offsets)?;
     probes.set_peers(&prefixes)?;
+    probes.set_dscp_rules(&rules)?;
     probes
         .sync_local_addrs(&iface::local_addrs(&ifaces).context("listing interface addresses")?)?;
     for iface in &ifaces {

@@ -6,7 +6,7 @@ use std::collections::HashMap as StdHashMap;
 use aya::{
     maps::{
         lpm_trie::{Key as LpmKey, LpmTrie},
-        HashMap, MapData, MapError, PerCpuHashMap, PerCpuValues,
+        Array, HashMap, MapData, MapError, PerCpuHashMap, PerCpuValues,
     },
     programs::{tc, ProgramError, SchedClassifier, TcAttachType, TracePoint},
     util::KernelVersion,
@@ -14,9 +14,10 @@ use aya::{
 };
 use ipnet::IpNet;
 use linkpilot_common::{
-    IfaceConfig, IfaceStats, KernelOffsets, LocalAddr, PeerKey, PeerStats, GLOBAL_KERNEL_OFFSETS,
-    MAP_IFACE_CONFIG, MAP_IFACE_STATS, MAP_LOCAL_ADDRS, MAP_PEERS, MAP_PEER_STATS, MAX_PEERS,
-    PEER_OTHER, PROG_TCP_RETRANSMIT, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_TC_NOOP,
+    DscpRule, IfaceConfig, IfaceStats, KernelOffsets, LocalAddr, PeerKey, PeerStats,
+    GLOBAL_KERNEL_OFFSETS, MAP_DSCP_RULES, MAP_IFACE_CONFIG, MAP_IFACE_STATS, MAP_LOCAL_ADDRS,
+    MAP_PEERS, MAP_PEER_STATS, MAX_DSCP_RULES, MAX_PEERS, PEER_OTHER, PROG_TCP_RETRANSMIT,
+    PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_TC_NOOP,
 };
 use tracing::{debug, info};
 
@@ -43,6 +44,8 @@ pub enum ProbeError {
         direction: &'static str,
         source: Box<ProgramError>,
     },
+    #[error("{count} DSCP rules given; at most {MAX_DSCP_RULES} fit")]
+    TooManyRules { count: usize },
     #[error("peer id {id} is out of range: ids are 1 to {MAX_PEERS}")]
     PeerId { id: u32 },
     #[error("map {map}: {source}")]
@@ -57,6 +60,7 @@ pub struct Probes {
     local_addrs: HashMap<MapData, LocalAddr, u32>,
     peers: LpmTrie<MapData, [u8; 16], u32>,
     peer_stats: PerCpuHashMap<MapData, PeerKey, PeerStats>,
+    dscp_rules: Array<MapData, DscpRule>,
     /// Peer ids in use, besides PEER_OTHER.
     peer_ids: Vec<u32>,
     watched: Vec<Iface>,
@@ -81,7 +85,9 @@ impl Probes {
         let local_addrs = take_map(&mut ebpf, MAP_LOCAL_ADDRS)?;
         let peers = take_map(&mut ebpf, MAP_PEERS)?;
         let peer_stats = take_map(&mut ebpf, MAP_PEER_STATS)?;
+        let dscp_rules = take_map(&mut ebpf, MAP_DSCP_RULES)?;
         Ok(Self {
+            dscp_rules,
             ebpf,
             stats,
             config,
@@ -233,6 +239,25 @@ impl Probes {
             source: Box::new(e),
         })?;
         Ok((r.return_value as i32, r.duration))
+    }
+
+    /// Replaces the egress DSCP rules (first match wins). Takes effect for the next packet.
+    pub fn set_dscp_rules(&mut self, rules: &[DscpRule]) -> Result<(), ProbeError> {
+        if rules.len() > MAX_DSCP_RULES as usize {
+            return Err(ProbeError::TooManyRules { count: rules.len() });
+        }
+        // Write the new rules, then disable the slots after them: the program stops at the first
+        // disabled slot, so a reader never sees a gap.
+        for (i, rule) in rules.iter().enumerate() {
+            let rule = DscpRule { enabled: 1, dscp: rule.dscp & 0x3f, ..*rule };
+            self.dscp_rules.set(i as u32, rule, 0).map_err(|e| map_error(MAP_DSCP_RULES, e))?;
+        }
+        for i in rules.len() as u32..MAX_DSCP_RULES {
+            self.dscp_rules
+                .set(i, DscpRule::default(), 0)
+                .map_err(|e| map_error(MAP_DSCP_RULES, e))?;
+        }
+        Ok(())
     }
 
     /// Counters of (`ifindex`, `peer`) summed over CPUs.

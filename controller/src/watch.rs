@@ -28,6 +28,7 @@ pub struct Totals {
     pub retrans_failed: u64,
     pub rx_unknown: u64,
     pub tx_unknown: u64,
+    pub tx_dscp_rewritten: u64,
 }
 
 /// One direction of one peer, as printed.
@@ -104,6 +105,7 @@ impl From<IfaceStats> for Totals {
             retrans_failed: s.retrans_failed,
             rx_unknown: s.rx_unknown,
             tx_unknown: s.tx_unknown,
+            tx_dscp_rewritten: s.tx_dscp_rewritten,
         }
     }
 }

@@ -4,13 +4,13 @@
 use aya_ebpf::{
     bindings::TC_ACT_UNSPEC,
     macros::{classifier, map},
-    maps::{lpm_trie::Key, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap},
+    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap},
     programs::TcContext,
 };
 use linkpilot_common::{
     packet::{parse, wire_bytes, Headers, PacketBytes},
-    DirCounters, IfaceConfig, IfaceStats, PeerKey, PeerStats, MAX_IFACES, MAX_PEERS,
-    MAX_PEER_ENTRIES, PEER_OTHER,
+    DirCounters, DscpRule, IfaceConfig, IfaceStats, PeerKey, PeerStats, MAX_DSCP_RULES, MAX_IFACES,
+    MAX_PEERS, MAX_PEER_ENTRIES, PEER_OTHER,
 };
 
 #[map(name = "LP_IFACE_STATS")]
@@ -29,6 +29,10 @@ static PEERS: LpmTrie<[u8; 16], u32> = LpmTrie::with_max_entries(MAX_PEERS * 4, 
 #[map(name = "LP_PEER_STATS")]
 static PEER_STATS: PerCpuHashMap<PeerKey, PeerStats> =
     PerCpuHashMap::with_max_entries(MAX_PEER_ENTRIES, 0);
+
+/// Egress DSCP rewrite rules, compacted: the first disabled slot ends the list.
+#[map(name = "LP_DSCP_RULES")]
+static DSCP_RULES: Array<DscpRule> = Array::with_max_entries(MAX_DSCP_RULES, 0);
 
 /// Bytes of the packet the parser sees: enough for Ethernet + VLAN + IPv6 + one extension header
 /// + TCP with options. Headers beyond it are "unparsed", never guessed.
@@ -100,7 +104,7 @@ fn count(ctx: &TcContext, dir: Direction) {
     // A zeroed `Headers` (version 0) for non-IP rather than an Option: LLVM fills the None arm
     // of an Option with whatever register is at hand, which the verifier rejects as pointer
     // arithmetic when that register holds a pointer.
-    let h = Head::load(ctx).and_then(|head| parse(&head, config.l2)).unwrap_or_default();
+    let mut h = Head::load(ctx).and_then(|head| parse(&head, config.l2)).unwrap_or_default();
     let segs = gso_segs.max(1);
     let header_len = (segs > 1 && h.header_len != 0).then_some(usize::from(h.header_len));
     let bytes = wire_bytes(ctx.len(), segs, header_len);
@@ -124,13 +128,55 @@ fn count(ctx: &TcContext, dir: Direction) {
         }
         return;
     }
-    count_peer(ifindex, dir, &h, segs, bytes);
+    let remote = if dir == Direction::Rx { h.src } else { h.dst };
+    let peer = PEERS.get(Key::new(128, remote)).copied().unwrap_or(PEER_OTHER);
+    if dir == Direction::Tx {
+        if let Some(new_tos) = rewrite_dscp(ctx, &mut h, peer) {
+            h.tos = new_tos;
+            stats.tx_dscp_rewritten += segs;
+        }
+    }
+    count_peer(ifindex, peer, dir, &h, segs, bytes);
+}
+
+/// Applies the first matching DSCP rule to an egress packet, keeping the ECN bits and fixing the
+/// IPv4 header checksum. Returns the new TOS byte if the packet changed.
+#[inline(always)]
+fn rewrite_dscp(ctx: &TcContext, h: &mut Headers, peer: u32) -> Option<u8> {
+    let mut dscp = None;
+    for i in 0..MAX_DSCP_RULES {
+        let rule = DSCP_RULES.get(i)?;
+        if rule.enabled == 0 {
+            break;
+        }
+        if rule.matches(peer, h.sport, h.dport) {
+            dscp = Some(rule.dscp & 0x3f);
+            break;
+        }
+    }
+    let tos = (dscp? << 2) | (h.tos & 3);
+    if tos == h.tos {
+        return None;
+    }
+    let l3 = usize::from(h.l3);
+    if h.version == 4 {
+        // The checksum covers 16-bit words: replace the (version/IHL, TOS) word.
+        let old: [u8; 2] = ctx.load(l3).ok()?;
+        let new = [old[0], tos];
+        ctx.store(l3 + 1, &tos, 0).ok()?;
+        let (from, to) = (u16::from_ne_bytes(old), u16::from_ne_bytes(new));
+        ctx.l3_csum_replace(l3 + 10, u64::from(from), u64::from(to), 2).ok()?;
+    } else {
+        // Traffic class straddles the first two bytes; IPv6 has no header checksum.
+        let old: [u8; 2] = ctx.load(l3).ok()?;
+        let new = [(old[0] & 0xf0) | (tos >> 4), (tos << 4) | (old[1] & 0x0f)];
+        ctx.store(l3, &new, 0).ok()?;
+    }
+    Some(tos)
 }
 
 #[inline(always)]
-fn count_peer(ifindex: u32, dir: Direction, h: &Headers, segs: u64, bytes: u64) {
-    let remote = if dir == Direction::Rx { h.src } else { h.dst };
-    let peer = PEERS.get(Key::new(128, remote)).copied().unwrap_or(PEER_OTHER);
+fn count_peer(ifindex: u32, peer: u32, dir: Direction, h: &Headers, segs: u64, bytes: u64) {
     let Some(ps) = PEER_STATS.get_ptr_mut(PeerKey { ifindex, peer }) else { return };
     // SAFETY: a per-CPU value, as above.
     let ps = unsafe { &mut *ps };

@@ -138,14 +138,7 @@ pub fn ce_marks() -> anyhow::Result<Figure> {
     let pcap_s = pcap.display().to_string();
     // Only CE-marked IPv4 packets from the HK host, snapped short, so the capture keeps up.
     let filter = format!("src host {} and ip[1] & 3 = 3", hk.ipv4);
-    let mut dump = us
-        .command("tcpdump")
-        .args(["-i", "eth0", "-n", "-s", "96", "-U", "-w", &pcap_s, &filter])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting tcpdump")?;
-    wait_for_listening(&mut dump)?;
+    let dump = start_capture(&us, &filter, &pcap_s)?;
     let mut server =
         spawn_quiet(us.command("iperf3").args(["-s", "-1", "-B", &us.ipv4.to_string()]))?;
     thread::sleep(Duration::from_millis(300));
@@ -177,6 +170,21 @@ pub fn ce_marks() -> anyhow::Result<Figure> {
     })
 }
 
+/// Starts tcpdump on `host`'s eth0 writing packets that match `filter` (headers only) to `pcap`,
+/// and returns once it is listening. Immediate mode: without it libpcap hands packets over in
+/// ring-buffer blocks, and the last partial block is lost, uncounted, when tcpdump is stopped.
+pub fn start_capture(host: &Host, filter: &str, pcap: &str) -> anyhow::Result<Child> {
+    let mut dump = host
+        .command("tcpdump")
+        .args(["-i", "eth0", "-n", "-s", "96", "--immediate-mode", "-U", "-w", pcap, filter])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting tcpdump")?;
+    wait_for_listening(&mut dump)?;
+    Ok(dump)
+}
+
 fn wait_for_listening(dump: &mut Child) -> anyhow::Result<()> {
     let stderr = dump.stderr.as_mut().context("tcpdump stderr")?;
     let mut seen = Vec::new();
@@ -195,7 +203,7 @@ fn wait_for_listening(dump: &mut Child) -> anyhow::Result<()> {
 }
 
 /// Stops tcpdump with SIGINT and returns how many packets it says the kernel dropped.
-fn stop_capture(mut dump: Child) -> anyhow::Result<u64> {
+pub fn stop_capture(mut dump: Child) -> anyhow::Result<u64> {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(dump.id() as i32),
         nix::sys::signal::Signal::SIGINT,

@@ -25,6 +25,7 @@ pub struct Totals {
     pub tx_bytes: u64,
     pub retrans_segs: u64,
     pub retrans_failed: u64,
+    pub tx_dscp_rewritten: u64,
 }
 
 /// One direction of one peer as `watch --json` prints it.

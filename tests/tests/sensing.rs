@@ -6,6 +6,7 @@ use std::{thread, time::Duration};
 use linkpilot_lab::{
     lab::{Lab, LabConfig, Site},
     scenario::{Direction, Scenario},
+    selftest,
 };
 use linkpilot_tests::watcher::Watcher;
 use nix::sys::signal::Signal;
@@ -54,4 +55,82 @@ fn ce_marks_per_peer_equal_the_labs_count() {
         "every segment has one codepoint: {r:?}"
     );
     assert_eq!(s.peer("other").rx.ce, 0, "only the HK site's traffic crossed the marking queue");
+}
+
+#[test]
+fn dscp_rewrite_seen_by_tshark_with_ecn_intact_and_valid_checksums() {
+    let lab = ecn_lab("sdscp");
+    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    for h in [&hk, &us] {
+        h.exec(&["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]).expect("sysctl");
+    }
+    // Rewrite everything the HK host sends to the US site to DSCP 46 (EF).
+    let watcher =
+        Watcher::start_in(&hk.netns, &["eth0"], &["--peer", "us=198.18.2.0/24", "--dscp", "us=46"]);
+    let pcap = std::env::temp_dir().join(format!("lp-dscp-{}.pcap", std::process::id()));
+    let pcap_s = pcap.display().to_string();
+    let dump = selftest::start_capture(&us, &format!("src host {} and tcp", hk.ipv4), &pcap_s)
+        .expect("tcpdump");
+    let mut server = us
+        .command("iperf3")
+        .args(["-s", "-1", "-B", &us.ipv4.to_string()])
+        .spawn()
+        .expect("iperf3 -s");
+    thread::sleep(Duration::from_millis(300));
+    hk.exec(&["iperf3", "-c", &us.ipv4.to_string(), "-t", "3"]).expect("iperf3 -c");
+    server.wait().expect("iperf3 server");
+    thread::sleep(Duration::from_millis(300));
+    let dropped = selftest::stop_capture(dump).expect("stop tcpdump");
+    let lab_ce = lab.stats(Direction::HkToUs).ce_marked;
+    let last = watcher.stop_with(Signal::SIGINT);
+    let fields = linkpilot_tests::sh(&[
+        "tshark",
+        "-r",
+        &pcap_s,
+        "-o",
+        "ip.check_checksum:TRUE",
+        "-T",
+        "fields",
+        "-e",
+        "ip.dsfield.dscp",
+        "-e",
+        "ip.dsfield.ecn",
+        "-e",
+        "ip.checksum.status",
+        "-e",
+        "tcp.len",
+    ]);
+    let _ = std::fs::remove_file(&pcap);
+    assert_eq!(dropped, 0, "tcpdump dropped packets");
+    let rows: Vec<Vec<u64>> = fields
+        .lines()
+        .map(|l| l.split('\t').map(|f| f.parse().unwrap_or(u64::MAX)).collect())
+        .collect();
+    assert!(rows.len() > 1000, "too few packets captured: {}", rows.len());
+    let not_46: Vec<_> = rows.iter().filter(|r| r[0] != 46).collect();
+    assert!(
+        not_46.is_empty(),
+        "{} of {} packets left without DSCP 46: {:?}",
+        not_46.len(),
+        rows.len(),
+        &not_46[..not_46.len().min(5)]
+    );
+    // tshark: checksum status 1 = good.
+    assert!(rows.iter().all(|r| r[2] == 1), "a bad or unverified IPv4 checksum");
+    // ECN kept: data segments leave ECT(0) and arrive ECT(0) or, where the lab marked them, CE.
+    let data: Vec<_> = rows.iter().filter(|r| r[3] > 0).collect();
+    assert!(data.iter().all(|r| r[1] == 2 || r[1] == 3), "a data segment lost its ECN bits");
+    assert_eq!(
+        rows.iter().filter(|r| r[1] == 3).count() as u64,
+        lab_ce,
+        "CE marks made by the lab, seen by tshark"
+    );
+    let s = last.iter().find(|s| s.iface == "eth0").expect("sample");
+    assert_eq!(
+        s.peer("us").tx_dscp.keys().copied().collect::<Vec<_>>(),
+        vec![46],
+        "{:?}",
+        s.peer("us").tx_dscp
+    );
+    assert!(s.totals.tx_dscp_rewritten > 0);
 }
