@@ -168,19 +168,79 @@ impl DirCounters {
     }
 }
 
+/// RoCEv2 (UDP 4791) counters of one direction, in packets.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoceCounters {
+    pub packets: u64,
+    /// By BTH transport class (opcode >> 5): RC, UC, RD, UD, CNP, XRC, and two reserved classes.
+    pub by_class: [u64; 8],
+    /// Congestion Notification Packets (opcode 0x81).
+    pub cnp: u64,
+    /// AETH syndromes: ACK, RNR NAK, NAK "PSN sequence error", other NAKs.
+    pub ack: u64,
+    pub nak_rnr: u64,
+    pub nak_psn_seq: u64,
+    pub nak_other: u64,
+    /// Packets whose PSN is not after the last one seen on their destination QP: resent.
+    pub retransmitted: u64,
+    /// UDP 4791 packets too short for a BTH.
+    pub truncated: u64,
+}
+
+impl RoceCounters {
+    pub fn accumulate(&mut self, o: &Self) {
+        self.packets = self.packets.wrapping_add(o.packets);
+        for i in 0..8 {
+            self.by_class[i] = self.by_class[i].wrapping_add(o.by_class[i]);
+        }
+        self.cnp = self.cnp.wrapping_add(o.cnp);
+        self.ack = self.ack.wrapping_add(o.ack);
+        self.nak_rnr = self.nak_rnr.wrapping_add(o.nak_rnr);
+        self.nak_psn_seq = self.nak_psn_seq.wrapping_add(o.nak_psn_seq);
+        self.nak_other = self.nak_other.wrapping_add(o.nak_other);
+        self.retransmitted = self.retransmitted.wrapping_add(o.retransmitted);
+        self.truncated = self.truncated.wrapping_add(o.truncated);
+    }
+}
+
+/// Key of [`MAP_ROCE_QPS`]: one direction of one destination QP of one peer address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpKey {
+    pub ifindex: u32,
+    /// 0 ingress, 1 egress.
+    pub direction: u32,
+    pub dest_qp: u32,
+    pub remote: [u8; 16],
+}
+
+/// LRU hash: [`QpKey`] -> last PSN seen (`u32`), to spot repeated PSNs.
+pub const MAP_ROCE_QPS: &str = "LP_ROCE_QPS";
+/// Queue pairs tracked for retransmissions; the least recently used are forgotten.
+pub const MAX_ROCE_QPS: u32 = 65536;
+
 /// Per (interface, peer) counters, one copy per CPU.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerStats {
     pub rx: DirCounters,
     pub tx: DirCounters,
+    pub rx_roce: RoceCounters,
+    pub tx_roce: RoceCounters,
     /// Egress segments by DSCP (0..=63).
     pub tx_dscp: [u64; 64],
 }
 
 impl Default for PeerStats {
     fn default() -> Self {
-        Self { rx: DirCounters::default(), tx: DirCounters::default(), tx_dscp: [0; 64] }
+        Self {
+            rx: DirCounters::default(),
+            tx: DirCounters::default(),
+            rx_roce: RoceCounters::default(),
+            tx_roce: RoceCounters::default(),
+            tx_dscp: [0; 64],
+        }
     }
 }
 
@@ -205,6 +265,8 @@ impl PeerStats {
     pub fn accumulate(&mut self, o: &Self) {
         self.rx.accumulate(&o.rx);
         self.tx.accumulate(&o.tx);
+        self.rx_roce.accumulate(&o.rx_roce);
+        self.tx_roce.accumulate(&o.tx_roce);
         for i in 0..64 {
             self.tx_dscp[i] = self.tx_dscp[i].wrapping_add(o.tx_dscp[i]);
         }
@@ -263,7 +325,9 @@ const _: () = assert!(core::mem::size_of::<DscpRule>() == 16);
 const _: () = assert!(core::mem::size_of::<PeerKey>() == 8);
 const _: () = assert!(core::mem::size_of::<PeerPrefix>() == 20);
 const _: () = assert!(core::mem::size_of::<DirCounters>() == 72);
-const _: () = assert!(core::mem::size_of::<PeerStats>() == 2 * 72 + 64 * 8);
+const _: () = assert!(core::mem::size_of::<RoceCounters>() == 16 * 8);
+const _: () = assert!(core::mem::size_of::<QpKey>() == 28);
+const _: () = assert!(core::mem::size_of::<PeerStats>() == 2 * 72 + 2 * 128 + 64 * 8);
 const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 8);
 const _: () = assert!(core::mem::size_of::<LocalAddr>() == 20);
 const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 8);
@@ -278,6 +342,7 @@ mod pod {
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::PeerKey {}
     unsafe impl aya::Pod for super::DscpRule {}
+    unsafe impl aya::Pod for super::QpKey {}
     unsafe impl aya::Pod for super::PeerPrefix {}
     unsafe impl aya::Pod for super::PeerStats {}
 }

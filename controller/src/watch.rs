@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use std::collections::BTreeMap;
 
-use linkpilot_common::{DirCounters, IfaceStats, PeerStats};
+use linkpilot_common::{DirCounters, IfaceStats, PeerStats, RoceCounters};
 use serde::Serialize;
 
 /// Rates of one interface over one interval.
@@ -61,12 +61,50 @@ impl From<DirCounters> for DirTotals {
     }
 }
 
+/// RoCEv2 counters of one direction of one peer, as printed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RoceTotals {
+    pub packets: u64,
+    pub rc: u64,
+    pub uc: u64,
+    pub ud: u64,
+    pub xrc: u64,
+    pub cnp: u64,
+    pub ack: u64,
+    pub nak_rnr: u64,
+    pub nak_psn_seq: u64,
+    pub nak_other: u64,
+    pub retransmitted: u64,
+    pub truncated: u64,
+}
+
+impl From<RoceCounters> for RoceTotals {
+    fn from(r: RoceCounters) -> Self {
+        Self {
+            packets: r.packets,
+            rc: r.by_class[0],
+            uc: r.by_class[1],
+            ud: r.by_class[3],
+            xrc: r.by_class[5],
+            cnp: r.cnp,
+            ack: r.ack,
+            nak_rnr: r.nak_rnr,
+            nak_psn_seq: r.nak_psn_seq,
+            nak_other: r.nak_other,
+            retransmitted: r.retransmitted,
+            truncated: r.truncated,
+        }
+    }
+}
+
 /// Totals of one peer on one interface since it was watched.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct PeerTotals {
     pub peer: String,
     pub rx: DirTotals,
     pub tx: DirTotals,
+    pub rx_roce: RoceTotals,
+    pub tx_roce: RoceTotals,
     /// Egress segments by DSCP, non-zero entries only.
     pub tx_dscp: BTreeMap<u8, u64>,
 }
@@ -77,6 +115,8 @@ impl PeerTotals {
             peer: peer.to_owned(),
             rx: s.rx.into(),
             tx: s.tx.into(),
+            rx_roce: s.rx_roce.into(),
+            tx_roce: s.tx_roce.into(),
             tx_dscp: (0u8..64).zip(s.tx_dscp).filter(|(_, n)| *n > 0).collect(),
         }
     }

@@ -1,16 +1,18 @@
 //! Per-interface and per-peer counters at TC ingress and egress: packets, bytes, ECN codepoints,
-//! TCP ECE/CWR, egress DSCP.
+//! TCP ECE/CWR, egress DSCP (and its rewrite), RoCEv2 transport signals.
 
 use aya_ebpf::{
     bindings::TC_ACT_UNSPEC,
     macros::{classifier, map},
-    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap},
+    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap},
     programs::TcContext,
 };
 use linkpilot_common::{
-    packet::{parse, wire_bytes, Headers, PacketBytes},
-    DirCounters, DscpRule, IfaceConfig, IfaceStats, PeerKey, PeerStats, MAX_DSCP_RULES, MAX_IFACES,
-    MAX_PEERS, MAX_PEER_ENTRIES, PEER_OTHER,
+    packet::{
+        parse, parse_bth, psn_repeated, wire_bytes, Headers, PacketBytes, CNP_OPCODE, ROCEV2_PORT,
+    },
+    DirCounters, DscpRule, IfaceConfig, IfaceStats, PeerKey, PeerStats, QpKey, RoceCounters,
+    MAX_DSCP_RULES, MAX_IFACES, MAX_PEERS, MAX_PEER_ENTRIES, MAX_ROCE_QPS, PEER_OTHER,
 };
 
 #[map(name = "LP_IFACE_STATS")]
@@ -78,9 +80,14 @@ impl PacketBytes for Head<'_> {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Direction {
-    Rx,
-    Tx,
+    Rx = 0,
+    Tx = 1,
 }
+
+#[map(name = "LP_ROCE_QPS")]
+static ROCE_QPS: LruHashMap<QpKey, u32> = LruHashMap::with_max_entries(MAX_ROCE_QPS, 0);
+
+const IPPROTO_UDP: u8 = 17;
 
 #[classifier]
 pub fn lp_tc_ingress(ctx: TcContext) -> i32 {
@@ -104,7 +111,8 @@ fn count(ctx: &TcContext, dir: Direction) {
     // A zeroed `Headers` (version 0) for non-IP rather than an Option: LLVM fills the None arm
     // of an Option with whatever register is at hand, which the verifier rejects as pointer
     // arithmetic when that register holds a pointer.
-    let mut h = Head::load(ctx).and_then(|head| parse(&head, config.l2)).unwrap_or_default();
+    let head = Head::load(ctx);
+    let mut h = head.as_ref().and_then(|head| parse(head, config.l2)).unwrap_or_default();
     let segs = gso_segs.max(1);
     let header_len = (segs > 1 && h.header_len != 0).then_some(usize::from(h.header_len));
     let bytes = wire_bytes(ctx.len(), segs, header_len);
@@ -136,7 +144,55 @@ fn count(ctx: &TcContext, dir: Direction) {
             stats.tx_dscp_rewritten += segs;
         }
     }
-    count_peer(ifindex, peer, dir, &h, segs, bytes);
+    let Some(ps) = PEER_STATS.get_ptr_mut(PeerKey { ifindex, peer }) else { return };
+    // SAFETY: a per-CPU value, as above.
+    let ps = unsafe { &mut *ps };
+    count_peer(ps, dir, &h, segs, bytes);
+    if h.proto == IPPROTO_UDP && h.l4 != 0 && h.dport == ROCEV2_PORT {
+        if let Some(head) = &head {
+            let roce = if dir == Direction::Rx { &mut ps.rx_roce } else { &mut ps.tx_roce };
+            count_roce(
+                roce,
+                head,
+                &h,
+                QpKey { ifindex, direction: dir as u32, dest_qp: 0, remote },
+            );
+        }
+    }
+}
+
+/// RoCEv2: BTH class, CNPs, AETH ACK/NAK syndromes, and repeated PSNs per destination QP.
+#[inline(always)]
+fn count_roce(r: &mut RoceCounters, head: &Head, h: &Headers, mut qp: QpKey) {
+    r.packets += 1;
+    let Some(b) = parse_bth(head, usize::from(h.l4) + 8) else {
+        r.truncated += 1;
+        return;
+    };
+    r.by_class[b.class() & 7] += 1;
+    if b.opcode == CNP_OPCODE {
+        r.cnp += 1;
+        return;
+    }
+    if b.syndrome != 0xff {
+        match (b.syndrome >> 5) & 3 {
+            0 => r.ack += 1,
+            1 => r.nak_rnr += 1,
+            3 if b.syndrome & 0x1f == 0 => r.nak_psn_seq += 1,
+            _ => r.nak_other += 1,
+        }
+    }
+    if b.is_ack() {
+        return;
+    }
+    qp.dest_qp = b.dest_qp;
+    // SAFETY: values are plain u32 written whole by this program.
+    match unsafe { ROCE_QPS.get(qp) } {
+        Some(&last) if psn_repeated(last, b.psn) => r.retransmitted += 1,
+        _ => {
+            let _ = ROCE_QPS.insert(qp, b.psn, 0);
+        }
+    }
 }
 
 /// Applies the first matching DSCP rule to an egress packet, keeping the ECN bits and fixing the
@@ -176,10 +232,7 @@ fn rewrite_dscp(ctx: &TcContext, h: &mut Headers, peer: u32) -> Option<u8> {
 }
 
 #[inline(always)]
-fn count_peer(ifindex: u32, peer: u32, dir: Direction, h: &Headers, segs: u64, bytes: u64) {
-    let Some(ps) = PEER_STATS.get_ptr_mut(PeerKey { ifindex, peer }) else { return };
-    // SAFETY: a per-CPU value, as above.
-    let ps = unsafe { &mut *ps };
+fn count_peer(ps: &mut PeerStats, dir: Direction, h: &Headers, segs: u64, bytes: u64) {
     let d: &mut DirCounters = if dir == Direction::Rx { &mut ps.rx } else { &mut ps.tx };
     d.packets += segs;
     d.bytes += bytes;
