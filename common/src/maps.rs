@@ -7,11 +7,13 @@ pub const PROG_TC_INGRESS: &str = "lp_tc_ingress";
 pub const PROG_TC_EGRESS: &str = "lp_tc_egress";
 /// `tcp:tcp_retransmit_skb` tracepoint.
 pub const PROG_TCP_RETRANSMIT: &str = "lp_tcp_retrans";
+/// `tcp:tcp_probe` tracepoint (RTT).
+pub const PROG_TCP_PROBE: &str = "lp_tcp_probe";
 /// An empty classifier, loaded only by the benchmark as its baseline.
 pub const PROG_TC_NOOP: &str = "lp_tc_noop";
 /// Every program name of ours, to recognise them among the kernel's loaded programs.
-pub const PROGRAM_NAMES: [&str; 4] =
-    [PROG_TC_INGRESS, PROG_TC_EGRESS, PROG_TCP_RETRANSMIT, PROG_TC_NOOP];
+pub const PROGRAM_NAMES: [&str; 5] =
+    [PROG_TC_INGRESS, PROG_TC_EGRESS, PROG_TCP_RETRANSMIT, PROG_TCP_PROBE, PROG_TC_NOOP];
 
 /// Per-CPU hash: ifindex (`u32`) -> [`IfaceStats`]. Only watched interfaces have an entry; the
 /// controller inserts them before attaching, the programs never insert.
@@ -220,6 +222,81 @@ pub const MAP_ROCE_QPS: &str = "LP_ROCE_QPS";
 /// Queue pairs tracked for retransmissions; the least recently used are forgotten.
 pub const MAX_ROCE_QPS: u32 = 65536;
 
+/// LRU hash: [`FlowKey`] -> [`FlowState`], written by the TCP tracepoints.
+pub const MAP_FLOWS: &str = "LP_FLOWS";
+/// Flows tracked; the least recently updated are forgotten first.
+pub const MAX_FLOWS: u32 = 131_072;
+
+/// A TCP flow seen from this host: local and remote address and port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    /// [`AF_INET`] or [`AF_INET6`].
+    pub family: u16,
+    pub local_port: u16,
+    pub remote_port: u16,
+    pub _pad: u16,
+    /// IPv4 as IPv4-mapped IPv6.
+    pub local: [u8; 16],
+    pub remote: [u8; 16],
+}
+
+/// What the tracepoints know of a flow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowState {
+    /// Latest smoothed RTT (`tp->srtt_us >> 3`), microseconds.
+    pub srtt_us: u32,
+    /// Smallest smoothed RTT seen, microseconds.
+    pub min_srtt_us: u32,
+    /// RTT samples taken (ACKs received while data was in flight).
+    pub rtt_samples: u64,
+    /// Retransmitted segments.
+    pub retrans_segs: u64,
+    /// `bpf_ktime_get_ns` of the last update.
+    pub last_ns: u64,
+    pub ifindex: u32,
+    pub peer: u32,
+    pub snd_cwnd: u32,
+    pub _pad: u32,
+}
+
+/// RTT samples of one (interface, peer), from the flows' smoothed RTTs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RttCounters {
+    pub samples: u64,
+    pub sum_us: u64,
+    /// Smallest sample (0: none yet).
+    pub min_us: u64,
+    pub max_us: u64,
+}
+
+impl RttCounters {
+    pub fn accumulate(&mut self, o: &Self) {
+        self.samples = self.samples.wrapping_add(o.samples);
+        self.sum_us = self.sum_us.wrapping_add(o.sum_us);
+        if o.min_us != 0 && (self.min_us == 0 || o.min_us < self.min_us) {
+            self.min_us = o.min_us;
+        }
+        self.max_us = self.max_us.max(o.max_us);
+    }
+}
+
+/// Offsets in the `tcp:tcp_probe` record that the program reads (checked against tracefs).
+pub mod probe_record {
+    /// `struct sockaddr_in` / `sockaddr_in6` of the local end, 28 bytes.
+    pub const SADDR: usize = 8;
+    pub const DADDR: usize = 36;
+    pub const SPORT: usize = 64;
+    pub const DPORT: usize = 66;
+    pub const FAMILY: usize = 68;
+    pub const SND_NXT: usize = 80;
+    pub const SND_UNA: usize = 84;
+    pub const SND_CWND: usize = 88;
+    pub const SRTT: usize = 100;
+}
+
 /// Per (interface, peer) counters, one copy per CPU.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -228,6 +305,9 @@ pub struct PeerStats {
     pub tx: DirCounters,
     pub rx_roce: RoceCounters,
     pub tx_roce: RoceCounters,
+    pub rtt: RttCounters,
+    /// TCP segments retransmitted to this peer.
+    pub retrans_segs: u64,
     /// Egress segments by DSCP (0..=63).
     pub tx_dscp: [u64; 64],
 }
@@ -239,6 +319,8 @@ impl Default for PeerStats {
             tx: DirCounters::default(),
             rx_roce: RoceCounters::default(),
             tx_roce: RoceCounters::default(),
+            rtt: RttCounters::default(),
+            retrans_segs: 0,
             tx_dscp: [0; 64],
         }
     }
@@ -267,6 +349,8 @@ impl PeerStats {
         self.tx.accumulate(&o.tx);
         self.rx_roce.accumulate(&o.rx_roce);
         self.tx_roce.accumulate(&o.tx_roce);
+        self.rtt.accumulate(&o.rtt);
+        self.retrans_segs = self.retrans_segs.wrapping_add(o.retrans_segs);
         for i in 0..64 {
             self.tx_dscp[i] = self.tx_dscp[i].wrapping_add(o.tx_dscp[i]);
         }
@@ -314,10 +398,20 @@ pub struct KernelOffsets {
 /// them against the running kernel's tracefs format file before loading.
 pub mod retransmit_record {
     pub const SKBADDR: usize = 8;
+    pub const SPORT: usize = 28;
+    pub const DPORT: usize = 30;
     pub const FAMILY: usize = 32;
     pub const SADDR: usize = 34;
+    pub const DADDR: usize = 38;
     pub const SADDR_V6: usize = 42;
+    pub const DADDR_V6: usize = 58;
     pub const ERR: usize = 76;
+}
+
+/// An IPv4 address as IPv4-mapped IPv6, the form peers and flows are keyed by.
+#[inline(always)]
+pub fn v4_mapped(a: [u8; 4]) -> [u8; 16] {
+    [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a[0], a[1], a[2], a[3]]
 }
 
 const _: () = assert!(core::mem::size_of::<IfaceStats>() == 72);
@@ -327,7 +421,9 @@ const _: () = assert!(core::mem::size_of::<PeerPrefix>() == 20);
 const _: () = assert!(core::mem::size_of::<DirCounters>() == 72);
 const _: () = assert!(core::mem::size_of::<RoceCounters>() == 16 * 8);
 const _: () = assert!(core::mem::size_of::<QpKey>() == 28);
-const _: () = assert!(core::mem::size_of::<PeerStats>() == 2 * 72 + 2 * 128 + 64 * 8);
+const _: () = assert!(core::mem::size_of::<PeerStats>() == 2 * 72 + 2 * 128 + 32 + 8 + 64 * 8);
+const _: () = assert!(core::mem::size_of::<FlowKey>() == 40);
+const _: () = assert!(core::mem::size_of::<FlowState>() == 48);
 const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 8);
 const _: () = assert!(core::mem::size_of::<LocalAddr>() == 20);
 const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 8);
@@ -343,6 +439,8 @@ mod pod {
     unsafe impl aya::Pod for super::PeerKey {}
     unsafe impl aya::Pod for super::DscpRule {}
     unsafe impl aya::Pod for super::QpKey {}
+    unsafe impl aya::Pod for super::FlowKey {}
+    unsafe impl aya::Pod for super::FlowState {}
     unsafe impl aya::Pod for super::PeerPrefix {}
     unsafe impl aya::Pod for super::PeerStats {}
 }

@@ -4,7 +4,7 @@
 use std::{fs, path::PathBuf};
 
 use btf_rs::{Btf, BtfType, Type};
-use linkpilot_common::{retransmit_record, KernelOffsets};
+use linkpilot_common::{probe_record, retransmit_record, KernelOffsets};
 
 use crate::paths::{PROC_SELF_STATUS, TRACEFS, TRACEFS_LEGACY, VMLINUX_BTF};
 
@@ -107,25 +107,71 @@ pub fn check_retransmit_tracepoint() -> Result<bool, KernelError> {
     check_retransmit_layout(&format)
 }
 
-fn check_retransmit_layout(format: &str) -> Result<bool, KernelError> {
+/// Checks that every `(field, offset)` of `expected` is where the program reads it.
+fn check_layout(
+    tracepoint: &str,
+    format: &str,
+    expected: &[(&'static str, usize)],
+) -> Result<(), KernelError> {
     let fields = format_offsets(format);
-    let offset_of = |f: &str| fields.iter().find(|(n, _)| n == f).map(|(_, o)| *o);
-    for (field, expected) in [
-        ("skbaddr", retransmit_record::SKBADDR),
-        ("family", retransmit_record::FAMILY),
-        ("saddr", retransmit_record::SADDR),
-        ("saddr_v6", retransmit_record::SADDR_V6),
-    ] {
-        let found = offset_of(field);
+    for &(field, expected) in expected {
+        let found = fields.iter().find(|(n, _)| n == field).map(|(_, o)| *o);
         if found != Some(expected) {
             return Err(KernelError::TracepointLayout {
-                tracepoint: "tcp:tcp_retransmit_skb".into(),
+                tracepoint: tracepoint.into(),
                 field,
                 expected,
                 found,
             });
         }
     }
+    Ok(())
+}
+
+/// Checks that `tcp:tcp_probe` exists and has the layout the RTT program reads.
+pub fn check_probe_tracepoint() -> Result<(), KernelError> {
+    let name = "tcp:tcp_probe";
+    let path = tracefs()?.join("events/tcp/tcp_probe/format");
+    let format = fs::read_to_string(&path).map_err(|_| KernelError::NoTracepoint {
+        name: name.into(),
+        path: path.display().to_string(),
+    })?;
+    use probe_record as r;
+    check_layout(
+        name,
+        &format,
+        &[
+            ("saddr", r::SADDR),
+            ("daddr", r::DADDR),
+            ("sport", r::SPORT),
+            ("dport", r::DPORT),
+            ("family", r::FAMILY),
+            ("snd_nxt", r::SND_NXT),
+            ("snd_una", r::SND_UNA),
+            ("snd_cwnd", r::SND_CWND),
+            ("srtt", r::SRTT),
+        ],
+    )
+}
+
+fn check_retransmit_layout(format: &str) -> Result<bool, KernelError> {
+    use retransmit_record as r;
+    check_layout(
+        "tcp:tcp_retransmit_skb",
+        format,
+        &[
+            ("skbaddr", r::SKBADDR),
+            ("sport", r::SPORT),
+            ("dport", r::DPORT),
+            ("family", r::FAMILY),
+            ("saddr", r::SADDR),
+            ("daddr", r::DADDR),
+            ("saddr_v6", r::SADDR_V6),
+            ("daddr_v6", r::DADDR_V6),
+        ],
+    )?;
+    let fields = format_offsets(format);
+    let offset_of = |f: &str| fields.iter().find(|(n, _)| n == f).map(|(_, o)| *o);
     match offset_of("err") {
         None => Ok(false),
         Some(o) if o == retransmit_record::ERR => Ok(true),
@@ -216,7 +262,10 @@ mod tests {
 \tfield:__u16 family;\toffset:32;\tsize:2;\tsigned:0;\n\
 \tfield:__u8 saddr[4];\toffset:34;\tsize:4;\tsigned:0;\n\
 \tfield:__u8 daddr[4];\toffset:38;\tsize:4;\tsigned:0;\n\
+\tfield:__u16 sport;\toffset:28;\tsize:2;\tsigned:0;\n\
+\tfield:__u16 dport;\toffset:30;\tsize:2;\tsigned:0;\n\
 \tfield:__u8 saddr_v6[16];\toffset:42;\tsize:16;\tsigned:0;\n\
+\tfield:__u8 daddr_v6[16];\toffset:58;\tsize:16;\tsigned:0;\n\
 \tfield:int err;\toffset:76;\tsize:4;\tsigned:1;\n";
 
     #[test]

@@ -12,7 +12,7 @@ use linkpilot::{
     iface::{self, Iface},
     kernel,
     probes::Probes,
-    watch::{peer_row, rates, table_header, table_row, PeerTotals, Sample, Totals},
+    watch::{peer_row, rates, table_header, table_row, FlowSample, PeerTotals, Sample, Totals},
 };
 use linkpilot_common::{DscpRule, ANY_PEER, MAX_PEERS, PEER_OTHER};
 use tokio::signal::unix::{signal, SignalKind};
@@ -44,6 +44,9 @@ enum Command {
         /// One JSON object per interface and second instead of a table.
         #[arg(long)]
         json: bool,
+        /// With --json: list each interface's TCP flows (RTT, retransmissions).
+        #[arg(long, requires = "json")]
+        flows: bool,
         /// A named peer: NAME=CIDR (repeat; several CIDRs may share a name). Traffic to or from
         /// no named peer is counted as "other".
         #[arg(long = "peer", value_name = "NAME=CIDR", value_parser = parse_peer)]
@@ -101,8 +104,8 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::BenchPrograms { repeat, rounds } => linkpilot::bench::run(repeat, rounds.max(1)),
-        Command::Watch { ifaces, json, peers, dscp, count } => {
-            runtime.block_on(watch(&ifaces, json, &peers, &dscp, count))
+        Command::Watch { ifaces, json, flows, peers, dscp, count } => {
+            runtime.block_on(watch(&ifaces, json, flows, &peers, &dscp, count))
         }
     };
     match result {
@@ -190,6 +193,7 @@ fn peer_ids(peers: &[(String, IpNet)]) -> anyhow::Result<PeerIds> {
 async fn watch(
     names: &[String],
     json: bool,
+    list_flows: bool,
     peers: &[(String, IpNet)],
     dscp: &[DscpArg],
     count: Option<u64>,
@@ -218,6 +222,7 @@ async fn watch(
         .collect::<anyhow::Result<Vec<_>>>()?;
     kernel::check_privileges()?;
     let has_err = kernel::check_retransmit_tracepoint()?;
+    kernel::check_probe_tracepoint()?;
     let (offsets, note) = kernel::kernel_offsets(has_err);
     if let Some(note) = note {
         warn!("{note}");
@@ -234,7 +239,7 @@ async fn watch(
     for iface in &ifaces {
         probes.watch(iface)?;
     }
-    probes.attach_retransmit()?;
+    probes.attach_tracepoints()?;
     tracing::info!(ifaces = ?names, "watching; Ctrl-C or SIGTERM to stop");
 
     let mut prev: Vec<Totals> = vec![Totals::default(); ifaces.len()];
@@ -287,7 +292,20 @@ async fn watch(
                 .collect();
             prev_peers[i] = peers.clone();
             if json {
+                let flows = if list_flows {
+                    Some(
+                        probes
+                            .flows()?
+                            .iter()
+                            .filter(|(_, f)| f.ifindex == iface.ifindex)
+                            .map(|(k, f)| FlowSample::new(k, f))
+                            .collect(),
+                    )
+                } else {
+                    None
+                };
                 let sample = Sample {
+                    flows,
                     unix_ms: SystemTime::now()
                         .duration_since(UNIX_EPOCH)
                         .unwrap_or_default()

@@ -14,10 +14,10 @@ use aya::{
 };
 use ipnet::IpNet;
 use linkpilot_common::{
-    DscpRule, IfaceConfig, IfaceStats, KernelOffsets, LocalAddr, PeerKey, PeerStats,
-    GLOBAL_KERNEL_OFFSETS, MAP_DSCP_RULES, MAP_IFACE_CONFIG, MAP_IFACE_STATS, MAP_LOCAL_ADDRS,
-    MAP_PEERS, MAP_PEER_STATS, MAX_DSCP_RULES, MAX_PEERS, PEER_OTHER, PROG_TCP_RETRANSMIT,
-    PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_TC_NOOP,
+    DscpRule, FlowKey, FlowState, IfaceConfig, IfaceStats, KernelOffsets, LocalAddr, PeerKey,
+    PeerStats, GLOBAL_KERNEL_OFFSETS, MAP_DSCP_RULES, MAP_FLOWS, MAP_IFACE_CONFIG, MAP_IFACE_STATS,
+    MAP_LOCAL_ADDRS, MAP_PEERS, MAP_PEER_STATS, MAX_DSCP_RULES, MAX_PEERS, PEER_OTHER,
+    PROG_TCP_PROBE, PROG_TCP_RETRANSMIT, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_TC_NOOP,
 };
 use tracing::{debug, info};
 
@@ -78,8 +78,10 @@ impl Probes {
             let prog: &mut SchedClassifier = program(&mut ebpf, name)?;
             prog.load().map_err(|e| load_error(name, e))?;
         }
-        let prog: &mut TracePoint = program(&mut ebpf, PROG_TCP_RETRANSMIT)?;
-        prog.load().map_err(|e| load_error(PROG_TCP_RETRANSMIT, e))?;
+        for name in [PROG_TCP_RETRANSMIT, PROG_TCP_PROBE] {
+            let prog: &mut TracePoint = program(&mut ebpf, name)?;
+            prog.load().map_err(|e| load_error(name, e))?;
+        }
         let stats = take_map(&mut ebpf, MAP_IFACE_STATS)?;
         let config = take_map(&mut ebpf, MAP_IFACE_CONFIG)?;
         let local_addrs = take_map(&mut ebpf, MAP_LOCAL_ADDRS)?;
@@ -168,16 +170,29 @@ impl Probes {
         Ok(())
     }
 
-    /// Attaches the retransmission tracepoint.
-    pub fn attach_retransmit(&mut self) -> Result<(), ProbeError> {
-        let prog: &mut TracePoint = program(&mut self.ebpf, PROG_TCP_RETRANSMIT)?;
-        prog.attach("tcp", "tcp_retransmit_skb").map_err(|e| ProbeError::Program {
-            action: "attaching",
-            program: PROG_TCP_RETRANSMIT,
-            source: Box::new(e),
-        })?;
-        info!("attached tcp:tcp_retransmit_skb");
+    /// Attaches the TCP tracepoints: retransmissions and RTT (`tcp:tcp_probe`).
+    pub fn attach_tracepoints(&mut self) -> Result<(), ProbeError> {
+        for (name, event) in
+            [(PROG_TCP_RETRANSMIT, "tcp_retransmit_skb"), (PROG_TCP_PROBE, "tcp_probe")]
+        {
+            let prog: &mut TracePoint = program(&mut self.ebpf, name)?;
+            prog.attach("tcp", event).map_err(|e| ProbeError::Program {
+                action: "attaching",
+                program: name,
+                source: Box::new(e),
+            })?;
+            info!("attached tcp:{event}");
+        }
         Ok(())
+    }
+
+    /// The flows the tracepoints have seen (at most MAX_FLOWS, least recently updated evicted).
+    pub fn flows(&self) -> Result<Vec<(FlowKey, FlowState)>, ProbeError> {
+        let flows: HashMap<&MapData, FlowKey, FlowState> = HashMap::try_from(
+            self.ebpf.map(MAP_FLOWS).ok_or(ProbeError::Missing { kind: "map", name: MAP_FLOWS })?,
+        )
+        .map_err(|e| map_error(MAP_FLOWS, e))?;
+        flows.iter().collect::<Result<Vec<_>, _>>().map_err(|e| map_error(MAP_FLOWS, e))
     }
 
     /// The interfaces being watched, in the order they were added.

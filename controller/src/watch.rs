@@ -4,7 +4,11 @@ use std::time::Duration;
 
 use std::collections::BTreeMap;
 
-use linkpilot_common::{DirCounters, IfaceStats, PeerStats, RoceCounters};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+
+use linkpilot_common::{
+    DirCounters, FlowKey, FlowState, IfaceStats, PeerStats, RoceCounters, RttCounters,
+};
 use serde::Serialize;
 
 /// Rates of one interface over one interval.
@@ -97,14 +101,76 @@ impl From<RoceCounters> for RoceTotals {
     }
 }
 
+/// RTT samples of one peer since it was watched (smoothed RTTs of its flows, in ms).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct RttTotals {
+    pub samples: u64,
+    pub sum_ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
+}
+
+impl From<RttCounters> for RttTotals {
+    fn from(r: RttCounters) -> Self {
+        Self {
+            samples: r.samples,
+            sum_ms: r.sum_us as f64 / 1e3,
+            min_ms: r.min_us as f64 / 1e3,
+            max_ms: r.max_us as f64 / 1e3,
+        }
+    }
+}
+
+/// Mean RTT of the samples taken between two readings, ms (`None` without samples).
+pub fn mean_rtt_ms(prev: &RttTotals, now: &RttTotals) -> Option<f64> {
+    let n = now.samples.saturating_sub(prev.samples);
+    (n > 0).then(|| (now.sum_ms - prev.sum_ms) / n as f64)
+}
+
+/// A flow as `watch --flows` prints it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FlowSample {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    pub peer: u32,
+    pub srtt_ms: f64,
+    pub min_srtt_ms: f64,
+    pub rtt_samples: u64,
+    pub retrans_segs: u64,
+    pub snd_cwnd: u32,
+}
+
+fn unmap(a: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(a);
+    v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+}
+
+impl FlowSample {
+    pub fn new(k: &FlowKey, f: &FlowState) -> Self {
+        Self {
+            local: SocketAddr::new(unmap(k.local), k.local_port),
+            remote: SocketAddr::new(unmap(k.remote), k.remote_port),
+            peer: f.peer,
+            srtt_ms: f64::from(f.srtt_us) / 1e3,
+            min_srtt_ms: f64::from(f.min_srtt_us) / 1e3,
+            rtt_samples: f.rtt_samples,
+            retrans_segs: f.retrans_segs,
+            snd_cwnd: f.snd_cwnd,
+        }
+    }
+}
+
 /// Totals of one peer on one interface since it was watched.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct PeerTotals {
     pub peer: String,
     pub rx: DirTotals,
     pub tx: DirTotals,
     pub rx_roce: RoceTotals,
     pub tx_roce: RoceTotals,
+    pub rtt: RttTotals,
+    /// TCP segments retransmitted to this peer.
+    pub retrans_segs: u64,
     /// Egress segments by DSCP, non-zero entries only.
     pub tx_dscp: BTreeMap<u8, u64>,
 }
@@ -117,6 +183,8 @@ impl PeerTotals {
             tx: s.tx.into(),
             rx_roce: s.rx_roce.into(),
             tx_roce: s.tx_roce.into(),
+            rtt: s.rtt.into(),
+            retrans_segs: s.retrans_segs,
             tx_dscp: (0u8..64).zip(s.tx_dscp).filter(|(_, n)| *n > 0).collect(),
         }
     }
@@ -182,6 +250,9 @@ pub struct Sample<'a> {
     pub totals: Totals,
     /// Per-peer totals (configured peers, then "other").
     pub peers: Vec<PeerTotals>,
+    /// Flows on this interface (with `--flows`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flows: Option<Vec<FlowSample>>,
     /// True on the last line, printed after detaching.
     pub last: bool,
 }
@@ -211,13 +282,15 @@ pub fn table_row(iface: &str, r: &Rates) -> String {
 /// arrivals.
 pub fn peer_row(prev: &PeerTotals, now: &PeerTotals, secs: f64) -> String {
     let rate = |a: u64, b: u64| if secs > 0.0 { b.saturating_sub(a) as f64 / secs } else { 0.0 };
+    let rtt = mean_rtt_ms(&prev.rtt, &now.rtt).map_or("-".to_owned(), |ms| format!("{ms:.1}ms"));
     format!(
-        "  {:<14} {:>10.0} {:>12} {:>10.0} {:>12}  CE in {:.1}%",
+        "  {:<14} {:>10.0} {:>12} {:>10.0} {:>12} {:>10.0}  CE in {:.1}%  RTT {rtt}",
         now.peer,
         rate(prev.rx.packets, now.rx.packets),
         human_bits(rate(prev.rx.bytes, now.rx.bytes) * 8.0),
         rate(prev.tx.packets, now.tx.packets),
         human_bits(rate(prev.tx.bytes, now.tx.bytes) * 8.0),
+        rate(prev.retrans_segs, now.retrans_segs),
         ce_fraction(&prev.rx, &now.rx) * 100.0
     )
 }

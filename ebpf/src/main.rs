@@ -5,6 +5,7 @@
 #![no_main]
 
 mod retransmit;
+mod rtt;
 mod traffic;
 
 #[cfg(not(test))]

@@ -4,21 +4,26 @@
 use aya_ebpf::{
     helpers::bpf_probe_read_kernel,
     macros::{map, tracepoint},
-    maps::HashMap,
+    maps::{lpm_trie::Key, HashMap},
     programs::TracePointContext,
 };
 use linkpilot_common::{
     retransmit_record::{
-        ERR as TP_ERR, FAMILY as TP_FAMILY, SADDR as TP_SADDR, SADDR_V6 as TP_SADDR_V6,
-        SKBADDR as TP_SKBADDR,
+        DADDR as TP_DADDR, DADDR_V6 as TP_DADDR_V6, DPORT as TP_DPORT, ERR as TP_ERR,
+        FAMILY as TP_FAMILY, SADDR as TP_SADDR, SADDR_V6 as TP_SADDR_V6, SKBADDR as TP_SKBADDR,
+        SPORT as TP_SPORT,
     },
-    KernelOffsets, LocalAddr, AF_INET, AF_INET6, MAX_LOCAL_ADDRS,
+    FlowKey, KernelOffsets, LocalAddr, PeerKey, AF_INET, AF_INET6, MAX_LOCAL_ADDRS, PEER_OTHER,
 };
 
-use crate::traffic::IFACE_STATS;
+use crate::{
+    rtt::{addresses, FLOWS},
+    traffic::{IFACE_STATS, PEERS, PEER_STATS},
+};
 
 #[map(name = "LP_LOCAL_ADDRS")]
-static LOCAL_ADDRS: HashMap<LocalAddr, u32> = HashMap::with_max_entries(MAX_LOCAL_ADDRS, 0);
+pub(crate) static LOCAL_ADDRS: HashMap<LocalAddr, u32> =
+    HashMap::with_max_entries(MAX_LOCAL_ADDRS, 0);
 
 /// Set by the controller at load time from the kernel's BTF.
 #[unsafe(no_mangle)]
@@ -60,7 +65,30 @@ fn try_count(ctx: &TracePointContext) -> Result<(), i64> {
         stats.retrans_failed += 1;
         return Ok(());
     }
-    stats.retrans_segs += u64::from(segments(ctx));
+    let segs = u64::from(segments(ctx));
+    stats.retrans_segs += segs;
+    attribute(ctx, family, ifindex, segs)
+}
+
+/// Adds `segs` to the flow's and its peer's retransmission counts.
+#[inline(always)]
+fn attribute(ctx: &TracePointContext, family: u16, ifindex: u32, segs: u64) -> Result<(), i64> {
+    // SAFETY (all reads): offsets within the record, checked against tracefs at load time.
+    let (l4, r4): ([u8; 4], [u8; 4]) = unsafe { (ctx.read_at(TP_SADDR)?, ctx.read_at(TP_DADDR)?) };
+    let (l6, r6): ([u8; 16], [u8; 16]) =
+        unsafe { (ctx.read_at(TP_SADDR_V6)?, ctx.read_at(TP_DADDR_V6)?) };
+    let Some((_, local, remote)) = addresses(family, l4, r4, l6, r6) else { return Ok(()) };
+    let peer = PEERS.get(Key::new(128, remote)).copied().unwrap_or(PEER_OTHER);
+    if let Some(ps) = PEER_STATS.get_ptr_mut(PeerKey { ifindex, peer }) {
+        // SAFETY: a per-CPU value.
+        unsafe { (*ps).retrans_segs += segs };
+    }
+    let (sport, dport): (u16, u16) = unsafe { (ctx.read_at(TP_SPORT)?, ctx.read_at(TP_DPORT)?) };
+    let key = FlowKey { family, local_port: sport, remote_port: dport, _pad: 0, local, remote };
+    if let Some(f) = FLOWS.get_ptr_mut(key) {
+        // SAFETY: an LRU value; see rtt.rs on concurrent updates.
+        unsafe { (*f).retrans_segs += segs };
+    }
     Ok(())
 }
 

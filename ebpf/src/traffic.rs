@@ -26,10 +26,11 @@ static IFACE_CONFIG: HashMap<u32, IfaceConfig> = HashMap::with_max_entries(MAX_I
 const NO_PREALLOC: u32 = 1;
 
 #[map(name = "LP_PEERS")]
-static PEERS: LpmTrie<[u8; 16], u32> = LpmTrie::with_max_entries(MAX_PEERS * 4, NO_PREALLOC);
+pub(crate) static PEERS: LpmTrie<[u8; 16], u32> =
+    LpmTrie::with_max_entries(MAX_PEERS * 4, NO_PREALLOC);
 
 #[map(name = "LP_PEER_STATS")]
-static PEER_STATS: PerCpuHashMap<PeerKey, PeerStats> =
+pub(crate) static PEER_STATS: PerCpuHashMap<PeerKey, PeerStats> =
     PerCpuHashMap::with_max_entries(MAX_PEER_ENTRIES, 0);
 
 /// Egress DSCP rewrite rules, compacted: the first disabled slot ends the list.

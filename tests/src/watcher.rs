@@ -42,12 +42,35 @@ pub struct DirTotals {
     pub unparsed: u64,
 }
 
+/// RTT of one peer as `watch --json` prints it.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
+pub struct RttTotals {
+    pub samples: u64,
+    pub sum_ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
+}
+
+/// A flow as `watch --json --flows` prints it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct FlowSample {
+    pub local: String,
+    pub remote: String,
+    pub peer: u32,
+    pub srtt_ms: f64,
+    pub min_srtt_ms: f64,
+    pub rtt_samples: u64,
+    pub retrans_segs: u64,
+}
+
 /// One peer as `watch --json` prints it.
 #[derive(Clone, Debug, Deserialize)]
 pub struct PeerTotals {
     pub peer: String,
     pub rx: DirTotals,
     pub tx: DirTotals,
+    pub rtt: RttTotals,
+    pub retrans_segs: u64,
     pub tx_dscp: std::collections::BTreeMap<u8, u64>,
 }
 
@@ -57,6 +80,7 @@ pub struct Sample {
     pub iface: String,
     pub totals: Totals,
     pub peers: Vec<PeerTotals>,
+    pub flows: Option<Vec<FlowSample>>,
     pub last: bool,
 }
 

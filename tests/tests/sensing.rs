@@ -31,6 +31,7 @@ fn ce_marks_per_peer_equal_the_labs_count() {
     let mut server = us
         .command("iperf3")
         .args(["-s", "-1", "-B", &us.ipv4.to_string()])
+        .stdout(std::process::Stdio::null())
         .spawn()
         .expect("iperf3 -s");
     thread::sleep(Duration::from_millis(300));
@@ -74,6 +75,7 @@ fn dscp_rewrite_seen_by_tshark_with_ecn_intact_and_valid_checksums() {
     let mut server = us
         .command("iperf3")
         .args(["-s", "-1", "-B", &us.ipv4.to_string()])
+        .stdout(std::process::Stdio::null())
         .spawn()
         .expect("iperf3 -s");
     thread::sleep(Duration::from_millis(300));
@@ -133,4 +135,115 @@ fn dscp_rewrite_seen_by_tshark_with_ecn_intact_and_valid_checksums() {
         s.peer("us").tx_dscp
     );
     assert!(s.totals.tx_dscp_rewritten > 0);
+}
+
+fn lab_with(name: &str, link: &str) -> Lab {
+    let toml = format!(
+        "name = \"t\"\n[[phase]]\nname = \"only\"\nduration = \"10min\"\n[phase.link]\n{link}\n"
+    );
+    let scenario = Scenario::parse(&toml, "<test>", None).expect("scenario");
+    Lab::start(LabConfig { name: name.into(), ..LabConfig::default() }, scenario).expect("lab")
+}
+
+/// `rtt:180.5/0.3` of the connection to `dst`:5201 carrying data, from `ss -tin`.
+fn ss_rtt_ms(netns: &str, dst: &str) -> f64 {
+    let out = linkpilot_tests::sh(&[
+        "ip",
+        "netns",
+        "exec",
+        netns,
+        "ss",
+        "-tin",
+        "dst",
+        &format!("{dst}:5201"),
+    ]);
+    out.split_whitespace()
+        .filter_map(|w| w.strip_prefix("rtt:"))
+        .filter_map(|v| v.split('/').next()?.parse::<f64>().ok())
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn flow_rtt_matches_the_lab_and_ss() {
+    // 180 ms RTT, no jitter; a 10 Mbit/s paced sender never builds a queue at 200 Mbit/s.
+    let lab = lab_with("srtt", "delay = \"90ms\"\nrate = \"200Mbit/s\"\nqueue = \"5MiB\"");
+    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    let watcher =
+        Watcher::start_in(&hk.netns, &["eth0"], &["--peer", "us=198.18.2.0/24", "--flows"]);
+    let mut server = us
+        .command("iperf3")
+        .args(["-s", "-1", "-B", &us.ipv4.to_string()])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("iperf3 -s");
+    thread::sleep(Duration::from_millis(300));
+    let mut client = hk
+        .command("iperf3")
+        .args(["-c", &us.ipv4.to_string(), "-b", "10M", "-t", "6"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("iperf3 -c");
+    thread::sleep(Duration::from_secs(4));
+    let ss = ss_rtt_ms(&hk.netns, &us.ipv4.to_string());
+    thread::sleep(Duration::from_millis(1100)); // one more sample while the flow is busy
+    let last = watcher.stop_with(Signal::SIGINT);
+    client.wait().expect("iperf3 client");
+    server.wait().expect("iperf3 server");
+    let s = last.iter().find(|s| s.iface == "eth0").expect("sample");
+    let flows = s.flows.as_ref().expect("--flows");
+    let data = flows.iter().max_by_key(|f| f.rtt_samples).expect("a flow with RTT samples");
+    eprintln!("ss rtt {ss} ms; linkpilot {data:?}; peer {:?}", s.peer("us").rtt);
+    assert!(data.remote.ends_with("198.18.2.10:5201"), "{data:?}");
+    let within = |a: f64, b: f64| (a - b).abs() <= 0.05 * b;
+    assert!(within(data.srtt_ms, 180.0), "flow srtt {} vs the lab's 180 ms", data.srtt_ms);
+    assert!(ss > 0.0 && within(data.srtt_ms, ss), "flow srtt {} vs ss -ti {ss}", data.srtt_ms);
+    let rtt = s.peer("us").rtt;
+    assert!(rtt.samples > 100 && within(rtt.sum_ms / rtt.samples as f64, 180.0), "{rtt:?}");
+}
+
+#[test]
+fn retransmissions_per_peer_equal_nstat_under_loss() {
+    let lab = lab_with("sret", "delay = \"20ms\"\nrate = \"200Mbit/s\"\nqueue = \"5MiB\"\n[phase.hk_to_us]\nloss = { model = \"bernoulli\", rate = \"1%\" }");
+    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    let watcher = Watcher::start_in(&hk.netns, &["eth0"], &["--peer", "us=198.18.2.0/24"]);
+    let nstat = |ns: &str| -> (u64, u64) {
+        let out = linkpilot_tests::sh(&[
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "nstat",
+            "-asz",
+            "TcpRetransSegs",
+            "TcpExtTCPRetransFail",
+        ]);
+        let get = |k: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(k)?.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0)
+        };
+        (get("TcpRetransSegs "), get("TcpExtTCPRetransFail "))
+    };
+    let before = nstat(&hk.netns);
+    let mut server = us
+        .command("iperf3")
+        .args(["-s", "-1", "-B", &us.ipv4.to_string()])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("iperf3 -s");
+    thread::sleep(Duration::from_millis(300));
+    hk.exec(&["iperf3", "-c", &us.ipv4.to_string(), "-b", "50M", "-t", "4"]).expect("iperf3 -c");
+    server.wait().expect("iperf3 server");
+    thread::sleep(Duration::from_millis(500));
+    let after = nstat(&hk.netns);
+    let last = watcher.stop_with(Signal::SIGINT);
+    let s = last.iter().find(|s| s.iface == "eth0").expect("sample");
+    let (segs, failed) = (after.0 - before.0, after.1 - before.1);
+    eprintln!(
+        "nstat TcpRetransSegs {segs} (failed {failed}); linkpilot peer us {}",
+        s.peer("us").retrans_segs
+    );
+    assert!(segs > 10, "1% loss caused too few retransmissions: {segs}");
+    assert_eq!(s.peer("us").retrans_segs, segs - failed);
+    assert_eq!(s.totals.retrans_segs, segs - failed);
 }

@@ -1,0 +1,124 @@
+//! Smoothed RTT per flow and per (interface, peer) from `tcp:tcp_probe`, which fires for every
+//! segment an established socket receives and carries `srtt_us >> 3`. Chosen over sockops RTT
+//! callbacks because it sees flows that existed before linkpilot started and needs no cgroup.
+
+use aya_ebpf::{
+    helpers::bpf_ktime_get_ns,
+    macros::{map, tracepoint},
+    maps::{lpm_trie::Key, LruHashMap},
+    programs::TracePointContext,
+};
+use linkpilot_common::{
+    probe_record as rec, v4_mapped, FlowKey, FlowState, LocalAddr, PeerKey, AF_INET, AF_INET6,
+    MAX_FLOWS, PEER_OTHER,
+};
+
+use crate::{
+    retransmit::LOCAL_ADDRS,
+    traffic::{PEERS, PEER_STATS},
+};
+
+#[map(name = "LP_FLOWS")]
+pub(crate) static FLOWS: LruHashMap<FlowKey, FlowState> =
+    LruHashMap::with_max_entries(MAX_FLOWS, 0);
+
+#[tracepoint]
+pub fn lp_tcp_probe(ctx: TracePointContext) -> u32 {
+    // A failed read loses one sample; nothing better to do in a tracepoint.
+    let _ = try_probe(&ctx);
+    0
+}
+
+/// The local and remote address of a tracepoint record's sockaddrs, as (local-address key,
+/// flow key) — `None` for families other than IPv4/IPv6.
+#[inline(always)]
+pub(crate) fn addresses(
+    family: u16,
+    local4: [u8; 4],
+    remote4: [u8; 4],
+    local6: [u8; 16],
+    remote6: [u8; 16],
+) -> Option<(LocalAddr, [u8; 16], [u8; 16])> {
+    let mut la = LocalAddr { family, _pad: 0, addr: [0; 16] };
+    if family == AF_INET {
+        la.addr[..4].copy_from_slice(&local4);
+        Some((la, v4_mapped(local4), v4_mapped(remote4)))
+    } else if family == AF_INET6 {
+        la.addr = local6;
+        Some((la, local6, remote6))
+    } else {
+        None
+    }
+}
+
+#[inline(always)]
+fn try_probe(ctx: &TracePointContext) -> Result<(), i64> {
+    // SAFETY (all reads): offsets within the record, checked against tracefs at load time.
+    let (snd_nxt, snd_una): (u32, u32) =
+        unsafe { (ctx.read_at(rec::SND_NXT)?, ctx.read_at(rec::SND_UNA)?) };
+    if snd_nxt == snd_una {
+        return Ok(()); // nothing in flight: this end is not refreshing its RTT
+    }
+    let srtt: u32 = unsafe { ctx.read_at(rec::SRTT)? };
+    if srtt == 0 {
+        return Ok(());
+    }
+    let family: u16 = unsafe { ctx.read_at(rec::FAMILY)? };
+    // sockaddr_in: address at +4; sockaddr_in6: address at +8.
+    let (l4, r4): ([u8; 4], [u8; 4]) =
+        unsafe { (ctx.read_at(rec::SADDR + 4)?, ctx.read_at(rec::DADDR + 4)?) };
+    let (l6, r6): ([u8; 16], [u8; 16]) =
+        unsafe { (ctx.read_at(rec::SADDR + 8)?, ctx.read_at(rec::DADDR + 8)?) };
+    let Some((local_key, local, remote)) = addresses(family, l4, r4, l6, r6) else { return Ok(()) };
+    // SAFETY: the controller writes this map only with whole values.
+    let Some(&ifindex) = (unsafe { LOCAL_ADDRS.get(local_key) }) else { return Ok(()) };
+    let peer = PEERS.get(Key::new(128, remote)).copied().unwrap_or(PEER_OTHER);
+    if let Some(ps) = PEER_STATS.get_ptr_mut(PeerKey { ifindex, peer }) {
+        // SAFETY: a per-CPU value.
+        let rtt = unsafe { &mut (*ps).rtt };
+        let us = u64::from(srtt);
+        rtt.samples += 1;
+        rtt.sum_us += us;
+        if rtt.min_us == 0 || us < rtt.min_us {
+            rtt.min_us = us;
+        }
+        if us > rtt.max_us {
+            rtt.max_us = us;
+        }
+    }
+    let (sport, dport): (u16, u16) =
+        unsafe { (ctx.read_at(rec::SPORT)?, ctx.read_at(rec::DPORT)?) };
+    let cwnd: u32 = unsafe { ctx.read_at(rec::SND_CWND)? };
+    let key = FlowKey { family, local_port: sport, remote_port: dport, _pad: 0, local, remote };
+    // SAFETY: bpf_ktime_get_ns has no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    match FLOWS.get_ptr_mut(key) {
+        Some(f) => {
+            // SAFETY: an LRU value; a concurrent update of the same flow on another CPU can
+            // interleave fields, which costs at most one sample's accuracy.
+            let f = unsafe { &mut *f };
+            f.srtt_us = srtt;
+            if srtt < f.min_srtt_us || f.min_srtt_us == 0 {
+                f.min_srtt_us = srtt;
+            }
+            f.rtt_samples += 1;
+            f.last_ns = now;
+            f.snd_cwnd = cwnd;
+        }
+        None => {
+            let state = FlowState {
+                srtt_us: srtt,
+                min_srtt_us: srtt,
+                rtt_samples: 1,
+                retrans_segs: 0,
+                last_ns: now,
+                ifindex,
+                peer,
+                snd_cwnd: cwnd,
+                _pad: 0,
+            };
+            let _ = FLOWS.insert(key, state, 0);
+        }
+    }
+    Ok(())
+}
