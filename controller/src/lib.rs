@@ -2,11 +2,12 @@
 //!
 //! The library holds everything; the `linkpilot` binary is a thin CLI over it.
 //! `probes` is the only module that talks to aya; `kernel` and `iface` read the running system;
-//! `watch` turns counter readings into rates and prints them.
+//! `sensors` turns counter readings into per-tick snapshots (pure); `watch` prints rates.
 
 pub mod bench;
 pub mod iface;
 pub mod kernel;
 pub mod paths;
 pub mod probes;
+pub mod sensors;
 pub mod watch;

@@ -12,6 +12,7 @@ use linkpilot::{
     iface::{self, Iface},
     kernel,
     probes::Probes,
+    sensors::{Readings, Sensors},
     watch::{peer_row, rates, table_header, table_row, FlowSample, PeerTotals, Sample, Totals},
 };
 use linkpilot_common::{DscpRule, ANY_PEER, MAX_PEERS, PEER_OTHER};
@@ -47,6 +48,10 @@ enum Command {
         /// With --json: list each interface's TCP flows (RTT, retransmissions).
         #[arg(long, requires = "json")]
         flows: bool,
+        /// Print one sensors snapshot per second (JSON: rates, CE fraction, retransmissions,
+        /// RTT srtt/min/p50/p99 over a 10 s window, CNPs, per link and peer) instead.
+        #[arg(long, conflicts_with_all = ["json", "flows"])]
+        snapshots: bool,
         /// A named peer: NAME=CIDR (repeat; several CIDRs may share a name). Traffic to or from
         /// no named peer is counted as "other".
         #[arg(long = "peer", value_name = "NAME=CIDR", value_parser = parse_peer)]
@@ -104,8 +109,15 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::BenchPrograms { repeat, rounds } => linkpilot::bench::run(repeat, rounds.max(1)),
-        Command::Watch { ifaces, json, flows, peers, dscp, count } => {
-            runtime.block_on(watch(&ifaces, json, flows, &peers, &dscp, count))
+        Command::Watch { ifaces, json, flows, snapshots, peers, dscp, count } => {
+            let output = if snapshots {
+                Output::Snapshots
+            } else if json {
+                Output::Json { flows }
+            } else {
+                Output::Table
+            };
+            runtime.block_on(watch(&ifaces, output, &peers, &dscp, count))
         }
     };
     match result {
@@ -190,10 +202,17 @@ fn peer_ids(peers: &[(String, IpNet)]) -> anyhow::Result<PeerIds> {
     Ok(PeerIds { names, prefixes })
 }
 
+/// What `watch` prints.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Output {
+    Table,
+    Json { flows: bool },
+    Snapshots,
+}
+
 async fn watch(
     names: &[String],
-    json: bool,
-    list_flows: bool,
+    output: Output,
     peers: &[(String, IpNet)],
     dscp: &[DscpArg],
     count: Option<u64>,
@@ -256,9 +275,11 @@ async fn watch(
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     ticker.tick().await;
     let mut ticks = 0u64;
-    if !json {
+    if output == Output::Table {
         println!("{}", table_header());
     }
+    let started = Instant::now();
+    let mut sensors = Sensors::new(Duration::from_secs(10));
     loop {
         let stop = tokio::select! {
             _ = ticker.tick() => false,
@@ -275,6 +296,20 @@ async fn watch(
         last_read = now;
         ticks += 1;
         let last = stop || count.is_some_and(|c| ticks >= c);
+        if output == Output::Snapshots {
+            let mut readings = Readings { flows: probes.flows()?, ..Readings::default() };
+            for iface in &ifaces {
+                for (id, name) in &peer_list {
+                    let stats = probes.peer_stats(iface.ifindex, *id)?;
+                    readings.peers.push((iface.name.clone(), (*name).to_owned(), *id, stats));
+                }
+            }
+            println!("{}", serde_json::to_string(&sensors.tick(started.elapsed(), &readings))?);
+            if last {
+                break;
+            }
+            continue;
+        }
         for (i, iface) in ifaces.iter().enumerate() {
             let totals = Totals::from(probes.stats(iface.ifindex)?);
             let r = rates(&prev[i], &totals, elapsed);
@@ -291,7 +326,7 @@ async fn watch(
                 .map(|(a, b)| peer_row(a, b, elapsed.as_secs_f64()))
                 .collect();
             prev_peers[i] = peers.clone();
-            if json {
+            if let Output::Json { flows: list_flows } = output {
                 let flows = if list_flows {
                     Some(
                         probes
@@ -310,7 +345,7 @@ async fn watch(
                         .duration_since(UNIX_EPOCH)
                         .unwrap_or_default()
                         .as_millis(),
-                    iface: &iface.name,
+                    iface: iface.name.clone(),
                     ifindex: iface.ifindex,
                     interval_s: elapsed.as_secs_f64(),
                     rates: r,

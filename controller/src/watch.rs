@@ -9,10 +9,10 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use linkpilot_common::{
     DirCounters, FlowKey, FlowState, IfaceStats, PeerStats, RoceCounters, RttCounters,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Rates of one interface over one interval.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Rates {
     pub rx_packets_per_s: f64,
     pub rx_bytes_per_s: f64,
@@ -22,7 +22,7 @@ pub struct Rates {
 }
 
 /// Counter totals as printed: the kernel struct minus padding concerns, serialisable.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Totals {
     pub rx_packets: u64,
     pub rx_bytes: u64,
@@ -36,7 +36,7 @@ pub struct Totals {
 }
 
 /// One direction of one peer, as printed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirTotals {
     pub packets: u64,
     pub bytes: u64,
@@ -66,7 +66,7 @@ impl From<DirCounters> for DirTotals {
 }
 
 /// RoCEv2 counters of one direction of one peer, as printed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RoceTotals {
     pub packets: u64,
     pub rc: u64,
@@ -102,7 +102,7 @@ impl From<RoceCounters> for RoceTotals {
 }
 
 /// RTT samples of one peer since it was watched (smoothed RTTs of its flows, in ms).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RttTotals {
     pub samples: u64,
     pub sum_ms: f64,
@@ -128,7 +128,7 @@ pub fn mean_rtt_ms(prev: &RttTotals, now: &RttTotals) -> Option<f64> {
 }
 
 /// A flow as `watch --flows` prints it.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FlowSample {
     pub local: SocketAddr,
     pub remote: SocketAddr,
@@ -161,7 +161,7 @@ impl FlowSample {
 }
 
 /// Totals of one peer on one interface since it was watched.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PeerTotals {
     pub peer: String,
     pub rx: DirTotals,
@@ -237,11 +237,11 @@ pub fn rates(prev: &Totals, now: &Totals, elapsed: Duration) -> Rates {
 }
 
 /// One line of `watch --json`.
-#[derive(Debug, Serialize)]
-pub struct Sample<'a> {
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Sample {
     /// Wall-clock time of the reading, milliseconds since the Unix epoch.
     pub unix_ms: u128,
-    pub iface: &'a str,
+    pub iface: String,
     pub ifindex: u32,
     /// Seconds covered by `rates`.
     pub interval_s: f64,
@@ -255,6 +255,13 @@ pub struct Sample<'a> {
     pub flows: Option<Vec<FlowSample>>,
     /// True on the last line, printed after detaching.
     pub last: bool,
+}
+
+impl Sample {
+    /// The totals of peer `name`, if it is watched.
+    pub fn peer(&self, name: &str) -> Option<&PeerTotals> {
+        self.peers.iter().find(|p| p.peer == name)
+    }
 }
 
 /// The human table's header.

@@ -12,86 +12,14 @@ use nix::{
     sys::signal::{kill, Signal},
     unistd::Pid,
 };
-use serde::Deserialize;
 
 use crate::{linkpilot_bin, netns::Netns};
 
-/// Totals of one interface as `watch --json` prints them.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
-pub struct Totals {
-    pub rx_packets: u64,
-    pub rx_bytes: u64,
-    pub tx_packets: u64,
-    pub tx_bytes: u64,
-    pub retrans_segs: u64,
-    pub retrans_failed: u64,
-    pub tx_dscp_rewritten: u64,
-}
+pub use linkpilot::watch::{DirTotals, FlowSample, PeerTotals, RttTotals, Sample, Totals};
 
-/// One direction of one peer as `watch --json` prints it.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
-pub struct DirTotals {
-    pub packets: u64,
-    pub bytes: u64,
-    pub not_ect: u64,
-    pub ect1: u64,
-    pub ect0: u64,
-    pub ce: u64,
-    pub tcp_ece: u64,
-    pub tcp_cwr: u64,
-    pub unparsed: u64,
-}
-
-/// RTT of one peer as `watch --json` prints it.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
-pub struct RttTotals {
-    pub samples: u64,
-    pub sum_ms: f64,
-    pub min_ms: f64,
-    pub max_ms: f64,
-}
-
-/// A flow as `watch --json --flows` prints it.
-#[derive(Clone, Debug, Deserialize)]
-pub struct FlowSample {
-    pub local: String,
-    pub remote: String,
-    pub peer: u32,
-    pub srtt_ms: f64,
-    pub min_srtt_ms: f64,
-    pub rtt_samples: u64,
-    pub retrans_segs: u64,
-}
-
-/// One peer as `watch --json` prints it.
-#[derive(Clone, Debug, Deserialize)]
-pub struct PeerTotals {
-    pub peer: String,
-    pub rx: DirTotals,
-    pub tx: DirTotals,
-    pub rtt: RttTotals,
-    pub retrans_segs: u64,
-    pub tx_dscp: std::collections::BTreeMap<u8, u64>,
-}
-
-/// One line of `watch --json`.
-#[derive(Clone, Debug, Deserialize)]
-pub struct Sample {
-    pub iface: String,
-    pub totals: Totals,
-    pub peers: Vec<PeerTotals>,
-    pub flows: Option<Vec<FlowSample>>,
-    pub last: bool,
-}
-
-impl Sample {
-    /// The totals of peer `name`.
-    pub fn peer(&self, name: &str) -> &PeerTotals {
-        self.peers
-            .iter()
-            .find(|p| p.peer == name)
-            .unwrap_or_else(|| panic!("no peer {name}: {self:?}"))
-    }
+/// The totals of peer `name` in `sample`; panics if it is not there.
+pub fn peer<'a>(sample: &'a Sample, name: &str) -> &'a PeerTotals {
+    sample.peer(name).unwrap_or_else(|| panic!("no peer {name}: {sample:?}"))
 }
 
 /// A running `linkpilot watch`; killed if dropped without [`Watcher::stop`].
@@ -112,7 +40,11 @@ impl Watcher {
     pub fn start_in(netns: &str, ifaces: &[&str], extra: &[&str]) -> Self {
         // nsenter, not `ip netns exec`: the latter remounts /sys, hiding tracefs.
         let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net=/run/netns/{netns}")).arg(linkpilot_bin()).args(["watch", "--json"]);
+        cmd.arg(format!("--net=/run/netns/{netns}")).arg(linkpilot_bin()).arg("watch");
+        // JSON samples, unless the caller asked for sensors snapshots instead.
+        if !extra.contains(&"--snapshots") {
+            cmd.arg("--json");
+        }
         cmd.args(extra);
         for i in ifaces {
             cmd.args(["--iface", i]);
@@ -159,7 +91,19 @@ impl Watcher {
     }
 
     /// Sends `signal`, waits for a clean exit, and returns the last sample of each interface.
-    pub fn stop_with(mut self, signal: Signal) -> Vec<Sample> {
+    pub fn stop_with(self, signal: Signal) -> Vec<Sample> {
+        let (raw, log) = self.stop_lines(signal);
+        let samples: Vec<Sample> = raw
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
+            .collect();
+        let last: Vec<Sample> = samples.into_iter().filter(|s| s.last).collect();
+        assert!(!last.is_empty(), "linkpilot printed no final sample; its log:\n{log}");
+        last
+    }
+
+    /// Sends `signal`, waits for a clean exit, and returns every stdout line and the log.
+    pub fn stop_lines(mut self, signal: Signal) -> (Vec<String>, String) {
         kill(Pid::from_raw(self.child.id() as i32), signal).expect("signalling linkpilot");
         let deadline = Instant::now() + Duration::from_secs(10);
         let status = loop {
@@ -178,13 +122,7 @@ impl Watcher {
         while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
             raw.push(line);
         }
-        let samples: Vec<Sample> = raw
-            .iter()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
-            .collect();
-        let last: Vec<Sample> = samples.into_iter().filter(|s| s.last).collect();
-        assert!(!last.is_empty(), "linkpilot printed no final sample; its log:\n{log}");
-        last
+        (raw, log)
     }
 
     /// Stops with SIGINT (Ctrl-C) and returns the final totals of `iface`.

@@ -8,7 +8,7 @@ use linkpilot_lab::{
     scenario::{Direction, Scenario},
     selftest,
 };
-use linkpilot_tests::watcher::Watcher;
+use linkpilot_tests::watcher::{peer, Watcher};
 use nix::sys::signal::Signal;
 
 fn ecn_lab(name: &str) -> Lab {
@@ -41,7 +41,7 @@ fn ce_marks_per_peer_equal_the_labs_count() {
     let lab_ce = lab.stats(Direction::HkToUs).ce_marked;
     let last = watcher.stop_with(Signal::SIGINT);
     let s = last.iter().find(|s| s.iface == "eth0").expect("eth0 sample");
-    let hk_peer = s.peer("hk");
+    let hk_peer = peer(s, "hk");
     eprintln!("lab CE {lab_ce}; linkpilot hk rx {:?} tx {:?}", hk_peer.rx, hk_peer.tx);
     assert!(lab_ce > 100, "the queue never reached the marking threshold: {lab_ce}");
     assert_eq!(hk_peer.rx.ce, lab_ce, "CE segments received from hk vs the lab's CE counter");
@@ -55,7 +55,7 @@ fn ce_marks_per_peer_equal_the_labs_count() {
         r.packets,
         "every segment has one codepoint: {r:?}"
     );
-    assert_eq!(s.peer("other").rx.ce, 0, "only the HK site's traffic crossed the marking queue");
+    assert_eq!(peer(s, "other").rx.ce, 0, "only the HK site's traffic crossed the marking queue");
 }
 
 #[test]
@@ -129,10 +129,10 @@ fn dscp_rewrite_seen_by_tshark_with_ecn_intact_and_valid_checksums() {
     );
     let s = last.iter().find(|s| s.iface == "eth0").expect("sample");
     assert_eq!(
-        s.peer("us").tx_dscp.keys().copied().collect::<Vec<_>>(),
+        peer(s, "us").tx_dscp.keys().copied().collect::<Vec<_>>(),
         vec![46],
         "{:?}",
-        s.peer("us").tx_dscp
+        peer(s, "us").tx_dscp
     );
     assert!(s.totals.tx_dscp_rewritten > 0);
 }
@@ -192,12 +192,12 @@ fn flow_rtt_matches_the_lab_and_ss() {
     let s = last.iter().find(|s| s.iface == "eth0").expect("sample");
     let flows = s.flows.as_ref().expect("--flows");
     let data = flows.iter().max_by_key(|f| f.rtt_samples).expect("a flow with RTT samples");
-    eprintln!("ss rtt {ss} ms; linkpilot {data:?}; peer {:?}", s.peer("us").rtt);
-    assert!(data.remote.ends_with("198.18.2.10:5201"), "{data:?}");
+    eprintln!("ss rtt {ss} ms; linkpilot {data:?}; peer {:?}", peer(s, "us").rtt);
+    assert_eq!(data.remote.to_string(), "198.18.2.10:5201", "{data:?}");
     let within = |a: f64, b: f64| (a - b).abs() <= 0.05 * b;
     assert!(within(data.srtt_ms, 180.0), "flow srtt {} vs the lab's 180 ms", data.srtt_ms);
     assert!(ss > 0.0 && within(data.srtt_ms, ss), "flow srtt {} vs ss -ti {ss}", data.srtt_ms);
-    let rtt = s.peer("us").rtt;
+    let rtt = peer(s, "us").rtt;
     assert!(rtt.samples > 100 && within(rtt.sum_ms / rtt.samples as f64, 180.0), "{rtt:?}");
 }
 
@@ -241,9 +241,53 @@ fn retransmissions_per_peer_equal_nstat_under_loss() {
     let (segs, failed) = (after.0 - before.0, after.1 - before.1);
     eprintln!(
         "nstat TcpRetransSegs {segs} (failed {failed}); linkpilot peer us {}",
-        s.peer("us").retrans_segs
+        peer(s, "us").retrans_segs
     );
     assert!(segs > 10, "1% loss caused too few retransmissions: {segs}");
-    assert_eq!(s.peer("us").retrans_segs, segs - failed);
+    assert_eq!(peer(s, "us").retrans_segs, segs - failed);
     assert_eq!(s.totals.retrans_segs, segs - failed);
+}
+
+#[test]
+fn snapshots_carry_rtt_percentiles_and_rates() {
+    let lab = lab_with("ssnap", "delay = \"90ms\"\nrate = \"200Mbit/s\"\nqueue = \"5MiB\"");
+    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    let watcher =
+        Watcher::start_in(&hk.netns, &["eth0"], &["--peer", "us=198.18.2.0/24", "--snapshots"]);
+    let mut server = us
+        .command("iperf3")
+        .args(["-s", "-1", "-B", &us.ipv4.to_string()])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("iperf3 -s");
+    thread::sleep(Duration::from_millis(300));
+    hk.exec(&["iperf3", "-c", &us.ipv4.to_string(), "-b", "10M", "-t", "4"]).expect("iperf3 -c");
+    server.wait().expect("iperf3 server");
+    let (lines, log) = watcher.stop_lines(Signal::SIGINT);
+    let snaps: Vec<linkpilot::sensors::Snapshot> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad snapshot {l}: {e}\n{log}")))
+        .collect();
+    let us: Vec<_> = snaps.iter().flat_map(|s| &s.peers).filter(|p| p.peer == "us").collect();
+    let busy = us
+        .iter()
+        .max_by_key(|p| p.rtt.samples)
+        .unwrap_or_else(|| panic!("no snapshot for peer us: {lines:?}"));
+    eprintln!("{busy:?}");
+    let within = |a: Option<f64>| a.is_some_and(|v| (v - 180.0).abs() <= 9.0);
+    assert!(
+        within(busy.rtt.p50_ms) && within(busy.rtt.p99_ms) && within(busy.rtt.min_ms),
+        "{:?}",
+        busy.rtt
+    );
+    assert!(busy.flows >= 1, "{busy:?}");
+    // iperf3 sent 4 s at 10 Mbit/s: the rates times their intervals add up to that, plus
+    // headers (~4%).
+    let bits: f64 = snaps
+        .iter()
+        .flat_map(|s| {
+            s.peers.iter().filter(|p| p.peer == "us").map(|p| p.tx_bps * s.interval_ms as f64 / 1e3)
+        })
+        .sum();
+    assert!((38e6..48e6).contains(&bits), "bits sent to us: {bits}");
 }
