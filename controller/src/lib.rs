@@ -9,5 +9,6 @@ pub mod iface;
 pub mod kernel;
 pub mod paths;
 pub mod probes;
+pub mod rdma;
 pub mod sensors;
 pub mod watch;

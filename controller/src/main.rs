@@ -28,6 +28,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// List RDMA devices and ports from sysfs, with state, netdevs and congestion counters.
+    Rdma {
+        /// The sysfs directory of RDMA devices.
+        #[arg(long, default_value = linkpilot::rdma::SYSFS_ROOT)]
+        root: std::path::PathBuf,
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Nanoseconds per packet of each TC program via BPF_PROG_TEST_RUN, next to an empty one.
     BenchPrograms {
         /// Runs per measurement (the kernel reports the mean).
@@ -92,6 +101,10 @@ mod tests {
 }
 
 fn main() -> ExitCode {
+    // Exit quietly when stdout is a closed pipe (`linkpilot rdma | head`), as Unix tools do,
+    // instead of panicking on the failed write. Programs and links are fd-owned: exit detaches.
+    // SAFETY: restoring the default disposition of one signal before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -108,6 +121,7 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
+        Command::Rdma { root, json } => rdma(&root, json),
         Command::BenchPrograms { repeat, rounds } => linkpilot::bench::run(repeat, rounds.max(1)),
         Command::Watch { ifaces, json, flows, snapshots, peers, dscp, count } => {
             let output = if snapshots {
@@ -200,6 +214,26 @@ fn peer_ids(peers: &[(String, IpNet)]) -> anyhow::Result<PeerIds> {
         prefixes.push((id as u32, *net));
     }
     Ok(PeerIds { names, prefixes })
+}
+
+fn rdma(root: &std::path::Path, json: bool) -> anyhow::Result<()> {
+    let ports = linkpilot::rdma::discover(root)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&ports)?);
+    } else if ports.is_empty() {
+        println!("no RDMA devices (nothing under {})", root.display());
+    } else {
+        for p in &ports {
+            println!(
+                "{} port {}: {} {} {} netdevs {:?}",
+                p.device, p.port, p.state, p.link_layer, p.rate, p.netdevs
+            );
+            for (k, v) in &p.signals {
+                println!("  {k:<28} {v}");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What `watch` prints.

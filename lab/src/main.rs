@@ -105,7 +105,9 @@ fn run(command: Command) -> anyhow::Result<()> {
                 if rx.recv_timeout(Duration::from_secs(1)).is_ok() {
                     break;
                 }
-                print_stats(&lab, json);
+                if print_stats(&lab, json).is_err() {
+                    break; // stdout closed: stop and tear down rather than panic
+                }
                 if deadline.is_some_and(|d| lab.elapsed() >= d) {
                     break;
                 }
@@ -140,15 +142,18 @@ fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
-fn print_stats(lab: &Lab, json: bool) {
+fn print_stats(lab: &Lab, json: bool) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
     for dir in Direction::BOTH {
         let s = lab.stats(dir);
         let phase = lab.scenario.phases.get(s.phase as usize).map_or("?", |p| p.name.as_str());
         if json {
             let line = serde_json::json!({ "elapsed_s": lab.elapsed().as_secs_f64(), "direction": dir.name(), "phase": phase, "stats": s });
-            println!("{line}");
+            writeln!(out, "{line}")?;
         } else {
-            println!(
+            writeln!(
+                out,
                 "{:>7.1}s {:<8} {:<12} in {:>9} out {:>9} drop loss/queue/aqm/outage {}/{}/{}/{} CE {} queue {:.1}ms",
                 lab.elapsed().as_secs_f64(),
                 dir.name(),
@@ -161,7 +166,8 @@ fn print_stats(lab: &Lab, json: bool) {
                 s.drops_outage,
                 s.ce_marked,
                 s.queue_delay_ns as f64 / 1e6
-            );
+            )?;
         }
     }
+    Ok(())
 }
