@@ -73,10 +73,16 @@ fn bad_arguments() {
 fn no_rdma_devices_is_reported_cleanly() {
     let (code, _) = linkpilot(&[], &["rdma", "--root", "/nonexistent/infiniband"]);
     assert_eq!(code, 0);
-    let out = run(&[linkpilot_bin().to_str().expect("utf-8"), "rdma", "--root", "/nonexistent/infiniband"]);
+    let out = run(&[
+        linkpilot_bin().to_str().expect("utf-8"),
+        "rdma",
+        "--root",
+        "/nonexistent/infiniband",
+    ]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("no RDMA devices"), "{out:?}");
     // The fixture tree of a ConnectX NIC, as JSON.
-    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../controller/tests/fixtures/sysfs-infiniband");
+    let fixture =
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../controller/tests/fixtures/sysfs-infiniband");
     let out = run(&[linkpilot_bin().to_str().expect("utf-8"), "rdma", "--root", fixture, "--json"]);
     let ports: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(ports[0]["signals"]["rp_cnp_handled"], 5121, "{ports}");
