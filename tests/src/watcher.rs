@@ -85,11 +85,6 @@ impl Watcher {
         w
     }
 
-    /// The child's process id (nsenter execs linkpilot, so it is linkpilot's).
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// Sends `signal`, waits for a clean exit, and returns the last sample of each interface.
     pub fn stop_with(self, signal: Signal) -> Vec<Sample> {
         let (raw, log) = self.stop_lines(signal);
