@@ -344,6 +344,9 @@ async fn watch(
             }
             continue;
         }
+        // The flow table is read once per tick, not once per interface.
+        let all_flows =
+            if output == (Output::Json { flows: true }) { probes.flows()? } else { Vec::new() };
         for (i, iface) in ifaces.iter().enumerate() {
             let totals = Totals::from(probes.stats(iface.ifindex)?);
             let r = rates(&prev[i], &totals, elapsed);
@@ -361,18 +364,13 @@ async fn watch(
                 .collect();
             prev_peers[i] = peers.clone();
             if let Output::Json { flows: list_flows } = output {
-                let flows = if list_flows {
-                    Some(
-                        probes
-                            .flows()?
-                            .iter()
-                            .filter(|(_, f)| f.ifindex == iface.ifindex)
-                            .map(|(k, f)| FlowSample::new(k, f))
-                            .collect(),
-                    )
-                } else {
-                    None
-                };
+                let flows = list_flows.then(|| {
+                    all_flows
+                        .iter()
+                        .filter(|(_, f)| f.ifindex == iface.ifindex)
+                        .map(|(k, f)| FlowSample::new(k, f))
+                        .collect()
+                });
                 let sample = Sample {
                     flows,
                     unix_ms: SystemTime::now()

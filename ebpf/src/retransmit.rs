@@ -13,11 +13,11 @@ use linkpilot_common::{
         FAMILY as TP_FAMILY, SADDR as TP_SADDR, SADDR_V6 as TP_SADDR_V6, SKBADDR as TP_SKBADDR,
         SPORT as TP_SPORT,
     },
-    FlowKey, KernelOffsets, LocalAddr, PeerKey, AF_INET, AF_INET6, MAX_LOCAL_ADDRS, PEER_OTHER,
+    FlowKey, KernelOffsets, LocalAddr, PeerKey, MAX_LOCAL_ADDRS, PEER_OTHER,
 };
 
 use crate::{
-    rtt::{addresses, FLOWS},
+    rtt::{addresses, AddrOffsets, FLOWS},
     traffic::{IFACE_STATS, PEERS, PEER_STATS},
 };
 
@@ -41,17 +41,9 @@ pub fn lp_tcp_retrans(ctx: TracePointContext) -> u32 {
 fn try_count(ctx: &TracePointContext) -> Result<(), i64> {
     // SAFETY: offsets are within the record the format file describes.
     let family: u16 = unsafe { ctx.read_at(TP_FAMILY)? };
-    let mut key = LocalAddr { family, _pad: 0, addr: [0; 16] };
-    if family == AF_INET {
-        // SAFETY: as above.
-        let a: [u8; 4] = unsafe { ctx.read_at(TP_SADDR)? };
-        key.addr[..4].copy_from_slice(&a);
-    } else if family == AF_INET6 {
-        // SAFETY: as above.
-        key.addr = unsafe { ctx.read_at(TP_SADDR_V6)? };
-    } else {
+    let Some((key, local, remote)) = addresses(ctx, family, &RETRANSMIT_ADDRS)? else {
         return Ok(());
-    }
+    };
     // SAFETY: the controller writes this map only with whole values.
     let Some(&ifindex) = (unsafe { LOCAL_ADDRS.get(key) }) else { return Ok(()) };
     let Some(stats) = IFACE_STATS.get_ptr_mut(ifindex) else { return Ok(()) };
@@ -67,22 +59,28 @@ fn try_count(ctx: &TracePointContext) -> Result<(), i64> {
     }
     let segs = u64::from(segments(ctx));
     stats.retrans_segs += segs;
-    attribute(ctx, family, ifindex, segs)
+    attribute(ctx, family, ifindex, segs, local, remote)
 }
+
+const RETRANSMIT_ADDRS: AddrOffsets =
+    AddrOffsets { local4: TP_SADDR, remote4: TP_DADDR, local6: TP_SADDR_V6, remote6: TP_DADDR_V6 };
 
 /// Adds `segs` to the flow's and its peer's retransmission counts.
 #[inline(always)]
-fn attribute(ctx: &TracePointContext, family: u16, ifindex: u32, segs: u64) -> Result<(), i64> {
-    // SAFETY (all reads): offsets within the record, checked against tracefs at load time.
-    let (l4, r4): ([u8; 4], [u8; 4]) = unsafe { (ctx.read_at(TP_SADDR)?, ctx.read_at(TP_DADDR)?) };
-    let (l6, r6): ([u8; 16], [u8; 16]) =
-        unsafe { (ctx.read_at(TP_SADDR_V6)?, ctx.read_at(TP_DADDR_V6)?) };
-    let Some((_, local, remote)) = addresses(family, l4, r4, l6, r6) else { return Ok(()) };
+fn attribute(
+    ctx: &TracePointContext,
+    family: u16,
+    ifindex: u32,
+    segs: u64,
+    local: [u8; 16],
+    remote: [u8; 16],
+) -> Result<(), i64> {
     let peer = PEERS.get(Key::new(128, remote)).copied().unwrap_or(PEER_OTHER);
     if let Some(ps) = PEER_STATS.get_ptr_mut(PeerKey { ifindex, peer }) {
         // SAFETY: a per-CPU value.
         unsafe { (*ps).retrans_segs += segs };
     }
+    // SAFETY: offsets within the record, checked against tracefs at load time.
     let (sport, dport): (u16, u16) = unsafe { (ctx.read_at(TP_SPORT)?, ctx.read_at(TP_DPORT)?) };
     let key = FlowKey { family, local_port: sport, remote_port: dport, _pad: 0, local, remote };
     if let Some(f) = FLOWS.get_ptr_mut(key) {

@@ -29,27 +29,49 @@ pub fn lp_tcp_probe(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// The local and remote address of a tracepoint record's sockaddrs, as (local-address key,
-/// flow key) — `None` for families other than IPv4/IPv6.
+/// Where a tracepoint record keeps the local and remote addresses, per family.
+pub(crate) struct AddrOffsets {
+    pub local4: usize,
+    pub remote4: usize,
+    pub local6: usize,
+    pub remote6: usize,
+}
+
+/// (local-address map key, local address, remote address), the last two IPv4-mapped.
+pub(crate) type Addresses = (LocalAddr, [u8; 16], [u8; 16]);
+
+/// The record's local address as a local-address map key, and both addresses as flow keys
+/// (IPv4-mapped). Reads only the fields of the record's family; `None` for other families.
 #[inline(always)]
 pub(crate) fn addresses(
+    ctx: &TracePointContext,
     family: u16,
-    local4: [u8; 4],
-    remote4: [u8; 4],
-    local6: [u8; 16],
-    remote6: [u8; 16],
-) -> Option<(LocalAddr, [u8; 16], [u8; 16])> {
+    off: &AddrOffsets,
+) -> Result<Option<Addresses>, i64> {
     let mut la = LocalAddr { family, _pad: 0, addr: [0; 16] };
+    // SAFETY (reads): offsets within the record, checked against tracefs at load time.
     if family == AF_INET {
-        la.addr[..4].copy_from_slice(&local4);
-        Some((la, v4_mapped(local4), v4_mapped(remote4)))
+        let (l, r): ([u8; 4], [u8; 4]) =
+            unsafe { (ctx.read_at(off.local4)?, ctx.read_at(off.remote4)?) };
+        la.addr[..4].copy_from_slice(&l);
+        Ok(Some((la, v4_mapped(l), v4_mapped(r))))
     } else if family == AF_INET6 {
-        la.addr = local6;
-        Some((la, local6, remote6))
+        let (l, r): ([u8; 16], [u8; 16]) =
+            unsafe { (ctx.read_at(off.local6)?, ctx.read_at(off.remote6)?) };
+        la.addr = l;
+        Ok(Some((la, l, r)))
     } else {
-        None
+        Ok(None)
     }
 }
+
+/// sockaddr_in keeps the address at +4, sockaddr_in6 at +8.
+const PROBE_ADDRS: AddrOffsets = AddrOffsets {
+    local4: rec::SADDR + 4,
+    remote4: rec::DADDR + 4,
+    local6: rec::SADDR + 8,
+    remote6: rec::DADDR + 8,
+};
 
 #[inline(always)]
 fn try_probe(ctx: &TracePointContext) -> Result<(), i64> {
@@ -64,12 +86,9 @@ fn try_probe(ctx: &TracePointContext) -> Result<(), i64> {
         return Ok(());
     }
     let family: u16 = unsafe { ctx.read_at(rec::FAMILY)? };
-    // sockaddr_in: address at +4; sockaddr_in6: address at +8.
-    let (l4, r4): ([u8; 4], [u8; 4]) =
-        unsafe { (ctx.read_at(rec::SADDR + 4)?, ctx.read_at(rec::DADDR + 4)?) };
-    let (l6, r6): ([u8; 16], [u8; 16]) =
-        unsafe { (ctx.read_at(rec::SADDR + 8)?, ctx.read_at(rec::DADDR + 8)?) };
-    let Some((local_key, local, remote)) = addresses(family, l4, r4, l6, r6) else { return Ok(()) };
+    let Some((local_key, local, remote)) = addresses(ctx, family, &PROBE_ADDRS)? else {
+        return Ok(());
+    };
     // SAFETY: the controller writes this map only with whole values.
     let Some(&ifindex) = (unsafe { LOCAL_ADDRS.get(local_key) }) else { return Ok(()) };
     let peer = PEERS.get(Key::new(128, remote)).copied().unwrap_or(PEER_OTHER);

@@ -1,15 +1,28 @@
 //! Sensing on the WAN lab: what linkpilot counts per peer against what the lab did and what
 //! tshark saw.
 
-use std::{thread, time::Duration};
+use std::{
+    process::{Child, Stdio},
+    thread,
+    time::Duration,
+};
 
 use linkpilot_lab::{
-    lab::{Lab, LabConfig, Site},
+    lab::{Host, Lab, LabConfig, Site},
     scenario::{Direction, Scenario},
     selftest,
 };
 use linkpilot_tests::watcher::{peer, Watcher};
 use nix::sys::signal::Signal;
+
+/// `iperf3 -s -1` on `us`, bound to its address; give it ~300 ms to listen.
+fn iperf3_server(us: &Host) -> Child {
+    us.command("iperf3")
+        .args(["-s", "-1", "-B", &us.ipv4.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("iperf3 -s")
+}
 
 fn ecn_lab(name: &str) -> Lab {
     let toml = "name = \"ecn\"\n[[phase]]\nname = \"only\"\nduration = \"10min\"\n[phase.link]\n\
@@ -28,12 +41,7 @@ fn ce_marks_per_peer_equal_the_labs_count() {
     }
     // Watch the receiving host's NIC, with the sending site as a named peer.
     let watcher = Watcher::start_in(&us.netns, &["eth0"], &["--peer", "hk=198.18.1.0/24"]);
-    let mut server = us
-        .command("iperf3")
-        .args(["-s", "-1", "-B", &us.ipv4.to_string()])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("iperf3 -s");
+    let mut server = iperf3_server(&us);
     thread::sleep(Duration::from_millis(300));
     hk.exec(&["iperf3", "-c", &us.ipv4.to_string(), "-t", "4"]).expect("iperf3 -c");
     server.wait().expect("iperf3 server");
@@ -72,12 +80,7 @@ fn dscp_rewrite_seen_by_tshark_with_ecn_intact_and_valid_checksums() {
     let pcap_s = pcap.display().to_string();
     let dump = selftest::start_capture(&us, &format!("src host {} and tcp", hk.ipv4), &pcap_s)
         .expect("tcpdump");
-    let mut server = us
-        .command("iperf3")
-        .args(["-s", "-1", "-B", &us.ipv4.to_string()])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("iperf3 -s");
+    let mut server = iperf3_server(&us);
     thread::sleep(Duration::from_millis(300));
     hk.exec(&["iperf3", "-c", &us.ipv4.to_string(), "-t", "3"]).expect("iperf3 -c");
     server.wait().expect("iperf3 server");
@@ -170,17 +173,12 @@ fn flow_rtt_matches_the_lab_and_ss() {
     let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
     let watcher =
         Watcher::start_in(&hk.netns, &["eth0"], &["--peer", "us=198.18.2.0/24", "--flows"]);
-    let mut server = us
-        .command("iperf3")
-        .args(["-s", "-1", "-B", &us.ipv4.to_string()])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("iperf3 -s");
+    let mut server = iperf3_server(&us);
     thread::sleep(Duration::from_millis(300));
     let mut client = hk
         .command("iperf3")
         .args(["-c", &us.ipv4.to_string(), "-b", "10M", "-t", "6"])
-        .stdout(std::process::Stdio::null())
+        .stdout(Stdio::null())
         .spawn()
         .expect("iperf3 -c");
     thread::sleep(Duration::from_secs(4));
@@ -225,12 +223,7 @@ fn retransmissions_per_peer_equal_nstat_under_loss() {
         (get("TcpRetransSegs "), get("TcpExtTCPRetransFail "))
     };
     let before = nstat(&hk.netns);
-    let mut server = us
-        .command("iperf3")
-        .args(["-s", "-1", "-B", &us.ipv4.to_string()])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("iperf3 -s");
+    let mut server = iperf3_server(&us);
     thread::sleep(Duration::from_millis(300));
     hk.exec(&["iperf3", "-c", &us.ipv4.to_string(), "-b", "50M", "-t", "4"]).expect("iperf3 -c");
     server.wait().expect("iperf3 server");
@@ -254,12 +247,7 @@ fn snapshots_carry_rtt_percentiles_and_rates() {
     let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
     let watcher =
         Watcher::start_in(&hk.netns, &["eth0"], &["--peer", "us=198.18.2.0/24", "--snapshots"]);
-    let mut server = us
-        .command("iperf3")
-        .args(["-s", "-1", "-B", &us.ipv4.to_string()])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("iperf3 -s");
+    let mut server = iperf3_server(&us);
     thread::sleep(Duration::from_millis(300));
     hk.exec(&["iperf3", "-c", &us.ipv4.to_string(), "-b", "10M", "-t", "4"]).expect("iperf3 -c");
     server.wait().expect("iperf3 server");
