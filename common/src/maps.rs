@@ -9,11 +9,19 @@ pub const PROG_TC_EGRESS: &str = "lp_tc_egress";
 pub const PROG_TCP_RETRANSMIT: &str = "lp_tcp_retrans";
 /// `tcp:tcp_probe` tracepoint (RTT).
 pub const PROG_TCP_PROBE: &str = "lp_tcp_probe";
+/// `sock:inet_sock_set_state` tracepoint (TCP flows opening and closing).
+pub const PROG_SOCK_STATE: &str = "lp_sock_state";
 /// An empty classifier, loaded only by the benchmark as its baseline.
 pub const PROG_TC_NOOP: &str = "lp_tc_noop";
 /// Every program name of ours, to recognise them among the kernel's loaded programs.
-pub const PROGRAM_NAMES: [&str; 5] =
-    [PROG_TC_INGRESS, PROG_TC_EGRESS, PROG_TCP_RETRANSMIT, PROG_TCP_PROBE, PROG_TC_NOOP];
+pub const PROGRAM_NAMES: [&str; 6] = [
+    PROG_TC_INGRESS,
+    PROG_TC_EGRESS,
+    PROG_TCP_RETRANSMIT,
+    PROG_TCP_PROBE,
+    PROG_SOCK_STATE,
+    PROG_TC_NOOP,
+];
 
 /// Per-CPU hash: ifindex (`u32`) -> [`IfaceStats`]. Only watched interfaces have an entry; the
 /// controller inserts them before attaching, the programs never insert.
@@ -297,6 +305,58 @@ pub mod probe_record {
     pub const SRTT: usize = 100;
 }
 
+/// TCP connections of one (interface, peer), from `sock:inet_sock_set_state`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowEvents {
+    /// SYN_SENT -> ESTABLISHED: connections this host opened (nstat TcpActiveOpens counts the
+    /// attempts, these the successes).
+    pub active_opens: u64,
+    /// SYN_RECV -> ESTABLISHED: connections this host accepted (nstat TcpPassiveOpens).
+    pub passive_opens: u64,
+    /// Established connections that reached CLOSE (FIN or RST).
+    pub closes: u64,
+    /// SYN_SENT -> CLOSE: connection attempts that failed (refused, timed out).
+    pub failed_opens: u64,
+}
+
+impl FlowEvents {
+    pub fn accumulate(&mut self, o: &Self) {
+        self.active_opens = self.active_opens.wrapping_add(o.active_opens);
+        self.passive_opens = self.passive_opens.wrapping_add(o.passive_opens);
+        self.closes = self.closes.wrapping_add(o.closes);
+        self.failed_opens = self.failed_opens.wrapping_add(o.failed_opens);
+    }
+}
+
+/// Offsets in the `sock:inet_sock_set_state` record that the program reads (checked against
+/// tracefs).
+pub mod sock_state_record {
+    pub const OLDSTATE: usize = 16;
+    pub const NEWSTATE: usize = 20;
+    pub const SPORT: usize = 24;
+    pub const DPORT: usize = 26;
+    pub const FAMILY: usize = 28;
+    pub const PROTOCOL: usize = 30;
+    pub const SADDR: usize = 32;
+    pub const DADDR: usize = 36;
+    pub const SADDR_V6: usize = 40;
+    pub const DADDR_V6: usize = 56;
+}
+
+/// TCP states as `include/net/tcp_states.h` numbers them.
+pub mod tcp_state {
+    pub const ESTABLISHED: i32 = 1;
+    pub const SYN_SENT: i32 = 2;
+    pub const SYN_RECV: i32 = 3;
+    pub const FIN_WAIT1: i32 = 4;
+    pub const FIN_WAIT2: i32 = 5;
+    pub const CLOSE: i32 = 7;
+    pub const CLOSE_WAIT: i32 = 8;
+    pub const LAST_ACK: i32 = 9;
+    pub const CLOSING: i32 = 11;
+}
+
 /// Per (interface, peer) counters, one copy per CPU.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -308,6 +368,7 @@ pub struct PeerStats {
     pub rtt: RttCounters,
     /// TCP segments retransmitted to this peer.
     pub retrans_segs: u64,
+    pub flows: FlowEvents,
     /// Egress segments by DSCP (0..=63).
     pub tx_dscp: [u64; 64],
 }
@@ -321,6 +382,7 @@ impl Default for PeerStats {
             tx_roce: RoceCounters::default(),
             rtt: RttCounters::default(),
             retrans_segs: 0,
+            flows: FlowEvents::default(),
             tx_dscp: [0; 64],
         }
     }
@@ -351,6 +413,7 @@ impl PeerStats {
         self.tx_roce.accumulate(&o.tx_roce);
         self.rtt.accumulate(&o.rtt);
         self.retrans_segs = self.retrans_segs.wrapping_add(o.retrans_segs);
+        self.flows.accumulate(&o.flows);
         for i in 0..64 {
             self.tx_dscp[i] = self.tx_dscp[i].wrapping_add(o.tx_dscp[i]);
         }
@@ -421,7 +484,7 @@ const _: () = assert!(core::mem::size_of::<PeerPrefix>() == 20);
 const _: () = assert!(core::mem::size_of::<DirCounters>() == 72);
 const _: () = assert!(core::mem::size_of::<RoceCounters>() == 16 * 8);
 const _: () = assert!(core::mem::size_of::<QpKey>() == 28);
-const _: () = assert!(core::mem::size_of::<PeerStats>() == 2 * 72 + 2 * 128 + 32 + 8 + 64 * 8);
+const _: () = assert!(core::mem::size_of::<PeerStats>() == 2 * 72 + 2 * 128 + 32 + 8 + 32 + 64 * 8);
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 40);
 const _: () = assert!(core::mem::size_of::<FlowState>() == 48);
 const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 8);

@@ -4,7 +4,7 @@
 use std::{fs, path::PathBuf};
 
 use btf_rs::{Btf, BtfType, Type};
-use linkpilot_common::{probe_record, retransmit_record, KernelOffsets};
+use linkpilot_common::{probe_record, retransmit_record, sock_state_record, KernelOffsets};
 
 use crate::paths::{PROC_SELF_STATUS, TRACEFS, TRACEFS_LEGACY, VMLINUX_BTF};
 
@@ -150,6 +150,33 @@ pub fn check_probe_tracepoint() -> Result<(), KernelError> {
             ("snd_una", r::SND_UNA),
             ("snd_cwnd", r::SND_CWND),
             ("srtt", r::SRTT),
+        ],
+    )
+}
+
+/// Checks that `sock:inet_sock_set_state` exists and has the layout the flow program reads.
+pub fn check_sock_state_tracepoint() -> Result<(), KernelError> {
+    let name = "sock:inet_sock_set_state";
+    let path = tracefs()?.join("events/sock/inet_sock_set_state/format");
+    let format = fs::read_to_string(&path).map_err(|_| KernelError::NoTracepoint {
+        name: name.into(),
+        path: path.display().to_string(),
+    })?;
+    use sock_state_record as r;
+    check_layout(
+        name,
+        &format,
+        &[
+            ("oldstate", r::OLDSTATE),
+            ("newstate", r::NEWSTATE),
+            ("sport", r::SPORT),
+            ("dport", r::DPORT),
+            ("family", r::FAMILY),
+            ("protocol", r::PROTOCOL),
+            ("saddr", r::SADDR),
+            ("daddr", r::DADDR),
+            ("saddr_v6", r::SADDR_V6),
+            ("daddr_v6", r::DADDR_V6),
         ],
     )
 }

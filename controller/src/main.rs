@@ -276,6 +276,7 @@ async fn watch(
     kernel::check_privileges()?;
     let has_err = kernel::check_retransmit_tracepoint()?;
     kernel::check_probe_tracepoint()?;
+    kernel::check_sock_state_tracepoint()?;
     let (offsets, note) = kernel::kernel_offsets(has_err);
     if let Some(note) = note {
         warn!("{note}");

@@ -17,7 +17,8 @@ use linkpilot_common::{
     DscpRule, FlowKey, FlowState, IfaceConfig, IfaceStats, KernelOffsets, LocalAddr, PeerKey,
     PeerStats, GLOBAL_KERNEL_OFFSETS, MAP_DSCP_RULES, MAP_FLOWS, MAP_IFACE_CONFIG, MAP_IFACE_STATS,
     MAP_LOCAL_ADDRS, MAP_PEERS, MAP_PEER_STATS, MAX_DSCP_RULES, MAX_PEERS, PEER_OTHER,
-    PROG_TCP_PROBE, PROG_TCP_RETRANSMIT, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_TC_NOOP,
+    PROG_SOCK_STATE, PROG_TCP_PROBE, PROG_TCP_RETRANSMIT, PROG_TC_EGRESS, PROG_TC_INGRESS,
+    PROG_TC_NOOP,
 };
 use tracing::{debug, info};
 
@@ -78,7 +79,7 @@ impl Probes {
             let prog: &mut SchedClassifier = program(&mut ebpf, name)?;
             prog.load().map_err(|e| load_error(name, e))?;
         }
-        for name in [PROG_TCP_RETRANSMIT, PROG_TCP_PROBE] {
+        for name in [PROG_TCP_RETRANSMIT, PROG_TCP_PROBE, PROG_SOCK_STATE] {
             let prog: &mut TracePoint = program(&mut ebpf, name)?;
             prog.load().map_err(|e| load_error(name, e))?;
         }
@@ -170,18 +171,21 @@ impl Probes {
         Ok(())
     }
 
-    /// Attaches the TCP tracepoints: retransmissions and RTT (`tcp:tcp_probe`).
+    /// Attaches the TCP tracepoints: retransmissions, RTT (`tcp:tcp_probe`) and connection
+    /// state (`sock:inet_sock_set_state`).
     pub fn attach_tracepoints(&mut self) -> Result<(), ProbeError> {
-        for (name, event) in
-            [(PROG_TCP_RETRANSMIT, "tcp_retransmit_skb"), (PROG_TCP_PROBE, "tcp_probe")]
-        {
+        for (name, category, event) in [
+            (PROG_TCP_RETRANSMIT, "tcp", "tcp_retransmit_skb"),
+            (PROG_TCP_PROBE, "tcp", "tcp_probe"),
+            (PROG_SOCK_STATE, "sock", "inet_sock_set_state"),
+        ] {
             let prog: &mut TracePoint = program(&mut self.ebpf, name)?;
-            prog.attach("tcp", event).map_err(|e| ProbeError::Program {
+            prog.attach(category, event).map_err(|e| ProbeError::Program {
                 action: "attaching",
                 program: name,
                 source: Box::new(e),
             })?;
-            info!("attached tcp:{event}");
+            info!("attached {category}:{event}");
         }
         Ok(())
     }

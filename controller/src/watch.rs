@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use linkpilot_common::{
-    DirCounters, FlowKey, FlowState, IfaceStats, PeerStats, RoceCounters, RttCounters,
+    DirCounters, FlowEvents, FlowKey, FlowState, IfaceStats, PeerStats, RoceCounters, RttCounters,
 };
 use serde::{Deserialize, Serialize};
 
@@ -101,6 +101,26 @@ impl From<RoceCounters> for RoceTotals {
     }
 }
 
+/// TCP connections of one peer since it was watched.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowTotals {
+    pub active_opens: u64,
+    pub passive_opens: u64,
+    pub closes: u64,
+    pub failed_opens: u64,
+}
+
+impl From<FlowEvents> for FlowTotals {
+    fn from(f: FlowEvents) -> Self {
+        Self {
+            active_opens: f.active_opens,
+            passive_opens: f.passive_opens,
+            closes: f.closes,
+            failed_opens: f.failed_opens,
+        }
+    }
+}
+
 /// RTT samples of one peer since it was watched (smoothed RTTs of its flows, in ms).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RttTotals {
@@ -171,6 +191,7 @@ pub struct PeerTotals {
     pub rtt: RttTotals,
     /// TCP segments retransmitted to this peer.
     pub retrans_segs: u64,
+    pub flows: FlowTotals,
     /// Egress segments by DSCP, non-zero entries only.
     pub tx_dscp: BTreeMap<u8, u64>,
 }
@@ -185,6 +206,7 @@ impl PeerTotals {
             tx_roce: s.tx_roce.into(),
             rtt: s.rtt.into(),
             retrans_segs: s.retrans_segs,
+            flows: s.flows.into(),
             tx_dscp: (0u8..64).zip(s.tx_dscp).filter(|(_, n)| *n > 0).collect(),
         }
     }

@@ -1,9 +1,10 @@
-//! linkpilot's kernel side: TC classifiers that count traffic per watched interface, and a
-//! tracepoint that counts TCP retransmissions. Entry points are thin; they never change a packet's
+//! linkpilot's kernel side: TC classifiers that count traffic per watched interface and peer, and
+//! tracepoints for TCP retransmissions, RTT and connections opening and closing. Entry points are thin; they never change a packet's
 //! fate (observers return `TC_ACT_UNSPEC`, so with TCX the next program in the chain still runs).
 #![no_std]
 #![no_main]
 
+mod flows;
 mod retransmit;
 mod rtt;
 mod traffic;

@@ -58,12 +58,20 @@ pub(crate) fn addresses(
     } else if family == AF_INET6 {
         let (l, r): ([u8; 16], [u8; 16]) =
             unsafe { (ctx.read_at(off.local6)?, ctx.read_at(off.remote6)?) };
-        la.addr = l;
+        if l[..12] == V4_MAPPED_PREFIX {
+            // A dual-stack socket carrying IPv4: its local address is an IPv4 one.
+            la.family = AF_INET;
+            la.addr[..4].copy_from_slice(&l[12..]);
+        } else {
+            la.addr = l;
+        }
         Ok(Some((la, l, r)))
     } else {
         Ok(None)
     }
 }
+
+const V4_MAPPED_PREFIX: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
 
 /// sockaddr_in keeps the address at +4, sockaddr_in6 at +8.
 const PROBE_ADDRS: AddrOffsets = AddrOffsets {

@@ -204,34 +204,17 @@ fn retransmissions_per_peer_equal_nstat_under_loss() {
     let lab = lab_with("sret", "delay = \"20ms\"\nrate = \"200Mbit/s\"\nqueue = \"5MiB\"\n[phase.hk_to_us]\nloss = { model = \"bernoulli\", rate = \"1%\" }");
     let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
     let watcher = Watcher::start_in(&hk.netns, &["eth0"], &["--peer", "us=198.18.2.0/24"]);
-    let nstat = |ns: &str| -> (u64, u64) {
-        let out = linkpilot_tests::sh(&[
-            "ip",
-            "netns",
-            "exec",
-            ns,
-            "nstat",
-            "-asz",
-            "TcpRetransSegs",
-            "TcpExtTCPRetransFail",
-        ]);
-        let get = |k: &str| {
-            out.lines()
-                .find_map(|l| l.strip_prefix(k)?.split_whitespace().next()?.parse().ok())
-                .unwrap_or(0)
-        };
-        (get("TcpRetransSegs "), get("TcpExtTCPRetransFail "))
-    };
-    let before = nstat(&hk.netns);
+    let names = ["TcpRetransSegs", "TcpExtTCPRetransFail"];
+    let before = nstat(&hk.netns, &names);
     let mut server = iperf3_server(&us);
     thread::sleep(Duration::from_millis(300));
     hk.exec(&["iperf3", "-c", &us.ipv4.to_string(), "-b", "50M", "-t", "4"]).expect("iperf3 -c");
     server.wait().expect("iperf3 server");
     thread::sleep(Duration::from_millis(500));
-    let after = nstat(&hk.netns);
+    let after = nstat(&hk.netns, &names);
     let last = watcher.stop_with(Signal::SIGINT);
     let s = last.iter().find(|s| s.iface == "eth0").expect("sample");
-    let (segs, failed) = (after.0 - before.0, after.1 - before.1);
+    let (segs, failed) = (after[0] - before[0], after[1] - before[1]);
     eprintln!(
         "nstat TcpRetransSegs {segs} (failed {failed}); linkpilot peer us {}",
         peer(s, "us").retrans_segs
@@ -278,4 +261,65 @@ fn snapshots_carry_rtt_percentiles_and_rates() {
         })
         .sum();
     assert!((38e6..48e6).contains(&bits), "bits sent to us: {bits}");
+}
+
+/// `nstat -asz` counters of a namespace, by name.
+fn nstat(netns: &str, names: &[&str]) -> Vec<u64> {
+    let mut args = vec!["ip", "netns", "exec", netns, "nstat", "-asz"];
+    args.extend_from_slice(names);
+    let out = linkpilot_tests::sh(&args);
+    names
+        .iter()
+        .map(|k| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(k)?.strip_prefix(' ')?.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+#[test]
+fn flow_opens_and_closes_equal_nstat() {
+    let lab = lab_with("sflow", "delay = \"5ms\"\nrate = \"200Mbit/s\"\nqueue = \"5MiB\"");
+    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    let watcher = Watcher::start_in(
+        &hk.netns,
+        &["eth0"],
+        &["--peer", "us=198.18.2.0/24", "--peer", "us=2001:db8:2::/64", "--flows"],
+    );
+    let names = ["TcpActiveOpens", "TcpPassiveOpens", "TcpAttemptFails", "TcpCurrEstab"];
+    let before = nstat(&hk.netns, &names);
+    // Active opens: iperf3's control connection plus 3 streams, over IPv4 and over IPv6.
+    for dst in [us.ipv4.to_string(), us.ipv6.to_string()] {
+        let mut server =
+            us.command("iperf3").args(["-s", "-1"]).stdout(Stdio::null()).spawn().expect("iperf3");
+        thread::sleep(Duration::from_millis(300));
+        hk.exec(&["iperf3", "-c", &dst, "-P", "3", "-t", "1"]).expect("iperf3 -c");
+        server.wait().expect("iperf3 server");
+    }
+    // Passive opens: us connects to a server on hk.
+    let mut server =
+        hk.command("iperf3").args(["-s", "-1"]).stdout(Stdio::null()).spawn().expect("iperf3");
+    thread::sleep(Duration::from_millis(300));
+    us.exec(&["iperf3", "-c", &hk.ipv4.to_string(), "-P", "2", "-t", "1"]).expect("iperf3 -c");
+    server.wait().expect("iperf3 server");
+    // A refused connection (nothing listens on port 9): SYN_SENT -> CLOSE.
+    let refused = hk.exec(&["iperf3", "-c", &us.ipv4.to_string(), "-p", "9", "-t", "1"]);
+    assert!(refused.is_err(), "port 9 accepted a connection");
+    thread::sleep(Duration::from_millis(500)); // the last FIN/ACK exchanges (10 ms RTT)
+    let after = nstat(&hk.netns, &names);
+    let last = watcher.stop_with(Signal::SIGINT);
+    let s = last.iter().find(|s| s.iface == "eth0").expect("sample");
+    let f = peer(s, "us").flows;
+    let d: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    eprintln!("nstat {names:?} deltas {d:?}; linkpilot {f:?}");
+    assert_eq!(f.failed_opens, d[2], "failed opens vs TcpAttemptFails");
+    assert_eq!(f.active_opens, d[0] - d[2], "active opens vs TcpActiveOpens - TcpAttemptFails");
+    assert_eq!(f.passive_opens, d[1], "passive opens vs TcpPassiveOpens");
+    assert_eq!((f.active_opens, f.passive_opens), (8, 3));
+    assert_eq!(after[3], before[3], "connections still established: {after:?}");
+    assert_eq!(f.closes, f.active_opens + f.passive_opens, "every connection closed");
+    let flows = s.flows.as_ref().expect("--flows");
+    assert!(flows.is_empty(), "closed flows left the table: {flows:?}");
 }

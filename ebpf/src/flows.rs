@@ -1,0 +1,107 @@
+//! TCP connections opening and closing, from `sock:inet_sock_set_state`: counted per (interface,
+//! peer), and a closed connection leaves the flow table at once instead of waiting for the LRU.
+
+use aya_ebpf::{
+    helpers::bpf_ktime_get_ns, macros::tracepoint, maps::lpm_trie::Key, programs::TracePointContext,
+};
+use linkpilot_common::{
+    sock_state_record as rec, tcp_state as st, FlowKey, FlowState, PeerKey, PEER_OTHER,
+};
+
+use crate::{
+    retransmit::LOCAL_ADDRS,
+    rtt::{addresses, AddrOffsets, FLOWS},
+    traffic::{PEERS, PEER_STATS},
+};
+
+const IPPROTO_TCP: u16 = 6;
+/// BPF_NOEXIST: never overwrite what tcp_probe already recorded.
+const NOEXIST: u64 = 1;
+
+const SOCK_STATE_ADDRS: AddrOffsets = AddrOffsets {
+    local4: rec::SADDR,
+    remote4: rec::DADDR,
+    local6: rec::SADDR_V6,
+    remote6: rec::DADDR_V6,
+};
+
+#[tracepoint]
+pub fn lp_sock_state(ctx: TracePointContext) -> u32 {
+    // A failed read loses one event; nothing better to do in a tracepoint.
+    let _ = try_state(&ctx);
+    0
+}
+
+/// What a transition means for the counters.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Event {
+    ActiveOpen,
+    PassiveOpen,
+    Close,
+    FailedOpen,
+}
+
+#[inline(always)]
+fn classify(old: i32, new: i32) -> Option<Event> {
+    match (old, new) {
+        (st::SYN_SENT, st::ESTABLISHED) => Some(Event::ActiveOpen),
+        (st::SYN_RECV, st::ESTABLISHED) => Some(Event::PassiveOpen),
+        (st::SYN_SENT, st::CLOSE) => Some(Event::FailedOpen),
+        // Every state an established connection passes through on its way out; the full
+        // socket reaches CLOSE exactly once (TIME_WAIT lives on in a separate minisock).
+        (
+            st::ESTABLISHED
+            | st::FIN_WAIT1
+            | st::FIN_WAIT2
+            | st::CLOSE_WAIT
+            | st::LAST_ACK
+            | st::CLOSING,
+            st::CLOSE,
+        ) => Some(Event::Close),
+        _ => None,
+    }
+}
+
+#[inline(always)]
+fn try_state(ctx: &TracePointContext) -> Result<(), i64> {
+    // SAFETY (all reads): offsets within the record, checked against tracefs at load time.
+    let (protocol, old, new): (u16, i32, i32) = unsafe {
+        (ctx.read_at(rec::PROTOCOL)?, ctx.read_at(rec::OLDSTATE)?, ctx.read_at(rec::NEWSTATE)?)
+    };
+    if protocol != IPPROTO_TCP {
+        return Ok(());
+    }
+    let Some(event) = classify(old, new) else { return Ok(()) };
+    let family: u16 = unsafe { ctx.read_at(rec::FAMILY)? };
+    let Some((local_key, local, remote)) = addresses(ctx, family, &SOCK_STATE_ADDRS)? else {
+        return Ok(());
+    };
+    // SAFETY: the controller writes this map only with whole values.
+    let Some(&ifindex) = (unsafe { LOCAL_ADDRS.get(local_key) }) else { return Ok(()) };
+    let peer = PEERS.get(Key::new(128, remote)).copied().unwrap_or(PEER_OTHER);
+    if let Some(ps) = PEER_STATS.get_ptr_mut(PeerKey { ifindex, peer }) {
+        // SAFETY: a per-CPU value.
+        let f = unsafe { &mut (*ps).flows };
+        match event {
+            Event::ActiveOpen => f.active_opens += 1,
+            Event::PassiveOpen => f.passive_opens += 1,
+            Event::Close => f.closes += 1,
+            Event::FailedOpen => f.failed_opens += 1,
+        }
+    }
+    let (sport, dport): (u16, u16) =
+        unsafe { (ctx.read_at(rec::SPORT)?, ctx.read_at(rec::DPORT)?) };
+    let key = FlowKey { family, local_port: sport, remote_port: dport, _pad: 0, local, remote };
+    match event {
+        Event::ActiveOpen | Event::PassiveOpen => {
+            // SAFETY: bpf_ktime_get_ns has no preconditions.
+            let now = unsafe { bpf_ktime_get_ns() };
+            let state = FlowState { last_ns: now, ifindex, peer, ..FlowState::default() };
+            let _ = FLOWS.insert(key, state, NOEXIST);
+        }
+        Event::Close | Event::FailedOpen => {
+            let _ = FLOWS.remove(key);
+        }
+    }
+    Ok(())
+}
