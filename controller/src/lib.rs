@@ -11,4 +11,5 @@ pub mod paths;
 pub mod probes;
 pub mod rdma;
 pub mod sensors;
+pub mod verbs;
 pub mod watch;

@@ -28,7 +28,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// List RDMA devices and ports from sysfs, with state, netdevs and congestion counters.
+    /// List RDMA devices: what libibverbs can open, and every port in sysfs with its state,
+    /// netdevs and congestion counters.
     Rdma {
         /// The sysfs directory of RDMA devices.
         #[arg(long, default_value = linkpilot::rdma::SYSFS_ROOT)]
@@ -70,6 +71,10 @@ enum Command {
         /// wins; ECN bits are kept. E.g. `--dscp us=26`, `--dscp '*:5201-5210=46'`.
         #[arg(long = "dscp", value_name = "SELECTOR=DSCP", value_parser = parse_dscp)]
         dscp: Vec<DscpArg>,
+        /// With --snapshots: the sysfs directory of RDMA devices whose congestion counters join
+        /// the snapshot of the link that is their netdev.
+        #[arg(long, default_value = linkpilot::rdma::SYSFS_ROOT, value_name = "DIR")]
+        rdma_root: std::path::PathBuf,
         /// Stop after this many one-second intervals (default: until Ctrl-C or SIGTERM).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
         count: Option<u64>,
@@ -123,7 +128,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Rdma { root, json } => rdma(&root, json),
         Command::BenchPrograms { repeat, rounds } => linkpilot::bench::run(repeat, rounds.max(1)),
-        Command::Watch { ifaces, json, flows, snapshots, peers, dscp, count } => {
+        Command::Watch { ifaces, json, flows, snapshots, peers, dscp, rdma_root, count } => {
             let output = if snapshots {
                 Output::Snapshots
             } else if json {
@@ -131,7 +136,7 @@ fn main() -> ExitCode {
             } else {
                 Output::Table
             };
-            runtime.block_on(watch(&ifaces, output, &peers, &dscp, count))
+            runtime.block_on(watch(&ifaces, output, &peers, &dscp, &rdma_root, count))
         }
     };
     match result {
@@ -217,20 +222,38 @@ fn peer_ids(peers: &[(String, IpNet)]) -> anyhow::Result<PeerIds> {
 }
 
 fn rdma(root: &std::path::Path, json: bool) -> anyhow::Result<()> {
+    let verbs = linkpilot::verbs::discover()?;
     let ports = linkpilot::rdma::discover(root)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&ports)?);
-    } else if ports.is_empty() {
-        println!("no RDMA devices (nothing under {})", root.display());
-    } else {
-        for p in &ports {
-            println!(
-                "{} port {}: {} {} {} netdevs {:?}",
-                p.device, p.port, p.state, p.link_layer, p.rate, p.netdevs
-            );
-            for (k, v) in &p.signals {
-                println!("  {k:<28} {v}");
+        let out = serde_json::json!({ "verbs": verbs, "ports": ports });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    match (&verbs.unavailable, verbs.devices.is_empty()) {
+        (Some(why), _) => println!("verbs: no RDMA devices ({why})"),
+        (None, true) => println!("verbs: no RDMA devices"),
+        (None, false) => {
+            for d in &verbs.devices {
+                match &d.port1 {
+                    Ok(p) => println!(
+                        "verbs: {} guid {} port 1 usable, {} GIDs, netdevs {:?}",
+                        d.name, d.guid, p.gids, p.netdevs
+                    ),
+                    Err(e) => println!("verbs: {} guid {} port 1 not usable: {e}", d.name, d.guid),
+                }
             }
+        }
+    }
+    if ports.is_empty() {
+        println!("sysfs: no RDMA devices (nothing under {})", root.display());
+    }
+    for p in &ports {
+        println!(
+            "sysfs: {} port {}: {} {} {} netdevs {:?}",
+            p.device, p.port, p.state, p.link_layer, p.rate, p.netdevs
+        );
+        for (k, v) in &p.signals {
+            println!("  {k:<28} {v}");
         }
     }
     Ok(())
@@ -249,6 +272,7 @@ async fn watch(
     output: Output,
     peers: &[(String, IpNet)],
     dscp: &[DscpArg],
+    rdma_root: &std::path::Path,
     count: Option<u64>,
 ) -> anyhow::Result<()> {
     let ifaces = names.iter().map(|n| Iface::resolve(n)).collect::<Result<Vec<_>, _>>()?;
@@ -333,7 +357,13 @@ async fn watch(
         let last = stop || count.is_some_and(|c| ticks >= c);
         if output == Output::Snapshots {
             let mut readings = Readings { flows: probes.flows()?, ..Readings::default() };
+            let ports = linkpilot::rdma::discover(rdma_root).unwrap_or_else(|e| {
+                warn!("{e}");
+                Vec::new()
+            });
             for iface in &ifaces {
+                let mine = linkpilot::rdma::ports_of(&ports, &iface.name).cloned().collect();
+                readings.nic.push((iface.name.clone(), mine));
                 for (id, name) in &peer_list {
                     let stats = probes.peer_stats(iface.ifindex, *id)?;
                     readings.peers.push((iface.name.clone(), (*name).to_owned(), *id, stats));

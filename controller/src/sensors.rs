@@ -3,12 +3,14 @@
 //! and flows that come and go are tested without a kernel.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{BTreeMap, HashMap, VecDeque},
     time::Duration,
 };
 
 use linkpilot_common::{FlowKey, FlowState, PeerStats};
 use serde::{Deserialize, Serialize};
+
+use crate::rdma::RdmaPort;
 
 /// One reading of the kernel's counters.
 #[derive(Clone, Debug, Default)]
@@ -17,6 +19,8 @@ pub struct Readings {
     pub peers: Vec<(String, String, u32, PeerStats)>,
     /// The flow table.
     pub flows: Vec<(FlowKey, FlowState)>,
+    /// (link name, the RDMA ports whose netdev it is) for every watched link.
+    pub nic: Vec<(String, Vec<RdmaPort>)>,
 }
 
 /// RTT over the estimator window, milliseconds.
@@ -54,7 +58,36 @@ pub struct PeerSnapshot {
     pub rtt: RttSnapshot,
     /// Active flows to this peer (updated during the tick).
     pub flows: usize,
+    /// TCP connections established (either side opening) and closed per second, and
+    /// connection attempts that failed.
+    pub opens_per_s: f64,
+    pub closes_per_s: f64,
+    pub failed_opens_per_s: f64,
 }
+
+/// What the RDMA NIC behind a link counted over the last tick: RoCE traffic the NIC offloads
+/// never reaches the TC hooks, so its congestion signals come from here.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LinkSnapshot {
+    pub link: String,
+    /// `device/port` of each RDMA port on this link, with its state ("mlx5_0/1 ACTIVE").
+    pub rdma_ports: Vec<String>,
+    /// CNPs the NIC acted on as a sender told to slow down (`rp_cnp_handled`), per second.
+    pub cnp_handled_per_s: f64,
+    /// CNPs the NIC sent as a receiver of CE-marked packets (`np_cnp_sent`), per second.
+    pub cnp_sent_per_s: f64,
+    /// CE-marked RoCE packets received (`np_ecn_marked_roce_packets`), per second.
+    pub ecn_marked_per_s: f64,
+    /// Events that make the requester resend (`local_ack_timeout_err`, `packet_seq_err`,
+    /// `implied_nak_seq_err`, `roce_adp_retrans`), per second.
+    pub retrans_events_per_s: f64,
+    /// Every signal counter of [`crate::rdma::SIGNAL_COUNTERS`] present, per second, summed over
+    /// the link's ports.
+    pub counters_per_s: BTreeMap<String, f64>,
+}
+
+const NIC_RETRANS_EVENTS: [&str; 4] =
+    ["local_ack_timeout_err", "packet_seq_err", "implied_nak_seq_err", "roce_adp_retrans"];
 
 /// Everything the sensors saw in one tick.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -64,6 +97,9 @@ pub struct Snapshot {
     /// Length of the interval the rates cover (longer than a tick after missed ticks).
     pub interval_ms: u64,
     pub peers: Vec<PeerSnapshot>,
+    /// Links with RDMA ports behind them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<LinkSnapshot>,
 }
 
 /// Most flow samples kept per peer for the percentiles, whatever the flow count.
@@ -83,6 +119,8 @@ pub struct Sensors {
     peers: HashMap<(String, u32), PeerState>,
     /// Samples count of each flow at the previous tick, to take only fresh srtt values.
     flow_samples: HashMap<FlowKey, u64>,
+    /// NIC counters at the previous tick, by (link, device, port, counter).
+    nic_prev: HashMap<(String, String, u32, String), u64>,
 }
 
 /// Counter delta that survives a reset (a reading below the previous one counts from zero).
@@ -105,7 +143,13 @@ fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
 impl Sensors {
     /// Sensors whose RTT percentiles and minimum cover `window`.
     pub fn new(window: Duration) -> Self {
-        Self { window, last: None, peers: HashMap::new(), flow_samples: HashMap::new() }
+        Self {
+            window,
+            last: None,
+            peers: HashMap::new(),
+            flow_samples: HashMap::new(),
+            nic_prev: HashMap::new(),
+        }
     }
 
     /// One tick at time `now` (monotonic, since start).
@@ -172,14 +216,51 @@ impl Sensors {
                     samples: sorted.len(),
                 },
                 flows: active.get(id).copied().unwrap_or(0),
+                opens_per_s: per_s(d(|s| s.flows.active_opens) + d(|s| s.flows.passive_opens)),
+                closes_per_s: per_s(d(|s| s.flows.closes)),
+                failed_opens_per_s: per_s(d(|s| s.flows.failed_opens)),
             });
             state.prev = Some(*stats);
         }
+        let links = self.nic(&r.nic, &per_s);
         Snapshot {
             at_ms: now.as_millis() as u64,
             interval_ms: interval.as_millis() as u64,
             peers: out,
+            links,
         }
+    }
+
+    /// NIC counter rates per link; a port or counter seen for the first time starts at zero.
+    fn nic(
+        &mut self,
+        nic: &[(String, Vec<RdmaPort>)],
+        per_s: &dyn Fn(u64) -> f64,
+    ) -> Vec<LinkSnapshot> {
+        let mut seen = HashMap::new();
+        let mut out = Vec::new();
+        for (link, ports) in nic.iter().filter(|(_, p)| !p.is_empty()) {
+            let mut snap = LinkSnapshot { link: link.clone(), ..LinkSnapshot::default() };
+            for p in ports {
+                snap.rdma_ports.push(format!("{}/{} {}", p.device, p.port, p.state));
+                for (name, &now) in &p.signals {
+                    let key = (link.clone(), p.device.clone(), p.port, name.clone());
+                    let prev = self.nic_prev.get(&key).copied().unwrap_or(now);
+                    *snap.counters_per_s.entry(name.clone()).or_default() +=
+                        per_s(delta(prev, now));
+                    seen.insert(key, now);
+                }
+            }
+            let rate = |name: &str| snap.counters_per_s.get(name).copied().unwrap_or(0.0);
+            snap.cnp_handled_per_s = rate("rp_cnp_handled");
+            snap.cnp_sent_per_s = rate("np_cnp_sent");
+            snap.ecn_marked_per_s = rate("np_ecn_marked_roce_packets");
+            snap.retrans_events_per_s = NIC_RETRANS_EVENTS.iter().map(|n| rate(n)).sum();
+            out.push(snap);
+        }
+        // Ports that went away are forgotten with them.
+        self.nic_prev = seen;
+        out
     }
 }
 
@@ -200,7 +281,7 @@ mod tests {
     }
 
     fn readings(s: PeerStats, flows: Vec<(FlowKey, FlowState)>) -> Readings {
-        Readings { peers: vec![("eth0".into(), "us".into(), 1, s)], flows }
+        Readings { peers: vec![("eth0".into(), "us".into(), 1, s)], flows, nic: vec![] }
     }
 
     fn flow(port: u16, srtt_us: u32, samples: u64) -> (FlowKey, FlowState) {
@@ -262,5 +343,56 @@ mod tests {
         assert_eq!(s.flow_samples.len(), 1000);
         s.tick(S, &readings(base, vec![flow(1, 1000, 2)]));
         assert_eq!(s.flow_samples.len(), 1);
+    }
+
+    fn port(cnp_handled: u64, timeouts: u64) -> RdmaPort {
+        let signals = BTreeMap::from([
+            ("rp_cnp_handled".to_owned(), cnp_handled),
+            ("local_ack_timeout_err".to_owned(), timeouts),
+        ]);
+        RdmaPort {
+            device: "mlx5_0".into(),
+            port: 1,
+            state: "ACTIVE".into(),
+            signals,
+            ..RdmaPort::default()
+        }
+    }
+
+    #[test]
+    fn nic_counter_rates_per_link() {
+        let mut s = Sensors::new(Duration::from_secs(10));
+        let at = |cnp, to| Readings {
+            nic: vec![("eth2".into(), vec![port(cnp, to)])],
+            ..Readings::default()
+        };
+        let first = s.tick(Duration::ZERO, &at(5000, 10));
+        assert_eq!(first.links[0].cnp_handled_per_s, 0.0, "the first reading is the baseline");
+        let snap = s.tick(2 * S, &at(5400, 14));
+        let l = &snap.links[0];
+        assert_eq!(
+            (l.link.as_str(), l.rdma_ports.clone()),
+            ("eth2", vec!["mlx5_0/1 ACTIVE".to_owned()])
+        );
+        assert_eq!((l.cnp_handled_per_s, l.retrans_events_per_s), (200.0, 2.0));
+        // The driver was reloaded: counters restart from zero.
+        let snap = s.tick(3 * S, &at(30, 0));
+        assert_eq!(snap.links[0].cnp_handled_per_s, 30.0);
+        // Links without RDMA ports carry no NIC section.
+        let none = Readings { nic: vec![("eth0".into(), vec![])], ..Readings::default() };
+        assert!(s.tick(4 * S, &none).links.is_empty());
+    }
+
+    #[test]
+    fn connection_rates() {
+        let mut s = Sensors::new(Duration::from_secs(10));
+        s.tick(Duration::ZERO, &readings(stats(0, 0, 0, 0, 0), vec![]));
+        let mut b = stats(0, 0, 0, 0, 0);
+        b.flows.active_opens = 6;
+        b.flows.passive_opens = 4;
+        b.flows.closes = 5;
+        b.flows.failed_opens = 1;
+        let p = &s.tick(S, &readings(b, vec![])).peers[0];
+        assert_eq!((p.opens_per_s, p.closes_per_s, p.failed_opens_per_s), (10.0, 5.0, 1.0));
     }
 }

@@ -84,6 +84,8 @@ fn no_rdma_devices_is_reported_cleanly() {
     let fixture =
         concat!(env!("CARGO_MANIFEST_DIR"), "/../controller/tests/fixtures/sysfs-infiniband");
     let out = run(&[linkpilot_bin().to_str().expect("utf-8"), "rdma", "--root", fixture, "--json"]);
-    let ports: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    assert_eq!(ports[0]["signals"]["rp_cnp_handled"], 5121, "{ports}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["ports"][0]["signals"]["rp_cnp_handled"], 5121, "{v}");
+    // libibverbs finds nothing on a machine without RDMA, and says so rather than failing.
+    assert_eq!(v["verbs"]["devices"], serde_json::json!([]), "{v}");
 }

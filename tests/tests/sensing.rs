@@ -323,3 +323,38 @@ fn flow_opens_and_closes_equal_nstat() {
     let flows = s.flows.as_ref().expect("--flows");
     assert!(flows.is_empty(), "closed flows left the table: {flows:?}");
 }
+
+#[test]
+fn nic_counters_join_the_snapshot_of_their_link() {
+    // The ConnectX fixture, its first port's netdev renamed to the lab host's eth0.
+    let root = std::env::temp_dir().join(format!("lp-sysfs-{}", std::process::id()));
+    let fixture =
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../controller/tests/fixtures/sysfs-infiniband");
+    linkpilot_tests::sh(&["cp", "-r", fixture, root.to_str().expect("utf-8")]);
+    let port = root.join("mlx5_0/ports/1");
+    for entry in std::fs::read_dir(port.join("gid_attrs/ndevs")).expect("ndevs") {
+        std::fs::write(entry.expect("entry").path(), "eth0\n").expect("ndev");
+    }
+    let cnp = port.join("hw_counters/rp_cnp_handled");
+    let lab = lab_with("snic", "delay = \"5ms\"");
+    let hk = lab.host(Site::Hk, 0).clone();
+    let rdma_root = root.to_str().expect("utf-8");
+    let watcher =
+        Watcher::start_in(&hk.netns, &["eth0"], &["--snapshots", "--rdma-root", rdma_root]);
+    thread::sleep(Duration::from_millis(1500));
+    std::fs::write(&cnp, "6121\n").expect("bump"); // +1000 CNPs handled
+    thread::sleep(Duration::from_millis(2500));
+    let (lines, log) = watcher.stop_lines(Signal::SIGINT);
+    let _ = std::fs::remove_dir_all(&root);
+    let snaps: Vec<linkpilot::sensors::Snapshot> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad snapshot {l}: {e}\n{log}")))
+        .collect();
+    let links: Vec<_> = snaps.iter().flat_map(|s| s.links.iter().map(move |l| (s, l))).collect();
+    assert!(links.len() >= 3, "{lines:?}");
+    assert!(links.iter().all(|(_, l)| l.link == "eth0" && l.rdma_ports == ["mlx5_0/1 ACTIVE"]));
+    let handled: f64 =
+        links.iter().map(|(s, l)| l.cnp_handled_per_s * s.interval_ms as f64 / 1e3).sum();
+    assert!((handled - 1000.0).abs() < 1.0, "CNPs handled over the run: {handled}\n{lines:?}");
+    assert!(links.iter().all(|(_, l)| l.retrans_events_per_s == 0.0));
+}
