@@ -4,12 +4,15 @@
 //! `probes` is the only module that talks to aya; `kernel` and `iface` read the running system;
 //! `sensors` turns counter readings into per-tick snapshots (pure); `watch` prints rates.
 
+pub mod batch;
 pub mod bench;
+pub mod bench_sensors;
 pub mod iface;
 pub mod kernel;
 pub mod paths;
 pub mod probes;
 pub mod rdma;
+pub mod rtt_window;
 pub mod sensors;
 pub mod verbs;
 pub mod watch;

@@ -47,6 +47,17 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         rounds: usize,
     },
+    /// What a sensors tick costs with a full flow table (synthetic flows in the real kernel
+    /// map), and the sensors' memory once their RTT windows are full.
+    BenchSensors {
+        #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..=linkpilot_common::MAX_FLOWS as i64))]
+        flows: u32,
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=linkpilot_common::MAX_PEERS as i64))]
+        peers: u32,
+        /// Ticks at 10 Hz of virtual time (100 fill the 10 s RTT windows).
+        #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u32).range(1..))]
+        ticks: u32,
+    },
     /// Count packets, bytes and TCP retransmissions per interface, printed once a second.
     Watch {
         /// Interface to watch (repeat for several).
@@ -128,6 +139,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Rdma { root, json } => rdma(&root, json),
         Command::BenchPrograms { repeat, rounds } => linkpilot::bench::run(repeat, rounds.max(1)),
+        Command::BenchSensors { flows, peers, ticks } => {
+            linkpilot::bench_sensors::run(flows, peers, ticks)
+        }
         Command::Watch { ifaces, json, flows, snapshots, peers, dscp, rdma_root, count } => {
             let output = if snapshots {
                 Output::Snapshots
@@ -356,7 +370,9 @@ async fn watch(
         ticks += 1;
         let last = stop || count.is_some_and(|c| ticks >= c);
         if output == Output::Snapshots {
-            let mut readings = Readings { flows: probes.flows()?, ..Readings::default() };
+            let kernel_ns = linkpilot::probes::monotonic_ns();
+            let mut readings =
+                Readings { kernel_ns, flows: probes.flows()?, ..Readings::default() };
             let ports = linkpilot::rdma::discover(rdma_root).unwrap_or_else(|e| {
                 warn!("{e}");
                 Vec::new()

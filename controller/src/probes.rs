@@ -6,7 +6,7 @@ use std::collections::HashMap as StdHashMap;
 use aya::{
     maps::{
         lpm_trie::{Key as LpmKey, LpmTrie},
-        Array, HashMap, MapData, MapError, PerCpuHashMap, PerCpuValues,
+        Array, HashMap, Map, MapData, MapError, PerCpuHashMap, PerCpuValues,
     },
     programs::{tc, ProgramError, SchedClassifier, TcAttachType, TracePoint},
     util::KernelVersion,
@@ -16,13 +16,22 @@ use ipnet::IpNet;
 use linkpilot_common::{
     DscpRule, FlowKey, FlowState, IfaceConfig, IfaceStats, KernelOffsets, LocalAddr, PeerKey,
     PeerStats, GLOBAL_KERNEL_OFFSETS, MAP_DSCP_RULES, MAP_FLOWS, MAP_IFACE_CONFIG, MAP_IFACE_STATS,
-    MAP_LOCAL_ADDRS, MAP_PEERS, MAP_PEER_STATS, MAX_DSCP_RULES, MAX_PEERS, PEER_OTHER,
+    MAP_LOCAL_ADDRS, MAP_PEERS, MAP_PEER_STATS, MAX_DSCP_RULES, MAX_FLOWS, MAX_PEERS, PEER_OTHER,
     PROG_SOCK_STATE, PROG_TCP_PROBE, PROG_TCP_RETRANSMIT, PROG_TC_EGRESS, PROG_TC_INGRESS,
     PROG_TC_NOOP,
 };
 use tracing::{debug, info};
 
 use crate::iface::Iface;
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`, so userspace can compare
+/// it with the programs' timestamps.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
 
 /// The eBPF object built by build.rs from the `ebpf/` crate.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/linkpilot"));
@@ -190,8 +199,47 @@ impl Probes {
         Ok(())
     }
 
-    /// The flows the tracepoints have seen (at most MAX_FLOWS, least recently updated evicted).
+    /// The flows the tracepoints have seen (at most MAX_FLOWS, least recently updated evicted),
+    /// read in batches.
     pub fn flows(&self) -> Result<Vec<(FlowKey, FlowState)>, ProbeError> {
+        let missing = ProbeError::Missing { kind: "map", name: MAP_FLOWS };
+        let Some(Map::LruHashMap(data)) = self.ebpf.map(MAP_FLOWS) else { return Err(missing) };
+        crate::batch::lookup_all(data.fd(), MAX_FLOWS as usize).map_err(|e| {
+            map_error(
+                MAP_FLOWS,
+                MapError::SyscallError(aya::sys::SyscallError {
+                    call: "bpf_map_lookup_batch",
+                    io_error: e,
+                }),
+            )
+        })
+    }
+
+    /// Writes flows into the flow table as the tracepoints would: for benchmarks that need a
+    /// full table without 100k real connections.
+    pub fn insert_flows(&mut self, flows: &[(FlowKey, FlowState)]) -> Result<(), ProbeError> {
+        let map = self.ebpf.map_mut(MAP_FLOWS);
+        let mut table: HashMap<&mut MapData, FlowKey, FlowState> =
+            HashMap::try_from(map.ok_or(ProbeError::Missing { kind: "map", name: MAP_FLOWS })?)
+                .map_err(|e| map_error(MAP_FLOWS, e))?;
+        for (k, v) in flows {
+            table.insert(k, v, 0).map_err(|e| map_error(MAP_FLOWS, e))?;
+        }
+        Ok(())
+    }
+
+    /// Kernel memory charged to the flow table (`memlock` in its fdinfo), bytes.
+    pub fn flows_memlock(&self) -> Option<u64> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let Some(Map::LruHashMap(data)) = self.ebpf.map(MAP_FLOWS) else { return None };
+        let fd = data.fd().as_fd().as_raw_fd();
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+        info.lines().find_map(|l| l.strip_prefix("memlock:")?.trim().parse().ok())
+    }
+
+    /// The flow table as aya iterates it (two syscalls per entry): the baseline of the
+    /// batched read in `linkpilot bench-sensors`.
+    pub fn flows_iterated(&self) -> Result<Vec<(FlowKey, FlowState)>, ProbeError> {
         let flows: HashMap<&MapData, FlowKey, FlowState> = HashMap::try_from(
             self.ebpf.map(MAP_FLOWS).ok_or(ProbeError::Missing { kind: "map", name: MAP_FLOWS })?,
         )
@@ -199,7 +247,6 @@ impl Probes {
         flows.iter().collect::<Result<Vec<_>, _>>().map_err(|e| map_error(MAP_FLOWS, e))
     }
 
-    /// The interfaces being watched, in the order they were added.
     pub fn watched(&self) -> &[Iface] {
         &self.watched
     }

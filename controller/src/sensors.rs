@@ -3,14 +3,14 @@
 //! and flows that come and go are tested without a kernel.
 
 use std::{
-    collections::{BTreeMap, HashMap, VecDeque},
+    collections::{BTreeMap, HashMap},
     time::Duration,
 };
 
 use linkpilot_common::{FlowKey, FlowState, PeerStats};
 use serde::{Deserialize, Serialize};
 
-use crate::rdma::RdmaPort;
+use crate::{rdma::RdmaPort, rtt_window::RttWindow};
 
 /// One reading of the kernel's counters.
 #[derive(Clone, Debug, Default)]
@@ -19,6 +19,9 @@ pub struct Readings {
     pub peers: Vec<(String, String, u32, PeerStats)>,
     /// The flow table.
     pub flows: Vec<(FlowKey, FlowState)>,
+    /// CLOCK_MONOTONIC (the clock of `bpf_ktime_get_ns`) just before the flow table was read:
+    /// a flow whose `last_ns` is past the previous reading's has a fresh RTT sample.
+    pub kernel_ns: u64,
     /// (link name, the RDMA ports whose netdev it is) for every watched link.
     pub nic: Vec<(String, Vec<RdmaPort>)>,
 }
@@ -32,7 +35,7 @@ pub struct RttSnapshot {
     pub min_ms: Option<f64>,
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
-    /// Flow samples in the window.
+    /// Flow samples in the window. Percentiles are within 0.5% (log buckets); min is exact.
     pub samples: usize,
 }
 
@@ -102,14 +105,9 @@ pub struct Snapshot {
     pub links: Vec<LinkSnapshot>,
 }
 
-/// Most flow samples kept per peer for the percentiles, whatever the flow count.
-const MAX_RTT_SAMPLES: usize = 20_000;
-
-#[derive(Default)]
 struct PeerState {
     prev: Option<PeerStats>,
-    /// (time, srtt ms) of flow samples inside the window.
-    rtt: VecDeque<(Duration, f64)>,
+    rtt: RttWindow,
 }
 
 /// Turns readings into snapshots.
@@ -117,8 +115,9 @@ pub struct Sensors {
     window: Duration,
     last: Option<Duration>,
     peers: HashMap<(String, u32), PeerState>,
-    /// Samples count of each flow at the previous tick, to take only fresh srtt values.
-    flow_samples: HashMap<FlowKey, u64>,
+    /// `Readings::kernel_ns` of the previous tick: flows updated after it have fresh samples.
+    /// Nothing is kept per flow, so memory does not grow with the flow count.
+    last_kernel_ns: u64,
     /// NIC counters at the previous tick, by (link, device, port, counter).
     nic_prev: HashMap<(String, String, u32, String), u64>,
 }
@@ -132,14 +131,6 @@ fn delta(prev: u64, now: u64) -> u64 {
     }
 }
 
-fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    Some(sorted[rank - 1])
-}
-
 impl Sensors {
     /// Sensors whose RTT percentiles and minimum cover `window`.
     pub fn new(window: Duration) -> Self {
@@ -147,7 +138,7 @@ impl Sensors {
             window,
             last: None,
             peers: HashMap::new(),
-            flow_samples: HashMap::new(),
+            last_kernel_ns: 0,
             nic_prev: HashMap::new(),
         }
     }
@@ -159,24 +150,22 @@ impl Sensors {
         let secs = interval.as_secs_f64();
         let per_s = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
 
-        // Fresh RTT samples: flows whose sample count moved since the last tick.
-        let mut fresh: HashMap<u32, Vec<f64>> = HashMap::new();
-        let mut active: HashMap<u32, usize> = HashMap::new();
-        let mut seen = HashMap::with_capacity(r.flows.len());
-        for (k, f) in &r.flows {
-            let before = self.flow_samples.get(k).copied().unwrap_or(0);
-            if f.rtt_samples != before && f.srtt_us > 0 {
-                fresh.entry(f.peer).or_default().push(f64::from(f.srtt_us) / 1e3);
-                *active.entry(f.peer).or_default() += 1;
+        // Fresh RTT samples: flows the tracepoint updated since the last reading.
+        let mut fresh: HashMap<u32, Vec<u32>> = HashMap::new();
+        for (_, f) in &r.flows {
+            if f.last_ns > self.last_kernel_ns && f.srtt_us > 0 && f.rtt_samples > 0 {
+                fresh.entry(f.peer).or_default().push(f.srtt_us);
             }
-            seen.insert(*k, f.rtt_samples);
         }
-        // Flows that left the table are forgotten with it: memory follows the kernel's bound.
-        self.flow_samples = seen;
+        self.last_kernel_ns = r.kernel_ns;
 
         let mut out = Vec::with_capacity(r.peers.len());
         for (link, peer, id, stats) in &r.peers {
-            let state = self.peers.entry((link.clone(), *id)).or_default();
+            let window = self.window;
+            let state = self
+                .peers
+                .entry((link.clone(), *id))
+                .or_insert_with(|| PeerState { prev: None, rtt: RttWindow::new(window) });
             let prev = state.prev.unwrap_or(*stats);
             let d = |f: fn(&PeerStats) -> u64| delta(f(&prev), f(stats));
             let rx_ect = d(|s| s.rx.ecn[1]) + d(|s| s.rx.ecn[2]) + d(|s| s.rx.ecn[3]);
@@ -184,18 +173,15 @@ impl Sensors {
             let tx_pkts = d(|s| s.tx.packets);
             let retrans = d(|s| s.retrans_segs);
             let samples = fresh.remove(id).unwrap_or_default();
-            let srtt_ms =
-                (!samples.is_empty()).then(|| samples.iter().sum::<f64>() / samples.len() as f64);
-            state.rtt.extend(samples.into_iter().map(|ms| (now, ms)));
-            while state.rtt.front().is_some_and(|(t, _)| now.saturating_sub(*t) > self.window)
-                || state.rtt.len() > MAX_RTT_SAMPLES
-            {
-                state.rtt.pop_front();
+            let srtt_ms = (!samples.is_empty()).then(|| {
+                samples.iter().map(|&us| f64::from(us)).sum::<f64>() / samples.len() as f64 / 1e3
+            });
+            for &us in &samples {
+                state.rtt.push(now, us);
             }
+            state.rtt.expire(now);
             let retrans_fraction =
                 if tx_pkts > 0 { (retrans as f64 / tx_pkts as f64).min(1.0) } else { 0.0 };
-            let mut sorted: Vec<f64> = state.rtt.iter().map(|(_, ms)| *ms).collect();
-            sorted.sort_by(f64::total_cmp);
             out.push(PeerSnapshot {
                 link: link.clone(),
                 peer: peer.clone(),
@@ -210,12 +196,12 @@ impl Sensors {
                 goodput_bps: per_s(d(|s| s.tx.bytes)) * 8.0 * (1.0 - retrans_fraction),
                 rtt: RttSnapshot {
                     srtt_ms,
-                    min_ms: sorted.first().copied(),
-                    p50_ms: percentile(&sorted, 0.5),
-                    p99_ms: percentile(&sorted, 0.99),
-                    samples: sorted.len(),
+                    min_ms: state.rtt.min_ms(),
+                    p50_ms: state.rtt.quantile_ms(0.5),
+                    p99_ms: state.rtt.quantile_ms(0.99),
+                    samples: state.rtt.samples() as usize,
                 },
-                flows: active.get(id).copied().unwrap_or(0),
+                flows: samples.len(),
                 opens_per_s: per_s(d(|s| s.flows.active_opens) + d(|s| s.flows.passive_opens)),
                 closes_per_s: per_s(d(|s| s.flows.closes)),
                 failed_opens_per_s: per_s(d(|s| s.flows.failed_opens)),
@@ -280,13 +266,19 @@ mod tests {
         s
     }
 
-    fn readings(s: PeerStats, flows: Vec<(FlowKey, FlowState)>) -> Readings {
-        Readings { peers: vec![("eth0".into(), "us".into(), 1, s)], flows, nic: vec![] }
+    /// A reading whose kernel clock is `kernel_ns`.
+    fn readings_at(s: PeerStats, flows: Vec<(FlowKey, FlowState)>, kernel_ns: u64) -> Readings {
+        Readings { peers: vec![("eth0".into(), "us".into(), 1, s)], flows, nic: vec![], kernel_ns }
     }
 
-    fn flow(port: u16, srtt_us: u32, samples: u64) -> (FlowKey, FlowState) {
+    fn readings(s: PeerStats, flows: Vec<(FlowKey, FlowState)>) -> Readings {
+        readings_at(s, flows, 0)
+    }
+
+    /// A flow to peer 1 last updated at kernel time `last_ns`.
+    fn flow(port: u16, srtt_us: u32, last_ns: u64) -> (FlowKey, FlowState) {
         let k = FlowKey { family: 2, local_port: port, remote_port: 5201, ..FlowKey::default() };
-        (k, FlowState { srtt_us, rtt_samples: samples, peer: 1, ..FlowState::default() })
+        (k, FlowState { srtt_us, rtt_samples: 1, last_ns, peer: 1, ..FlowState::default() })
     }
 
     const S: Duration = Duration::from_secs(1);
@@ -318,31 +310,34 @@ mod tests {
     fn rtt_percentiles_over_the_window_from_fresh_flow_samples() {
         let mut s = Sensors::new(Duration::from_secs(2));
         let base = stats(0, 0, 0, 0, 0);
-        s.tick(Duration::ZERO, &readings(base, vec![]));
-        let flows: Vec<_> = (0..100).map(|i| flow(i, 180_000 + u32::from(i) * 100, 1)).collect();
-        let snap = s.tick(S, &readings(base, flows.clone()));
-        let rtt = snap.peers[0].rtt;
-        assert_eq!(rtt.samples, 100);
-        assert_eq!(rtt.min_ms, Some(180.0));
-        assert_eq!(rtt.p50_ms, Some(184.9));
-        assert_eq!(rtt.p99_ms, Some(189.8));
+        s.tick(Duration::ZERO, &readings_at(base, vec![], 100));
+        // Updated at kernel time 150, read at 200: fresh.
+        let flows: Vec<_> = (0..100).map(|i| flow(i, 180_000 + u32::from(i) * 100, 150)).collect();
+        let snap = s.tick(S, &readings_at(base, flows.clone(), 200));
+        let (rtt, near) = (snap.peers[0].rtt, |a: Option<f64>, b: f64| {
+            a.is_some_and(|a| (a - b).abs() <= b * 0.005)
+        });
+        assert_eq!((rtt.samples, rtt.min_ms), (100, Some(180.0)));
+        assert!(near(rtt.p50_ms, 184.9) && near(rtt.p99_ms, 189.8), "{rtt:?}");
         assert_eq!(snap.peers[0].flows, 100);
-        // Same sample counts: stale, nothing new; the window still holds the old samples.
-        let snap = s.tick(2 * S, &readings(base, flows));
+        // Not updated since the last reading: stale; the window still holds the old samples.
+        let snap = s.tick(2 * S, &readings_at(base, flows, 300));
         assert_eq!((snap.peers[0].rtt.srtt_ms, snap.peers[0].rtt.samples), (None, 100));
+        assert_eq!(snap.peers[0].flows, 0);
         // Past the window they are gone.
-        let snap = s.tick(4 * S, &readings(base, vec![]));
+        let snap = s.tick(5 * S, &readings_at(base, vec![], 400));
         assert_eq!(snap.peers[0].rtt, RttSnapshot::default());
     }
 
     #[test]
-    fn departed_flows_are_forgotten() {
+    fn memory_does_not_follow_the_flow_count() {
         let mut s = Sensors::new(Duration::from_secs(10));
         let base = stats(0, 0, 0, 0, 0);
-        s.tick(Duration::ZERO, &readings(base, (0..1000).map(|i| flow(i, 1000, 1)).collect()));
-        assert_eq!(s.flow_samples.len(), 1000);
-        s.tick(S, &readings(base, vec![flow(1, 1000, 2)]));
-        assert_eq!(s.flow_samples.len(), 1);
+        let many: Vec<_> = (0..50_000).map(|i| flow(i, 180_000, 10)).collect();
+        s.tick(Duration::ZERO, &readings_at(base, many, 20));
+        // Per peer state only: nothing per flow survives the tick.
+        assert_eq!(s.peers.len(), 1);
+        assert_eq!(s.peers.values().next().map(|p| p.rtt.samples()), Some(50_000));
     }
 
     fn port(cnp_handled: u64, timeouts: u64) -> RdmaPort {

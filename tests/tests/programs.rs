@@ -205,3 +205,33 @@ fn egress_dscp_histogram_and_ipv4_mapped_peers() {
     assert_eq!(s.tx.ecn[2], 3, "ECT(0)");
     assert_eq!(probes.peer_stats(1, 0).expect("other").tx.packets, 0);
 }
+
+#[test]
+fn batched_flow_table_read_equals_aya_iteration() {
+    use linkpilot_common::{FlowKey, FlowState};
+    kernel::check_privileges().expect("root");
+    let (offsets, _) = kernel::kernel_offsets(true);
+    let mut probes = Probes::load(offsets).expect("load");
+    // More than one batch (4096), with distinct keys and values.
+    let flows: Vec<(FlowKey, FlowState)> = (0..10_000u32)
+        .map(|i| {
+            let mut k = FlowKey {
+                family: 10,
+                local_port: i as u16,
+                remote_port: 5201,
+                ..FlowKey::default()
+            };
+            k.remote[12..].copy_from_slice(&i.to_be_bytes());
+            (k, FlowState { srtt_us: i, rtt_samples: u64::from(i) * 3, ..FlowState::default() })
+        })
+        .collect();
+    probes.insert_flows(&flows).expect("insert");
+    let sorted = |mut v: Vec<(FlowKey, FlowState)>| {
+        v.sort_by_key(|(k, _)| (k.remote, k.local_port));
+        v
+    };
+    let batched = sorted(probes.flows().expect("batched read"));
+    assert_eq!(batched.len(), flows.len());
+    assert_eq!(batched, sorted(probes.flows_iterated().expect("iterated read")));
+    assert_eq!(batched, sorted(flows));
+}
