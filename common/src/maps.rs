@@ -34,6 +34,25 @@ pub const MAP_LOCAL_ADDRS: &str = "LP_LOCAL_ADDRS";
 /// LPM trie: [`PeerPrefix`] -> peer id (`u32`, 1..=[`MAX_PEERS`]); IPv4 prefixes as IPv4-mapped
 /// IPv6 (`::ffff:0:0/96` + the IPv4 prefix).
 pub const MAP_PEERS: &str = "LP_PEERS";
+/// Per-CPU array of [`PeerCacheEntry`], [`PEER_CACHE_SLOTS`] slots: recent address -> peer
+/// answers in front of the LPM trie, which costs 50-70 ns a lookup.
+pub const MAP_PEER_CACHE: &str = "LP_PEER_CACHE";
+/// Slots of [`MAP_PEER_CACHE`] per CPU (a power of two).
+pub const PEER_CACHE_SLOTS: u32 = 256;
+/// Array of one `u32`: the generation of [`MAP_PEERS`]. The controller increments it after every
+/// change of the trie; cache entries of another generation are misses. Zero disables the cache.
+pub const MAP_PEER_GENERATION: &str = "LP_PEER_GEN";
+
+/// One slot of [`MAP_PEER_CACHE`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerCacheEntry {
+    /// The address (IPv4-mapped for IPv4) as two native-endian words.
+    pub addr: [u64; 2],
+    pub peer: u32,
+    pub generation: u32,
+}
+
 /// Per-CPU hash: [`PeerKey`] -> [`PeerStats`]. The controller inserts every (watched interface,
 /// peer) pair, including [`PEER_OTHER`], before attaching.
 pub const MAP_PEER_STATS: &str = "LP_PEER_STATS";
@@ -490,6 +509,7 @@ const _: () = assert!(core::mem::size_of::<FlowState>() == 48);
 const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 8);
 const _: () = assert!(core::mem::size_of::<LocalAddr>() == 20);
 const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 8);
+const _: () = assert!(core::mem::size_of::<PeerCacheEntry>() == 24);
 
 #[cfg(feature = "user")]
 mod pod {

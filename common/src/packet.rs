@@ -7,6 +7,19 @@ use crate::{L2_ETHERNET, L2_RAW_IP};
 pub trait PacketBytes {
     /// The byte at `offset`, or `None` past the end of the packet.
     fn byte(&self, offset: usize) -> Option<u8>;
+
+    /// The 16 bytes at `offset` (an IPv6 address). Implementations over a contiguous buffer
+    /// override this with one bounds check and one copy.
+    #[inline(always)]
+    fn bytes16(&self, offset: usize) -> Option<[u8; 16]> {
+        let mut a = [0u8; 16];
+        let mut i = 0;
+        while i < 16 {
+            a[i] = self.byte(offset + i)?;
+            i += 1;
+        }
+        Some(a)
+    }
 }
 
 impl PacketBytes for [u8] {
@@ -61,17 +74,6 @@ const IPPROTO_AH: u8 = 51;
 const IPPROTO_DSTOPTS: u8 = 60;
 /// IPv6 extension headers skipped at most; a longer chain is unparsed above IP.
 pub const MAX_IPV6_EXT: usize = 4;
-
-#[inline(always)]
-fn addr16(p: &(impl PacketBytes + ?Sized), off: usize) -> Option<[u8; 16]> {
-    let mut a = [0u8; 16];
-    let mut i = 0;
-    while i < 16 {
-        a[i] = p.byte(off + i)?;
-        i += 1;
-    }
-    Some(a)
-}
 
 #[inline(always)]
 fn addr4_mapped(p: &(impl PacketBytes + ?Sized), off: usize) -> Option<[u8; 16]> {
@@ -131,8 +133,8 @@ pub fn parse(p: &(impl PacketBytes + ?Sized), l2: u32) -> Option<Headers> {
             }
             h.version = 6;
             h.tos = (b0 << 4) | (p.byte(l3 + 1)? >> 4);
-            h.src = addr16(p, l3 + 8)?;
-            h.dst = addr16(p, l3 + 24)?;
+            h.src = p.bytes16(l3 + 8)?;
+            h.dst = p.bytes16(l3 + 24)?;
             (p.byte(l3 + 6)?, l3 + 40)
         }
         _ => return None,

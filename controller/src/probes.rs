@@ -16,9 +16,9 @@ use ipnet::IpNet;
 use linkpilot_common::{
     DscpRule, FlowKey, FlowState, IfaceConfig, IfaceStats, KernelOffsets, LocalAddr, PeerKey,
     PeerStats, GLOBAL_KERNEL_OFFSETS, MAP_DSCP_RULES, MAP_FLOWS, MAP_IFACE_CONFIG, MAP_IFACE_STATS,
-    MAP_LOCAL_ADDRS, MAP_PEERS, MAP_PEER_STATS, MAX_DSCP_RULES, MAX_FLOWS, MAX_PEERS, PEER_OTHER,
-    PROG_SOCK_STATE, PROG_TCP_PROBE, PROG_TCP_RETRANSMIT, PROG_TC_EGRESS, PROG_TC_INGRESS,
-    PROG_TC_NOOP,
+    MAP_LOCAL_ADDRS, MAP_PEERS, MAP_PEER_GENERATION, MAP_PEER_STATS, MAX_DSCP_RULES, MAX_FLOWS,
+    MAX_PEERS, PEER_OTHER, PROG_SOCK_STATE, PROG_TCP_PROBE, PROG_TCP_RETRANSMIT, PROG_TC_EGRESS,
+    PROG_TC_INGRESS, PROG_TC_NOOP,
 };
 use tracing::{debug, info};
 
@@ -32,6 +32,9 @@ pub fn monotonic_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// BPF_NOEXIST: insert only if the key is absent.
+const NO_EXIST: u64 = 1;
 
 /// The eBPF object built by build.rs from the `ebpf/` crate.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/linkpilot"));
@@ -71,8 +74,11 @@ pub struct Probes {
     peers: LpmTrie<MapData, [u8; 16], u32>,
     peer_stats: PerCpuHashMap<MapData, PeerKey, PeerStats>,
     dscp_rules: Array<MapData, DscpRule>,
+    peer_generation: Array<MapData, u32>,
     /// Peer ids in use, besides PEER_OTHER.
     peer_ids: Vec<u32>,
+    /// Interfaces with counters (watched, or set up for test runs).
+    counted: Vec<u32>,
     watched: Vec<Iface>,
 }
 
@@ -98,8 +104,10 @@ impl Probes {
         let peers = take_map(&mut ebpf, MAP_PEERS)?;
         let peer_stats = take_map(&mut ebpf, MAP_PEER_STATS)?;
         let dscp_rules = take_map(&mut ebpf, MAP_DSCP_RULES)?;
+        let peer_generation = take_map(&mut ebpf, MAP_PEER_GENERATION)?;
         Ok(Self {
             dscp_rules,
+            peer_generation,
             ebpf,
             stats,
             config,
@@ -107,6 +115,7 @@ impl Probes {
             peers,
             peer_stats,
             peer_ids: Vec::new(),
+            counted: Vec::new(),
             watched: Vec::new(),
         })
     }
@@ -114,19 +123,44 @@ impl Probes {
     /// Maps `prefixes` to peer ids (1..=MAX_PEERS). Call before [`Probes::watch`], which creates
     /// the per-peer counters of each interface.
     pub fn set_peers(&mut self, prefixes: &[(u32, IpNet)]) -> Result<(), ProbeError> {
-        for &(id, net) in prefixes {
-            if id == PEER_OTHER || id > MAX_PEERS {
-                return Err(ProbeError::PeerId { id });
+        if let Some(&(id, _)) = prefixes.iter().find(|(id, _)| *id == PEER_OTHER || *id > MAX_PEERS)
+        {
+            return Err(ProbeError::PeerId { id });
+        }
+        // Counters first, so the programs find them as soon as the trie names the peer.
+        for &(id, _) in prefixes {
+            if !self.peer_ids.contains(&id) {
+                for ifindex in self.counted.clone() {
+                    self.zero_peer_stats(ifindex, id, NO_EXIST)?;
+                }
+                self.peer_ids.push(id);
             }
+        }
+        for &(id, net) in prefixes {
             let (len, addr) = mapped(net);
             self.peers
                 .insert(&LpmKey::new(len, addr), id, 0)
                 .map_err(|e| map_error(MAP_PEERS, e))?;
-            if !self.peer_ids.contains(&id) {
-                self.peer_ids.push(id);
-            }
         }
-        Ok(())
+        // The programs' address -> peer caches hold answers of the old trie: invalidate them.
+        let generation =
+            self.peer_generation.get(&0, 0).map_err(|e| map_error(MAP_PEER_GENERATION, e))?;
+        let next = generation.wrapping_add(1).max(1);
+        self.peer_generation.set(0, next, 0).map_err(|e| map_error(MAP_PEER_GENERATION, e))
+    }
+
+    /// Creates zeroed counters of (`ifindex`, `peer`); with [`NO_EXIST`], keeps existing ones.
+    fn zero_peer_stats(&mut self, ifindex: u32, peer: u32, flags: u64) -> Result<(), ProbeError> {
+        let zero = PerCpuValues::try_from(vec![PeerStats::default(); nr_cpus()?])
+            .map_err(|e| map_error(MAP_PEER_STATS, MapError::from(e)))?;
+        match self.peer_stats.insert(PeerKey { ifindex, peer }, zero, flags) {
+            Err(MapError::SyscallError(e))
+                if flags == NO_EXIST && e.io_error.raw_os_error() == Some(libc::EEXIST) =>
+            {
+                Ok(())
+            }
+            r => r.map_err(|e| map_error(MAP_PEER_STATS, e)),
+        }
     }
 
     /// Starts counting on `iface`: zeroes its counters, then attaches ingress and egress.
@@ -144,13 +178,11 @@ impl Probes {
             source: Box::new(MapError::from(e)),
         })?;
         self.stats.insert(iface.ifindex, zero, 0).map_err(|e| map_error(MAP_IFACE_STATS, e))?;
-        let cpus = nr_cpus()?;
-        for peer in std::iter::once(PEER_OTHER).chain(self.peer_ids.iter().copied()) {
-            let zero = PerCpuValues::try_from(vec![PeerStats::default(); cpus])
-                .map_err(|e| map_error(MAP_PEER_STATS, MapError::from(e)))?;
-            self.peer_stats
-                .insert(PeerKey { ifindex: iface.ifindex, peer }, zero, 0)
-                .map_err(|e| map_error(MAP_PEER_STATS, e))?;
+        for peer in std::iter::once(PEER_OTHER).chain(self.peer_ids.clone()) {
+            self.zero_peer_stats(iface.ifindex, peer, 0)?;
+        }
+        if !self.counted.contains(&iface.ifindex) {
+            self.counted.push(iface.ifindex);
         }
         self.config
             .insert(iface.ifindex, IfaceConfig { l2: iface.l2, _reserved: 0 }, 0)

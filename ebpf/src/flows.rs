@@ -1,17 +1,13 @@
 //! TCP connections opening and closing, from `sock:inet_sock_set_state`: counted per (interface,
 //! peer), and a closed connection leaves the flow table at once instead of waiting for the LRU.
 
-use aya_ebpf::{
-    helpers::bpf_ktime_get_ns, macros::tracepoint, maps::lpm_trie::Key, programs::TracePointContext,
-};
-use linkpilot_common::{
-    sock_state_record as rec, tcp_state as st, FlowKey, FlowState, PeerKey, PEER_OTHER,
-};
+use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
+use linkpilot_common::{sock_state_record as rec, tcp_state as st, FlowKey, FlowState, PeerKey};
 
 use crate::{
     retransmit::LOCAL_ADDRS,
     rtt::{addresses, AddrOffsets, FLOWS},
-    traffic::{PEERS, PEER_STATS},
+    traffic::PEER_STATS,
 };
 
 const IPPROTO_TCP: u16 = 6;
@@ -78,7 +74,7 @@ fn try_state(ctx: &TracePointContext) -> Result<(), i64> {
     };
     // SAFETY: the controller writes this map only with whole values.
     let Some(&ifindex) = (unsafe { LOCAL_ADDRS.get(local_key) }) else { return Ok(()) };
-    let peer = PEERS.get(Key::new(128, remote)).copied().unwrap_or(PEER_OTHER);
+    let peer = crate::peers::peer_of(&remote);
     if let Some(ps) = PEER_STATS.get_ptr_mut(PeerKey { ifindex, peer }) {
         // SAFETY: a per-CPU value.
         let f = unsafe { &mut (*ps).flows };

@@ -4,7 +4,7 @@
 use aya_ebpf::{
     helpers::bpf_probe_read_kernel,
     macros::{map, tracepoint},
-    maps::{lpm_trie::Key, HashMap},
+    maps::HashMap,
     programs::TracePointContext,
 };
 use linkpilot_common::{
@@ -13,12 +13,12 @@ use linkpilot_common::{
         FAMILY as TP_FAMILY, SADDR as TP_SADDR, SADDR_V6 as TP_SADDR_V6, SKBADDR as TP_SKBADDR,
         SPORT as TP_SPORT,
     },
-    FlowKey, KernelOffsets, LocalAddr, PeerKey, MAX_LOCAL_ADDRS, PEER_OTHER,
+    FlowKey, KernelOffsets, LocalAddr, PeerKey, MAX_LOCAL_ADDRS,
 };
 
 use crate::{
     rtt::{addresses, AddrOffsets, FLOWS},
-    traffic::{IFACE_STATS, PEERS, PEER_STATS},
+    traffic::{IFACE_STATS, PEER_STATS},
 };
 
 #[map(name = "LP_LOCAL_ADDRS")]
@@ -75,7 +75,7 @@ fn attribute(
     local: [u8; 16],
     remote: [u8; 16],
 ) -> Result<(), i64> {
-    let peer = PEERS.get(Key::new(128, remote)).copied().unwrap_or(PEER_OTHER);
+    let peer = crate::peers::peer_of(&remote);
     if let Some(ps) = PEER_STATS.get_ptr_mut(PeerKey { ifindex, peer }) {
         // SAFETY: a per-CPU value.
         unsafe { (*ps).retrans_segs += segs };

@@ -5,18 +5,15 @@
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     macros::{map, tracepoint},
-    maps::{lpm_trie::Key, LruHashMap},
+    maps::LruHashMap,
     programs::TracePointContext,
 };
 use linkpilot_common::{
     probe_record as rec, v4_mapped, FlowKey, FlowState, LocalAddr, PeerKey, AF_INET, AF_INET6,
-    MAX_FLOWS, PEER_OTHER,
+    MAX_FLOWS,
 };
 
-use crate::{
-    retransmit::LOCAL_ADDRS,
-    traffic::{PEERS, PEER_STATS},
-};
+use crate::{retransmit::LOCAL_ADDRS, traffic::PEER_STATS};
 
 #[map(name = "LP_FLOWS")]
 pub(crate) static FLOWS: LruHashMap<FlowKey, FlowState> =
@@ -99,7 +96,7 @@ fn try_probe(ctx: &TracePointContext) -> Result<(), i64> {
     };
     // SAFETY: the controller writes this map only with whole values.
     let Some(&ifindex) = (unsafe { LOCAL_ADDRS.get(local_key) }) else { return Ok(()) };
-    let peer = PEERS.get(Key::new(128, remote)).copied().unwrap_or(PEER_OTHER);
+    let peer = crate::peers::peer_of(&remote);
     if let Some(ps) = PEER_STATS.get_ptr_mut(PeerKey { ifindex, peer }) {
         // SAFETY: a per-CPU value.
         let rtt = unsafe { &mut (*ps).rtt };

@@ -1,10 +1,14 @@
 //! Per-interface and per-peer counters at TC ingress and egress: packets, bytes, ECN codepoints,
 //! TCP ECE/CWR, egress DSCP (and its rewrite), RoCEv2 transport signals.
 
+use crate::peers::peer_of;
+use core::ffi::c_void;
+
 use aya_ebpf::{
     bindings::TC_ACT_UNSPEC,
+    helpers::generated::bpf_loop,
     macros::{classifier, map},
-    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
     programs::TcContext,
 };
 use linkpilot_common::{
@@ -12,7 +16,7 @@ use linkpilot_common::{
         parse, parse_bth, psn_repeated, wire_bytes, Headers, PacketBytes, CNP_OPCODE, ROCEV2_PORT,
     },
     DirCounters, DscpRule, IfaceConfig, IfaceStats, PeerKey, PeerStats, QpKey, RoceCounters,
-    MAX_DSCP_RULES, MAX_IFACES, MAX_PEERS, MAX_PEER_ENTRIES, MAX_ROCE_QPS, PEER_OTHER,
+    MAX_DSCP_RULES, MAX_IFACES, MAX_PEER_ENTRIES, MAX_ROCE_QPS,
 };
 
 #[map(name = "LP_IFACE_STATS")]
@@ -21,13 +25,6 @@ pub(crate) static IFACE_STATS: PerCpuHashMap<u32, IfaceStats> =
 
 #[map(name = "LP_IFACE_CONFIG")]
 static IFACE_CONFIG: HashMap<u32, IfaceConfig> = HashMap::with_max_entries(MAX_IFACES, 0);
-
-/// BPF_F_NO_PREALLOC, which LPM tries require.
-const NO_PREALLOC: u32 = 1;
-
-#[map(name = "LP_PEERS")]
-pub(crate) static PEERS: LpmTrie<[u8; 16], u32> =
-    LpmTrie::with_max_entries(MAX_PEERS * 4, NO_PREALLOC);
 
 #[map(name = "LP_PEER_STATS")]
 pub(crate) static PEER_STATS: PerCpuHashMap<PeerKey, PeerStats> =
@@ -76,6 +73,16 @@ impl PacketBytes for Head<'_> {
         } else {
             None
         }
+    }
+
+    #[inline(always)]
+    fn bytes16(&self, offset: usize) -> Option<[u8; 16]> {
+        if offset + 16 > self.len || offset > HEADER_BYTES - 16 {
+            return None;
+        }
+        let mut a = [0u8; 16];
+        a.copy_from_slice(&self.bytes[offset..offset + 16]);
+        Some(a)
     }
 }
 
@@ -138,7 +145,7 @@ fn count(ctx: &TcContext, dir: Direction) {
         return;
     }
     let remote = if dir == Direction::Rx { h.src } else { h.dst };
-    let peer = PEERS.get(Key::new(128, remote)).copied().unwrap_or(PEER_OTHER);
+    let peer = peer_of(&remote);
     if dir == Direction::Tx {
         if let Some(new_tos) = rewrite_dscp(ctx, &mut h, peer) {
             h.tos = new_tos;
@@ -196,21 +203,43 @@ fn count_roce(r: &mut RoceCounters, head: &Head, h: &Headers, mut qp: QpKey) {
     }
 }
 
+/// State of the DSCP rule scan, shared with its `bpf_loop` callback.
+#[repr(C)]
+struct RuleScan {
+    peer: u32,
+    sport: u16,
+    dport: u16,
+    /// The first matching rule's DSCP, or -1.
+    dscp: i32,
+}
+
+/// One step of the rule scan: 0 to go on, 1 to stop.
+extern "C" fn scan_rule(i: u32, ctx: *mut c_void) -> i64 {
+    // SAFETY: `ctx` is the `RuleScan` that `rewrite_dscp` passed to bpf_loop.
+    let scan = unsafe { &mut *ctx.cast::<RuleScan>() };
+    let Some(rule) = DSCP_RULES.get(i) else { return 1 };
+    if rule.enabled == 0 {
+        return 1;
+    }
+    if rule.matches(scan.peer, scan.sport, scan.dport) {
+        scan.dscp = i32::from(rule.dscp & 0x3f);
+        return 1;
+    }
+    0
+}
+
 /// Applies the first matching DSCP rule to an egress packet, keeping the ECN bits and fixing the
-/// IPv4 header checksum. Returns the new TOS byte if the packet changed.
+/// IPv4 header checksum. Returns the new TOS byte if the packet changed. The scan runs in
+/// `bpf_loop`, whose callback the verifier checks once rather than once per unrolled rule and
+/// path through the parser.
 #[inline(always)]
 fn rewrite_dscp(ctx: &TcContext, h: &mut Headers, peer: u32) -> Option<u8> {
-    let mut dscp = None;
-    for i in 0..MAX_DSCP_RULES {
-        let rule = DSCP_RULES.get(i)?;
-        if rule.enabled == 0 {
-            break;
-        }
-        if rule.matches(peer, h.sport, h.dport) {
-            dscp = Some(rule.dscp & 0x3f);
-            break;
-        }
-    }
+    let mut scan = RuleScan { peer, sport: h.sport, dport: h.dport, dscp: -1 };
+    // SAFETY: the callback and its context are valid for the duration of the call.
+    unsafe {
+        bpf_loop(MAX_DSCP_RULES, scan_rule as *mut c_void, (&raw mut scan).cast::<c_void>(), 0)
+    };
+    let dscp = u8::try_from(scan.dscp).ok();
     let tos = (dscp? << 2) | (h.tos & 3);
     if tos == h.tos {
         return None;

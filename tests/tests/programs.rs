@@ -235,3 +235,23 @@ fn batched_flow_table_read_equals_aya_iteration() {
     assert_eq!(batched, sorted(probes.flows_iterated().expect("iterated read")));
     assert_eq!(batched, sorted(flows));
 }
+
+#[test]
+fn peer_changes_invalidate_the_address_cache() {
+    kernel::check_privileges().expect("root");
+    let (offsets, _) = kernel::kernel_offsets(true);
+    let mut probes = Probes::load(offsets).expect("load");
+    probes.set_peers(&[(1, "198.18.7.0/24".parse().unwrap())]).expect("peers");
+    probes.count_on(&Iface::resolve("lo").expect("lo")).expect("count on lo");
+    let pkt = cat(&[eth(0x0800), ipv4(5, 2, 6, 0), tcp(5, 0x10)]); // to 198.18.2.10
+                                                                   // Repeated runs hit the cache: still "other", as the trie says.
+    for _ in 0..3 {
+        probes.run_classifier(true, &pkt, 1).expect("run");
+    }
+    assert_eq!(probes.peer_stats(1, 0).expect("other").tx.packets, 3);
+    // A new prefix covers the cached address: the next packet must see it.
+    probes.set_peers(&[(2, "198.18.2.0/24".parse().unwrap())]).expect("peers");
+    probes.run_classifier(true, &pkt, 1).expect("run");
+    assert_eq!(probes.peer_stats(1, 2).expect("peer 2").tx.packets, 1, "a stale cache answer");
+    assert_eq!(probes.peer_stats(1, 0).expect("other").tx.packets, 3);
+}
