@@ -1,10 +1,13 @@
 //! Types and constants shared by linkpilot's eBPF programs and its controller.
 //!
 //! Every map key and value is `#[repr(C)]`, `Copy`, and free of implicit padding, so the two sides
-//! agree on the bytes. `aya::Pod` impls live behind the `user` feature.
-#![no_std]
+//! agree on the bytes. `aya::Pod` impls live behind the `user` feature; the `std` feature adds
+//! host-side helpers (configuration units).
+#![cfg_attr(not(feature = "std"), no_std)]
 
 pub mod maps;
 pub mod packet;
+#[cfg(feature = "std")]
+pub mod units;
 
 pub use maps::*;

@@ -7,6 +7,7 @@
 pub mod batch;
 pub mod bench;
 pub mod bench_sensors;
+pub mod control;
 pub mod iface;
 pub mod kernel;
 pub mod paths;

@@ -16,4 +16,4 @@ pub mod model;
 pub mod scenario;
 pub mod selftest;
 pub mod tun;
-pub mod units;
+pub use linkpilot_common::units;

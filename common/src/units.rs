@@ -1,6 +1,6 @@
-//! Human units in configuration files: "90ms", "200Mbit/s", "2MiB", "0.5%". Each type
-//! deserializes from a string, so a bad value is reported by the TOML parser at its line and
-//! column.
+//! Human units in configuration files (lab scenarios, policies): "90ms", "200Mbit/s", "2MiB",
+//! "0.5%", "1000/s". Each type deserializes from a string, so a bad value is reported by the TOML
+//! parser at its line and column. Host-side only (`std` feature).
 
 use std::{fmt, str::FromStr};
 
@@ -21,6 +21,15 @@ pub struct Bytes(pub u64);
 /// A fraction in [0, 1], written as a percentage: "0.5%".
 #[derive(Clone, Copy, Debug, Default, PartialEq, PartialOrd)]
 pub struct Fraction(pub f64);
+
+/// A non-negative ratio written as a percentage that may exceed 100%: "20%", "150%" (RTT
+/// inflation over its baseline).
+#[derive(Clone, Copy, Debug, Default, PartialEq, PartialOrd)]
+pub struct Percent(pub f64);
+
+/// Events per second: "1000/s", "2.5k/s".
+#[derive(Clone, Copy, Debug, Default, PartialEq, PartialOrd)]
+pub struct PerSecond(pub f64);
 
 fn split_number(s: &str) -> Option<(f64, &str)> {
     let s = s.trim();
@@ -112,6 +121,31 @@ impl FromStr for Fraction {
     }
 }
 
+impl FromStr for Percent {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad =
+            || format!("invalid percentage {s:?}: expected a number followed by % (e.g. \"20%\")");
+        match split_number(s).ok_or_else(bad)? {
+            (v, "%") => Ok(Self(v / 100.0)),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl FromStr for PerSecond {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad =
+            || format!("invalid rate {s:?}: expected a number and /s or k/s (e.g. \"1000/s\")");
+        match split_number(s).ok_or_else(bad)? {
+            (v, "/s") => Ok(Self(v)),
+            (v, "k/s") => Ok(Self(v * 1e3)),
+            _ => Err(bad()),
+        }
+    }
+}
+
 macro_rules! deserialize_from_str {
     ($($t:ty => $what:literal),*) => {$(
         impl<'de> Deserialize<'de> for $t {
@@ -136,7 +170,9 @@ deserialize_from_str!(
     Nanos => "a duration string such as \"90ms\"",
     BitRate => "a rate string such as \"200Mbit/s\"",
     Bytes => "a size string such as \"2MiB\"",
-    Fraction => "a percentage string such as \"0.5%\""
+    Fraction => "a percentage string such as \"0.5%\"",
+    Percent => "a percentage string such as \"20%\"",
+    PerSecond => "a rate string such as \"1000/s\""
 );
 
 impl fmt::Display for Nanos {
@@ -148,6 +184,37 @@ impl fmt::Display for Nanos {
 impl fmt::Display for BitRate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:.1}Mbit/s", self.0 / 1e6)
+    }
+}
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const MIB: u64 = 1 << 20;
+        if self.0 >= MIB && self.0 % MIB == 0 {
+            write!(f, "{}MiB", self.0 / MIB)
+        } else if self.0 >= 1024 && self.0 % 1024 == 0 {
+            write!(f, "{}KiB", self.0 / 1024)
+        } else {
+            write!(f, "{}B", self.0)
+        }
+    }
+}
+
+impl fmt::Display for Fraction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}%", self.0 * 100.0)
+    }
+}
+
+impl fmt::Display for Percent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}%", self.0 * 100.0)
+    }
+}
+
+impl fmt::Display for PerSecond {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/s", self.0)
     }
 }
 
@@ -179,5 +246,9 @@ mod tests {
         assert!("101%".parse::<Fraction>().unwrap_err().contains("above 100%"));
         assert!("0.5".parse::<Fraction>().unwrap_err().contains("%"));
         assert!("1e400ms".parse::<Nanos>().is_err());
+        assert_eq!("150%".parse::<Percent>().unwrap(), Percent(1.5));
+        assert_eq!("2.5k/s".parse::<PerSecond>().unwrap(), PerSecond(2500.0));
+        assert!("1000".parse::<PerSecond>().unwrap_err().contains("/s"));
+        assert_eq!(Bytes(8 << 20).to_string(), "8MiB");
     }
 }

@@ -1,0 +1,428 @@
+//! The decision core: per link, a ladder of states walked with hysteresis, and knob values
+//! derived from the state and the signals within bounds and step limits. Pure: snapshots carry
+//! their own time, nothing here reads a clock or does IO.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    estimator::{Estimator, Signals},
+    knobs::{bytes, Knobs},
+    policy::{higher_is_worse, Policy, Setting, Thresholds},
+};
+use crate::sensors::Snapshot;
+
+/// One change of a link's state or knobs, with why.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    /// Increases by one with every decision of this core, across links.
+    pub id: u64,
+    pub at_ms: u64,
+    pub link: String,
+    pub state: String,
+    pub knobs: Knobs,
+    /// `knob old -> new` for each change (empty for the first decision).
+    pub changes: Vec<String>,
+    /// The signals and thresholds behind it: "congested: ce_fraction 3.1% >= 1% for 1.2 s".
+    pub reason: String,
+    pub signals: Signals,
+}
+
+/// Auto knobs whose changes are paced by the minimum dwell (timeouts may rise at once).
+#[derive(Clone, Copy)]
+enum Paced {
+    Chunk = 0,
+    Buffers = 1,
+    IbTimeout = 2,
+    Watchdog = 3,
+}
+
+struct LinkControl {
+    estimator: Estimator,
+    state: usize,
+    last_change: Option<Duration>,
+    /// Since when each state's enter condition has held without a break.
+    enter_since: Vec<Option<Duration>>,
+    exit_since: Option<Duration>,
+    knobs: Option<Knobs>,
+    knob_changed: [Option<Duration>; 4],
+    signals: Signals,
+}
+
+/// Turns snapshots into decisions for every link of a policy.
+pub struct Core {
+    policy: Policy,
+    links: Vec<LinkControl>,
+    next_id: u64,
+}
+
+/// The signal's value, or `None` when it is not measured (no RTT yet; goodput of an idle link).
+fn value(signal: &str, s: &Signals) -> Option<f64> {
+    match signal {
+        "rtt_inflation" => s.rtt_ms.map(|_| s.rtt_inflation),
+        "rtt_p99" => s.rtt_p99_ms,
+        "jitter" => s.rtt_p99_ms.map(|_| s.jitter_ms),
+        "ce_fraction" => Some(s.ce_fraction),
+        "retrans" => Some(s.retrans),
+        "cnp_rate" => Some(s.cnp_per_s),
+        "goodput_below" => s.active.then_some(s.goodput_fraction),
+        _ => None,
+    }
+}
+
+fn show(signal: &str, v: f64) -> String {
+    match signal {
+        "rtt_p99" | "jitter" => format!("{v:.1}ms"),
+        "cnp_rate" => format!("{v:.0}/s"),
+        _ => format!("{:.2}%", v * 100.0),
+    }
+}
+
+/// The conditions of `t` that hold ("ce_fraction 3.10% >= 1%").
+fn entered(t: &Thresholds, s: &Signals) -> Vec<String> {
+    t.conditions()
+        .into_iter()
+        .filter_map(|(sig, thr, written)| {
+            let v = value(sig, s)?;
+            let worse = if higher_is_worse(sig) { v >= thr } else { v < thr };
+            let op = if higher_is_worse(sig) { ">=" } else { "<" };
+            worse.then(|| format!("{sig} {} {op} {written}", show(sig, v)))
+        })
+        .collect()
+}
+
+/// Whether every exit condition of `t` holds: each signal is back on the healthy side of its
+/// threshold (an unmeasured signal is not holding the state).
+fn exited(t: &Thresholds, s: &Signals) -> Option<Vec<String>> {
+    t.conditions()
+        .into_iter()
+        .map(|(sig, thr, written)| match value(sig, s) {
+            None => Some(format!("{sig} unmeasured")),
+            Some(v) => {
+                let healthy = if higher_is_worse(sig) { v < thr } else { v >= thr };
+                let op = if higher_is_worse(sig) { "<" } else { ">=" };
+                healthy.then(|| format!("{sig} {} {op} {written}", show(sig, v)))
+            }
+        })
+        .collect()
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}
+
+fn pow2_round(x: f64) -> u64 {
+    if x <= 1.0 {
+        return 1;
+    }
+    let lo = 2f64.powi(x.log2().floor() as i32);
+    let v = if x / lo >= std::f64::consts::SQRT_2 { lo * 2.0 } else { lo };
+    v as u64
+}
+
+/// `target` moved at most a factor `step` away from `prev`, then clamped to `[min, max]`.
+fn limited(prev: u64, target: u64, step: f64, min: u64, max: u64) -> u64 {
+    let lo = (prev as f64 / step).ceil() as u64;
+    let hi = (prev as f64 * step).floor() as u64;
+    target.clamp(lo.min(hi), hi.max(lo)).clamp(min, max)
+}
+
+impl Core {
+    pub fn new(policy: Policy) -> Self {
+        let links = policy
+            .links
+            .iter()
+            .map(|l| LinkControl {
+                estimator: Estimator::new(policy.estimator, l.clone()),
+                state: 0,
+                last_change: None,
+                enter_since: vec![None; policy.states.len()],
+                exit_since: None,
+                knobs: None,
+                knob_changed: [None; 4],
+                signals: Signals::default(),
+            })
+            .collect();
+        Self { policy, links, next_id: 1 }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// (link, state, knobs) of every link that has decided.
+    pub fn current(&self) -> Vec<(&str, &str, Knobs)> {
+        self.links
+            .iter()
+            .filter_map(|l| {
+                let k = l.knobs?;
+                Some((
+                    l.estimator.link().name.as_str(),
+                    self.policy.states[l.state].name.as_str(),
+                    k,
+                ))
+            })
+            .collect()
+    }
+
+    /// (link, latest signals) of every link.
+    pub fn signals(&self) -> Vec<(&str, Signals)> {
+        self.links.iter().map(|l| (l.estimator.link().name.as_str(), l.signals)).collect()
+    }
+
+    /// Folds in one snapshot; returns the decisions it caused (at most one per link).
+    pub fn step(&mut self, snap: &Snapshot) -> Vec<Decision> {
+        let now = Duration::from_millis(snap.at_ms);
+        let mut out = Vec::new();
+        for i in 0..self.links.len() {
+            if let Some(mut d) = self.step_link(i, now, snap) {
+                d.id = self.next_id;
+                self.next_id += 1;
+                out.push(d);
+            }
+        }
+        out
+    }
+
+    fn step_link(&mut self, i: usize, now: Duration, snap: &Snapshot) -> Option<Decision> {
+        let p = &self.policy;
+        let h = p.hysteresis;
+        let (enter_after, exit_after, dwell) = (
+            Duration::from_nanos(h.enter_after.0),
+            Duration::from_nanos(h.exit_after.0),
+            Duration::from_nanos(h.min_dwell.0),
+        );
+        let lc = &mut self.links[i];
+        let s = lc.estimator.update(snap);
+        lc.signals = s;
+        for (j, st) in p.states.iter().enumerate().skip(1) {
+            let holds = !entered(&st.enter, &s).is_empty();
+            lc.enter_since[j] = if holds { Some(lc.enter_since[j].unwrap_or(now)) } else { None };
+        }
+        let dwell_ok = lc.last_change.is_none_or(|t| now.saturating_sub(t) >= dwell);
+        let mut reasons = Vec::new();
+        let before = lc.state;
+        // Escalate to the worst state whose condition has held long enough, skipping levels.
+        let up = (lc.state + 1..p.states.len())
+            .rev()
+            .find(|&j| lc.enter_since[j].is_some_and(|t| now.saturating_sub(t) >= enter_after));
+        if let (Some(j), true) = (up, dwell_ok) {
+            let held = now.saturating_sub(lc.enter_since[j].unwrap_or(now));
+            let why = entered(&p.states[j].enter, &s).join(", ");
+            reasons.push(format!("{}: {why} for {}", p.states[j].name, secs(held)));
+            lc.state = j;
+        } else if lc.state > 0 {
+            let cur = &p.states[lc.state];
+            match exited(&cur.exit, &s) {
+                Some(why) => {
+                    let since = *lc.exit_since.get_or_insert(now);
+                    if now.saturating_sub(since) >= exit_after && dwell_ok {
+                        let next = &p.states[lc.state - 1];
+                        reasons.push(format!(
+                            "{}: {} cleared for {} ({})",
+                            next.name,
+                            cur.name,
+                            secs(now.saturating_sub(since)),
+                            why.join(", ")
+                        ));
+                        lc.state -= 1;
+                    }
+                }
+                None => lc.exit_since = None,
+            }
+        }
+        let state_changed = lc.state != before;
+        if state_changed {
+            lc.last_change = Some(now);
+            lc.exit_since = None;
+        }
+        let target = knobs_for(p, lc.state, &s, lc.knobs.as_ref(), &mut reasons);
+        let knobs = match lc.knobs {
+            None => target,
+            Some(prev) => pace(prev, target, state_changed, now, dwell, &mut lc.knob_changed),
+        };
+        let changes = lc.knobs.map(|k| k.changes(&knobs)).unwrap_or_default();
+        let first = lc.knobs.is_none();
+        if !first && !state_changed && changes.is_empty() {
+            return None;
+        }
+        if first {
+            reasons.insert(0, format!("start in {}", p.states[lc.state].name));
+        }
+        // Only explain the knobs that moved.
+        let moved: Vec<&str> = changes.iter().filter_map(|c| c.split(' ').next()).collect();
+        reasons.retain(|r| {
+            let knob = r.split(':').next().unwrap_or("");
+            first
+                || state_changed && p.states.iter().any(|st| st.name == knob)
+                || moved.contains(&knob)
+        });
+        lc.knobs = Some(knobs);
+        Some(Decision {
+            id: 0,
+            at_ms: now.as_millis() as u64,
+            link: lc.estimator.link().name.clone(),
+            state: p.states[lc.state].name.clone(),
+            knobs,
+            changes,
+            reason: reasons.join("; "),
+            signals: s,
+        })
+    }
+}
+
+/// What the state and the signals ask for, within bounds (step limits apply against `prev`).
+fn knobs_for(
+    p: &Policy,
+    state: usize,
+    s: &Signals,
+    prev: Option<&Knobs>,
+    why: &mut Vec<String>,
+) -> Knobs {
+    let b = &p.bounds;
+    let k = &p.states[state].knobs;
+    let capacity = p.links.iter().map(|l| l.capacity_bps).fold(0.0, f64::max);
+    let chunk = match k.chunk {
+        Setting::Fixed(c) => c,
+        Setting::Auto => match s.baseline_ms {
+            None => prev.map_or(b.chunk_initial, |k| k.chunk_bytes),
+            Some(base) => {
+                let rate =
+                    if s.delivery_bps > 0.0 { s.delivery_bps.min(capacity) } else { capacity };
+                let bdp = rate / 8.0 * base / 1e3;
+                let target = pow2_round(bdp / f64::from(b.chunk_in_flight));
+                let prev = prev.map_or(b.chunk_initial, |k| k.chunk_bytes);
+                let v = limited(prev, target, b.chunk_max_step, b.chunk_min, b.chunk_max);
+                why.push(format!(
+                    "chunk: BDP {} ({:.2} Gbit/s x {base:.1} ms) / {} in flight",
+                    bytes(bdp as u64),
+                    rate / 1e9,
+                    b.chunk_in_flight
+                ));
+                v
+            }
+        },
+    };
+    let tcp_buffer_bytes = match k.tcp_buffers {
+        Setting::Fixed(v) => v,
+        Setting::Auto => match s.rtt_p99_ms {
+            None => prev.map_or(b.buffers_min, |k| k.tcp_buffer_bytes),
+            Some(p99) => {
+                let want = b.buffers_bdp_factor * capacity / 8.0 * p99 / 1e3;
+                let prev = prev.map_or(b.buffers_min, |k| k.tcp_buffer_bytes);
+                let v = limited(
+                    prev,
+                    pow2_round(want),
+                    b.buffers_max_step,
+                    b.buffers_min,
+                    b.buffers_max,
+                );
+                why.push(format!(
+                    "tcp_buffers: {} x capacity x RTT p99 {p99:.1} ms = {}",
+                    b.buffers_bdp_factor,
+                    bytes(want as u64)
+                ));
+                v
+            }
+        },
+    };
+    let nccl_ib_timeout = match k.nccl_ib_timeout {
+        Setting::Fixed(t) => t,
+        Setting::Auto => match s.rtt_p99_ms {
+            None => prev.map_or(b.ib_timeout_min, |k| k.nccl_ib_timeout),
+            Some(p99) => {
+                let need = b.ib_timeout_k * p99 / 1e3 / 4.096e-6;
+                let t = need.max(1.0).log2().ceil().clamp(0.0, 31.0) as u8;
+                let t = t.clamp(b.ib_timeout_min, b.ib_timeout_max);
+                why.push(format!(
+                    "nccl_ib_timeout: 4.096us x 2^{t} >= {} x RTT p99 {p99:.1} ms",
+                    b.ib_timeout_k
+                ));
+                t
+            }
+        },
+    };
+    let watchdog_s = match k.watchdog_s {
+        Setting::Fixed(w) => w,
+        Setting::Auto => match s.peak_p99_ms {
+            None => prev.map_or(b.watchdog_min_s, |k| k.watchdog_s),
+            Some(peak) => {
+                let want = (b.watchdog_rtt_multiple * peak / 1e3 / 30.0).ceil() * 30.0;
+                let want = (want as u32).clamp(b.watchdog_min_s, b.watchdog_max_s);
+                let prev = prev.map_or(b.watchdog_min_s, |k| k.watchdog_s);
+                // Rises at once; falls by at most max_step per change.
+                let floor = (f64::from(prev) / b.watchdog_max_step).ceil() as u32;
+                let v = want.max(floor.min(prev)).clamp(b.watchdog_min_s, b.watchdog_max_s);
+                why.push(format!(
+                    "watchdog: {} x peak RTT p99 {peak:.1} ms",
+                    b.watchdog_rtt_multiple
+                ));
+                v
+            }
+        },
+    };
+    Knobs {
+        compression: k.compression,
+        chunk_bytes: chunk,
+        nccl_ib_timeout,
+        nccl_ib_retry_cnt: k.nccl_ib_retry_cnt,
+        watchdog_s,
+        dscp: k.dscp,
+        roce_traffic_class: k.roce_traffic_class,
+        tcp_buffer_bytes,
+    }
+}
+
+/// Holds back measurement-driven knob changes to one per minimum dwell (a state change applies
+/// everything at once); timeouts may always rise, since a late rise can kill a job.
+fn pace(
+    prev: Knobs,
+    mut target: Knobs,
+    state_changed: bool,
+    now: Duration,
+    dwell: Duration,
+    changed: &mut [Option<Duration>; 4],
+) -> Knobs {
+    let mut gate = |knob: Paced, moved: bool, urgent: bool| -> bool {
+        if !moved {
+            return true;
+        }
+        let ok = state_changed
+            || urgent
+            || changed[knob as usize].is_none_or(|t| now.saturating_sub(t) >= dwell);
+        if ok {
+            changed[knob as usize] = Some(now);
+        }
+        ok
+    };
+    if !gate(Paced::Chunk, target.chunk_bytes != prev.chunk_bytes, false) {
+        target.chunk_bytes = prev.chunk_bytes;
+    }
+    if !gate(Paced::Buffers, target.tcp_buffer_bytes != prev.tcp_buffer_bytes, false) {
+        target.tcp_buffer_bytes = prev.tcp_buffer_bytes;
+    }
+    let rise = target.nccl_ib_timeout > prev.nccl_ib_timeout;
+    if !gate(Paced::IbTimeout, target.nccl_ib_timeout != prev.nccl_ib_timeout, rise) {
+        target.nccl_ib_timeout = prev.nccl_ib_timeout;
+    }
+    let rise = target.watchdog_s > prev.watchdog_s;
+    if !gate(Paced::Watchdog, target.watchdog_s != prev.watchdog_s, rise) {
+        target.watchdog_s = prev.watchdog_s;
+    }
+    target
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helpers() {
+        assert_eq!(pow2_round(6.0 * 1024.0 * 1024.0), 8 << 20);
+        assert_eq!(pow2_round(5.0 * 1024.0 * 1024.0), 4 << 20);
+        assert_eq!(limited(8, 100, 2.0, 1, 1000), 16);
+        assert_eq!(limited(8, 1, 2.0, 1, 1000), 4);
+        assert_eq!(limited(8, 100, 2.0, 1, 10), 10);
+    }
+}

@@ -1,0 +1,286 @@
+//! The link estimator: turns one sensors snapshot per tick into the signals the thresholds
+//! speak of. EWMAs with a time-based weight (so a gap of missed ticks weighs as the time it
+//! spans), a windowed-min RTT baseline (BBR-style), windowed maxima of delivery rate and RTT
+//! p99, and the RTT gradient. Rates already come from counter deltas that survive resets and
+//! missed ticks (the sensors layer).
+
+use std::{collections::VecDeque, time::Duration};
+
+use serde::{Deserialize, Serialize};
+
+use super::policy::{EstimatorConfig, Link};
+use crate::sensors::Snapshot;
+
+/// The link's signals after one tick.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Signals {
+    pub at_ms: u64,
+    /// EWMA of the smoothed RTT, ms (`None` before the first sample).
+    pub rtt_ms: Option<f64>,
+    /// Smallest RTT over the baseline window, ms.
+    pub baseline_ms: Option<f64>,
+    /// `rtt_ms / baseline_ms - 1`.
+    pub rtt_inflation: f64,
+    pub rtt_p50_ms: Option<f64>,
+    pub rtt_p99_ms: Option<f64>,
+    /// p99 - p50.
+    pub jitter_ms: f64,
+    /// Change of the RTT EWMA, ms per second.
+    pub rtt_gradient: f64,
+    /// Largest RTT p99 over the peak window, ms.
+    pub peak_p99_ms: Option<f64>,
+    pub ce_fraction: f64,
+    pub retrans: f64,
+    pub cnp_per_s: f64,
+    pub goodput_bps: f64,
+    /// Largest goodput EWMA over the window: the delivery rate the link has shown it can carry.
+    pub delivery_bps: f64,
+    /// Goodput as a share of the link's nominal capacity.
+    pub goodput_fraction: f64,
+    /// Whether the link carried traffic this tick (goodput conditions need it).
+    pub active: bool,
+}
+
+/// Max (or, negated, min) over a sliding time window, amortised O(1).
+#[derive(Default)]
+struct WindowedMax {
+    q: VecDeque<(Duration, f64)>,
+}
+
+impl WindowedMax {
+    fn push(&mut self, now: Duration, v: f64, window: Duration) {
+        while self.q.back().is_some_and(|&(_, b)| b <= v) {
+            self.q.pop_back();
+        }
+        self.q.push_back((now, v));
+        while self.q.front().is_some_and(|&(t, _)| now.saturating_sub(t) > window) {
+            self.q.pop_front();
+        }
+    }
+
+    fn get(&self) -> Option<f64> {
+        self.q.front().map(|&(_, v)| v)
+    }
+}
+
+struct Ewma {
+    half_life: f64,
+    value: Option<f64>,
+}
+
+impl Ewma {
+    fn update(&mut self, v: f64, dt: f64) -> f64 {
+        let next = match self.value {
+            None => v,
+            Some(old) => {
+                let w = 1.0 - 0.5f64.powf(dt / self.half_life);
+                old + w * (v - old)
+            }
+        };
+        self.value = Some(next);
+        next
+    }
+}
+
+/// Per-link estimator state.
+pub struct Estimator {
+    cfg: EstimatorConfig,
+    link: Link,
+    last: Option<Duration>,
+    rtt: Ewma,
+    ce: Ewma,
+    retrans: Ewma,
+    cnp: Ewma,
+    goodput: Ewma,
+    /// Negated RTT minima: a windowed max of -min is the windowed min.
+    baseline: WindowedMax,
+    delivery: WindowedMax,
+    peak_p99: WindowedMax,
+    signals: Signals,
+}
+
+fn dur(n: linkpilot_common::units::Nanos) -> Duration {
+    Duration::from_nanos(n.0)
+}
+
+impl Estimator {
+    pub fn new(cfg: EstimatorConfig, link: Link) -> Self {
+        let hl = (cfg.ewma_half_life.0 as f64 / 1e9).max(1e-3);
+        let e = || Ewma { half_life: hl, value: None };
+        Self {
+            cfg,
+            link,
+            last: None,
+            rtt: e(),
+            ce: e(),
+            retrans: e(),
+            cnp: e(),
+            goodput: e(),
+            baseline: WindowedMax::default(),
+            delivery: WindowedMax::default(),
+            peak_p99: WindowedMax::default(),
+            signals: Signals::default(),
+        }
+    }
+
+    pub fn link(&self) -> &Link {
+        &self.link
+    }
+
+    /// Whether a snapshot row (interface, peer) belongs to this link: one of its interfaces
+    /// and one of its named peers (any peer when the link names none).
+    fn ours(&self, iface: &str, peer: &str) -> bool {
+        self.link.interfaces.iter().any(|i| i == iface)
+            && (self.link.peers.is_empty() || self.link.peers.iter().any(|(n, _)| n == peer))
+    }
+
+    /// Folds one snapshot in and returns the link's signals.
+    pub fn update(&mut self, snap: &Snapshot) -> Signals {
+        let now = Duration::from_millis(snap.at_ms);
+        let dt = self.last.map_or(0.0, |l| now.saturating_sub(l).as_secs_f64());
+        self.last = Some(now);
+        let rows: Vec<_> = snap.peers.iter().filter(|p| self.ours(&p.link, &p.peer)).collect();
+        let sum = |f: &dyn Fn(&crate::sensors::PeerSnapshot) -> f64| {
+            rows.iter().map(|p| f(p)).sum::<f64>()
+        };
+        let rx_pps = sum(&|p| p.rx_pps);
+        let tx_pps = sum(&|p| p.tx_pps);
+        // Weighted by the packets each share is of.
+        let ce = if rx_pps > 0.0 { sum(&|p| p.ce_fraction * p.rx_pps) / rx_pps } else { 0.0 };
+        let retrans = if tx_pps > 0.0 { sum(&|p| p.retrans_per_s) / tx_pps } else { 0.0 };
+        let nic_cnp: f64 = snap
+            .links
+            .iter()
+            .filter(|l| self.link.interfaces.contains(&l.link))
+            .map(|l| l.cnp_handled_per_s)
+            .sum();
+        let cnp = sum(&|p| p.cnp_per_s) + nic_cnp;
+        let goodput = sum(&|p| p.goodput_bps);
+        let s = &mut self.signals;
+        s.at_ms = snap.at_ms;
+        s.active = tx_pps > 0.0 || rx_pps > 0.0;
+        s.ce_fraction = self.ce.update(ce, dt);
+        s.retrans = self.retrans.update(retrans.min(1.0), dt);
+        s.cnp_per_s = self.cnp.update(cnp, dt);
+        s.goodput_bps = self.goodput.update(goodput, dt);
+        s.goodput_fraction = s.goodput_bps / self.link.capacity_bps;
+        self.delivery.push(now, s.goodput_bps, dur(self.cfg.window));
+        s.delivery_bps = self.delivery.get().unwrap_or(0.0);
+
+        // RTT: the worst peer's percentiles, the samples-weighted mean srtt.
+        let with_rtt: Vec<_> = rows.iter().filter(|p| p.rtt.srtt_ms.is_some()).collect();
+        let n: f64 = with_rtt.iter().map(|p| p.flows.max(1) as f64).sum();
+        if n > 0.0 {
+            let srtt = with_rtt
+                .iter()
+                .map(|p| p.rtt.srtt_ms.unwrap_or(0.0) * p.flows.max(1) as f64)
+                .sum::<f64>()
+                / n;
+            let before = self.rtt.value;
+            let r = self.rtt.update(srtt, dt);
+            s.rtt_gradient = match before {
+                Some(b) if dt > 0.0 => (r - b) / dt,
+                _ => 0.0,
+            };
+            s.rtt_ms = Some(r);
+        }
+        let worst = |f: &dyn Fn(&crate::sensors::PeerSnapshot) -> Option<f64>| {
+            rows.iter()
+                .filter_map(|p| f(p))
+                .fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.max(v))))
+        };
+        if let Some(min) = rows.iter().filter_map(|p| p.rtt.min_ms).reduce(f64::min) {
+            self.baseline.push(now, -min, dur(self.cfg.baseline_window));
+        }
+        s.baseline_ms = self.baseline.get().map(|v| -v);
+        s.rtt_p50_ms = worst(&|p| p.rtt.p50_ms).or(s.rtt_p50_ms);
+        s.rtt_p99_ms = worst(&|p| p.rtt.p99_ms).or(s.rtt_p99_ms);
+        if let Some(p99) = worst(&|p| p.rtt.p99_ms) {
+            self.peak_p99.push(now, p99, dur(self.cfg.peak_window));
+        }
+        s.peak_p99_ms = self.peak_p99.get();
+        s.jitter_ms = match (s.rtt_p50_ms, s.rtt_p99_ms) {
+            (Some(a), Some(b)) => (b - a).max(0.0),
+            _ => 0.0,
+        };
+        s.rtt_inflation = match (s.rtt_ms, s.baseline_ms) {
+            (Some(r), Some(b)) if b > 0.0 => (r / b - 1.0).max(0.0),
+            _ => 0.0,
+        };
+        *s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sensors::{PeerSnapshot, RttSnapshot};
+    use linkpilot_common::units::Nanos;
+
+    fn cfg() -> EstimatorConfig {
+        EstimatorConfig {
+            baseline_window: Nanos(10_000_000_000),
+            window: Nanos(10_000_000_000),
+            ewma_half_life: Nanos(1_000_000_000),
+            peak_window: Nanos(60_000_000_000),
+        }
+    }
+
+    fn link() -> Link {
+        Link {
+            name: "wan".into(),
+            interfaces: vec!["eth0".into()],
+            capacity_bps: 1e9,
+            peers: vec![("us".into(), vec![])],
+        }
+    }
+
+    fn snap(at_s: u64, rtt: f64, ce: f64) -> Snapshot {
+        let p = PeerSnapshot {
+            link: "eth0".into(),
+            peer: "us".into(),
+            rx_pps: 1000.0,
+            tx_pps: 1000.0,
+            ce_fraction: ce,
+            goodput_bps: 5e8,
+            rtt: RttSnapshot {
+                srtt_ms: Some(rtt),
+                min_ms: Some(rtt),
+                p50_ms: Some(rtt),
+                p99_ms: Some(rtt * 1.1),
+                samples: 10,
+            },
+            flows: 1,
+            ..PeerSnapshot::default()
+        };
+        let other =
+            PeerSnapshot { peer: "other".into(), rx_pps: 1e6, ce_fraction: 1.0, ..p.clone() };
+        Snapshot { at_ms: at_s * 1000, interval_ms: 1000, peers: vec![p, other], links: vec![] }
+    }
+
+    #[test]
+    fn baseline_is_the_windowed_min_and_inflation_follows() {
+        let mut e = Estimator::new(cfg(), link());
+        e.update(&snap(0, 180.0, 0.0));
+        let s = e.update(&snap(1, 180.0, 0.0));
+        assert_eq!((s.baseline_ms, s.rtt_inflation), (Some(180.0), 0.0));
+        // RTT rises to 360 ms: one half-life later the EWMA is half way, inflation 50%.
+        let s = e.update(&snap(2, 360.0, 0.0));
+        assert!((s.rtt_ms.unwrap() - 270.0).abs() < 1e-9, "{s:?}");
+        assert!((s.rtt_inflation - 0.5).abs() < 1e-9);
+        assert!(s.rtt_gradient > 0.0);
+        // 11 s later the 180 ms minimum left the baseline window.
+        let s = e.update(&snap(13, 360.0, 0.0));
+        assert_eq!(s.baseline_ms, Some(360.0));
+    }
+
+    #[test]
+    fn other_peers_do_not_count_and_gaps_weigh_as_time() {
+        let mut e = Estimator::new(cfg(), link());
+        assert_eq!(e.update(&snap(0, 180.0, 0.0)).ce_fraction, 0.0, "'other' is not on the link");
+        // A 10 s gap (missed ticks): the new value dominates (1 - 2^-10).
+        let s = e.update(&snap(10, 180.0, 0.1));
+        assert!((s.ce_fraction - 0.1 * (1.0 - 0.5f64.powi(10))).abs() < 1e-12);
+        assert_eq!(s.goodput_fraction, 0.5);
+    }
+}

@@ -1,0 +1,154 @@
+//! What a decision sets: the knob values and the compression scheme.
+
+use std::{fmt, str::FromStr};
+
+use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+
+/// Gradient compression, from none to the most aggressive.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Compression {
+    None,
+    Fp16,
+    Bf16,
+    Int8,
+    Int4,
+    /// Top-k sparsification keeping this fraction of the values.
+    TopK(f64),
+}
+
+impl Compression {
+    /// Bytes sent per byte of fp32 gradient (top-k sends an index with each value).
+    pub fn ratio(self) -> f64 {
+        match self {
+            Compression::None => 1.0,
+            Compression::Fp16 | Compression::Bf16 => 0.5,
+            Compression::Int8 => 0.25,
+            Compression::Int4 => 0.125,
+            Compression::TopK(k) => 2.0 * k,
+        }
+    }
+}
+
+impl FromStr for Compression {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "none" => Compression::None,
+            "fp16" => Compression::Fp16,
+            "bf16" => Compression::Bf16,
+            "int8" => Compression::Int8,
+            "int4" => Compression::Int4,
+            _ => {
+                let bad = || {
+                    format!(
+                        "invalid compression {s:?}: expected none, fp16, bf16, int8, int4 or \
+                         topk:RATIO (e.g. \"topk:1%\")"
+                    )
+                };
+                let ratio = s.strip_prefix("topk:").ok_or_else(bad)?;
+                let f: linkpilot_common::units::Fraction = ratio.parse().map_err(|_| bad())?;
+                if f.0 <= 0.0 || f.0 >= 0.5 {
+                    return Err(format!(
+                        "top-k ratio {ratio} must be above 0% and below 50% (above that it sends \
+                         more than fp16)"
+                    ));
+                }
+                Compression::TopK(f.0)
+            }
+        })
+    }
+}
+
+impl fmt::Display for Compression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Compression::None => f.write_str("none"),
+            Compression::Fp16 => f.write_str("fp16"),
+            Compression::Bf16 => f.write_str("bf16"),
+            Compression::Int8 => f.write_str("int8"),
+            Compression::Int4 => f.write_str("int4"),
+            Compression::TopK(k) => write!(f, "topk:{}%", k * 100.0),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Compression {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(de::Error::custom)
+    }
+}
+
+impl Serialize for Compression {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Every knob of one link, as a decision sets them.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Knobs {
+    pub compression: Compression,
+    /// Bytes per pipelined chunk (NCCL_BUFFSIZE, DDP bucket).
+    pub chunk_bytes: u64,
+    /// NCCL_IB_TIMEOUT exponent: the QP retransmission timeout is 4.096 us * 2^t.
+    pub nccl_ib_timeout: u8,
+    pub nccl_ib_retry_cnt: u8,
+    /// The training framework's collective watchdog, seconds.
+    pub watchdog_s: u32,
+    /// DSCP of the link's egress traffic (0..=63).
+    pub dscp: u8,
+    /// RoCE traffic class byte (NCCL_IB_TC): DSCP << 2 | ECN.
+    pub roce_traffic_class: u8,
+    /// tcp_rmem/tcp_wmem maximum (and rmem_max/wmem_max), bytes.
+    pub tcp_buffer_bytes: u64,
+}
+
+impl Knobs {
+    /// `name: old -> new` for every knob that differs.
+    pub fn changes(&self, new: &Knobs) -> Vec<String> {
+        let mut v = Vec::new();
+        let mut diff = |name: &str, a: String, b: String| {
+            if a != b {
+                v.push(format!("{name} {a} -> {b}"));
+            }
+        };
+        diff("compression", self.compression.to_string(), new.compression.to_string());
+        diff("chunk", bytes(self.chunk_bytes), bytes(new.chunk_bytes));
+        diff("nccl_ib_timeout", self.nccl_ib_timeout.to_string(), new.nccl_ib_timeout.to_string());
+        diff(
+            "nccl_ib_retry_cnt",
+            self.nccl_ib_retry_cnt.to_string(),
+            new.nccl_ib_retry_cnt.to_string(),
+        );
+        diff("watchdog", format!("{}s", self.watchdog_s), format!("{}s", new.watchdog_s));
+        diff("dscp", self.dscp.to_string(), new.dscp.to_string());
+        diff(
+            "roce_traffic_class",
+            self.roce_traffic_class.to_string(),
+            new.roce_traffic_class.to_string(),
+        );
+        diff("tcp_buffers", bytes(self.tcp_buffer_bytes), bytes(new.tcp_buffer_bytes));
+        v
+    }
+}
+
+/// "8MiB", "1.5GiB"-style sizes for reasons and tables.
+pub fn bytes(b: u64) -> String {
+    linkpilot_common::units::Bytes(b).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compression_names_and_ratios() {
+        for name in ["none", "fp16", "bf16", "int8", "int4", "topk:1%"] {
+            let c: Compression = name.parse().unwrap();
+            assert_eq!(c.to_string(), name);
+        }
+        assert_eq!("topk:1%".parse::<Compression>().unwrap().ratio(), 0.02);
+        assert!("int3".parse::<Compression>().unwrap_err().contains("int4"));
+        assert!("topk:60%".parse::<Compression>().unwrap_err().contains("below 50%"));
+    }
+}

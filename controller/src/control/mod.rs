@@ -1,0 +1,14 @@
+//! The pure control core: policy files, the link estimator, and the decisions (state and knob
+//! values, each with its reason) that snapshots lead to. No IO beyond reading a policy file, no
+//! aya, no clock: time comes with the snapshots, so replays are exact.
+
+pub mod decide;
+pub mod estimator;
+pub mod knobs;
+pub mod plot;
+pub mod policy;
+pub mod replay;
+
+pub use decide::{Core, Decision};
+pub use knobs::{Compression, Knobs};
+pub use policy::{Policy, PolicyError, PolicyErrors};
