@@ -188,15 +188,19 @@ impl fmt::Display for BitRate {
 }
 
 impl fmt::Display for Bytes {
+    /// Exact multiples as "8MiB", others to one decimal ("1.7GiB").
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const MIB: u64 = 1 << 20;
-        if self.0 >= MIB && self.0 % MIB == 0 {
-            write!(f, "{}MiB", self.0 / MIB)
-        } else if self.0 >= 1024 && self.0 % 1024 == 0 {
-            write!(f, "{}KiB", self.0 / 1024)
-        } else {
-            write!(f, "{}B", self.0)
+        const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+        for (scale, unit) in UNITS {
+            if self.0 >= scale {
+                return if self.0.is_multiple_of(scale) {
+                    write!(f, "{}{unit}", self.0 / scale)
+                } else {
+                    write!(f, "{:.1}{unit}", self.0 as f64 / scale as f64)
+                };
+            }
         }
+        write!(f, "{}B", self.0)
     }
 }
 
@@ -250,5 +254,7 @@ mod tests {
         assert_eq!("2.5k/s".parse::<PerSecond>().unwrap(), PerSecond(2500.0));
         assert!("1000".parse::<PerSecond>().unwrap_err().contains("/s"));
         assert_eq!(Bytes(8 << 20).to_string(), "8MiB");
+        assert_eq!(Bytes(1_814_319_894).to_string(), "1.7GiB");
+        assert_eq!(Bytes(1500).to_string(), "1.5KiB");
     }
 }

@@ -28,6 +28,25 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Policy files: `linkpilot policy check FILE...`.
+    Policy {
+        #[command(subcommand)]
+        action: PolicyAction,
+    },
+    /// Run a trace of snapshots (JSON lines) through the control core and print the decisions.
+    Replay {
+        /// The trace: one sensors snapshot per line (`watch --snapshots`, the daemon's --record).
+        trace: std::path::PathBuf,
+        /// The policy file.
+        #[arg(long, default_value = linkpilot::control::policy::DEFAULT_PATH)]
+        policy: std::path::PathBuf,
+        /// Draw signals, states and knobs over time into this SVG file.
+        #[arg(long, value_name = "SVG")]
+        plot: Option<std::path::PathBuf>,
+        /// One JSON decision per line instead of the timeline.
+        #[arg(long)]
+        json: bool,
+    },
     /// List RDMA devices: what libibverbs can open, and every port in sysfs with its state,
     /// netdevs and congestion counters.
     Rdma {
@@ -57,6 +76,15 @@ enum Command {
         /// Ticks at 10 Hz of virtual time (100 fill the 10 s RTT windows).
         #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u32).range(1..))]
         ticks: u32,
+    },
+    /// What one tick of the control core costs for many links and peers.
+    BenchControl {
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
+        links: u32,
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        peers: u32,
+        #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+        ticks: u64,
     },
     /// Count packets, bytes and TCP retransmissions per interface, printed once a second.
     Watch {
@@ -89,6 +117,16 @@ enum Command {
         /// Stop after this many one-second intervals (default: until Ctrl-C or SIGTERM).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
         count: Option<u64>,
+    },
+}
+
+#[derive(Subcommand)]
+enum PolicyAction {
+    /// Check policy files: prints OK or every error with file, line and column; exit code 1 if
+    /// any file has errors.
+    Check {
+        #[arg(required = true)]
+        files: Vec<std::path::PathBuf>,
     },
 }
 
@@ -138,7 +176,16 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Rdma { root, json } => rdma(&root, json),
+        Command::Policy { action: PolicyAction::Check { files } } => {
+            return policy_check(&files);
+        }
+        Command::Replay { trace, policy, plot, json } => {
+            replay(&trace, &policy, plot.as_deref(), json)
+        }
         Command::BenchPrograms { repeat, rounds } => linkpilot::bench::run(repeat, rounds.max(1)),
+        Command::BenchControl { links, peers, ticks } => {
+            linkpilot::control::bench::run(links as usize, peers as usize, ticks)
+        }
         Command::BenchSensors { flows, peers, ticks } => {
             linkpilot::bench_sensors::run(flows, peers, ticks)
         }
@@ -233,6 +280,51 @@ fn peer_ids(peers: &[(String, IpNet)]) -> anyhow::Result<PeerIds> {
         prefixes.push((id as u32, *net));
     }
     Ok(PeerIds { names, prefixes })
+}
+
+/// Prints OK or the errors of each file; exit code 1 if any has errors.
+fn policy_check(files: &[std::path::PathBuf]) -> ExitCode {
+    let mut ok = true;
+    for f in files {
+        match linkpilot::control::Policy::load(f) {
+            Ok(_) => println!("{}: OK", f.display()),
+            Err(e) => {
+                ok = false;
+                println!("{e}");
+            }
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn replay(
+    trace: &std::path::Path,
+    policy: &std::path::Path,
+    plot: Option<&std::path::Path>,
+    json: bool,
+) -> anyhow::Result<()> {
+    use linkpilot::control::{replay, Policy};
+    let policy = Policy::load(policy)?;
+    let file = std::fs::File::open(trace)
+        .with_context(|| format!("opening the trace {}", trace.display()))?;
+    let snaps = replay::read_trace(std::io::BufReader::new(file), &trace.display().to_string())?;
+    let r = replay::run(&policy, &snaps);
+    for d in &r.decisions {
+        if json {
+            println!("{}", serde_json::to_string(d)?);
+        } else {
+            println!("{}", replay::timeline_line(d));
+        }
+    }
+    if let Some(path) = plot {
+        linkpilot::control::plot::plot(&r, &policy, path)?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 fn rdma(root: &std::path::Path, json: bool) -> anyhow::Result<()> {

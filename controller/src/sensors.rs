@@ -39,8 +39,10 @@ pub struct RttSnapshot {
     pub samples: usize,
 }
 
-/// Signals of one peer of one link over the last tick.
+/// Signals of one peer of one link over the last tick. Fields added later default to zero when
+/// an older trace is replayed.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct PeerSnapshot {
     pub link: String,
     pub peer: String,
@@ -50,6 +52,9 @@ pub struct PeerSnapshot {
     pub tx_bps: f64,
     /// CE share of the ECN-capable packets received.
     pub ce_fraction: f64,
+    /// Share of the TCP segments received with ECE set: the far receiver echoing CE marks
+    /// back, which is how a sender sees congestion on the path away from it.
+    pub ece_fraction: f64,
     /// Retransmitted TCP segments per second, and as a share of segments sent.
     pub retrans_per_s: f64,
     pub retrans_fraction: f64,
@@ -71,6 +76,7 @@ pub struct PeerSnapshot {
 /// What the RDMA NIC behind a link counted over the last tick: RoCE traffic the NIC offloads
 /// never reaches the TC hooks, so its congestion signals come from here.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct LinkSnapshot {
     pub link: String,
     /// `device/port` of each RDMA port on this link, with its state ("mlx5_0/1 ACTIVE").
@@ -190,6 +196,10 @@ impl Sensors {
                 rx_bps: per_s(d(|s| s.rx.bytes)) * 8.0,
                 tx_bps: per_s(d(|s| s.tx.bytes)) * 8.0,
                 ce_fraction: if rx_ect > 0 { ce as f64 / rx_ect as f64 } else { 0.0 },
+                ece_fraction: match d(|s| s.rx.packets) {
+                    0 => 0.0,
+                    n => (d(|s| s.rx.tcp_ece) as f64 / n as f64).min(1.0),
+                },
                 retrans_per_s: per_s(retrans),
                 retrans_fraction,
                 cnp_per_s: per_s(d(|s| s.rx_roce.cnp) + d(|s| s.tx_roce.cnp)),

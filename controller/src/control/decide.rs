@@ -2,12 +2,12 @@
 //! derived from the state and the signals within bounds and step limits. Pure: snapshots carry
 //! their own time, nothing here reads a clock or does IO.
 
-use std::time::Duration;
+use std::{collections::HashMap, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
 use super::{
-    estimator::{Estimator, Signals},
+    estimator::{Aggregate, Estimator, Signals},
     knobs::{bytes, Knobs},
     policy::{higher_is_worse, Policy, Setting, Thresholds},
 };
@@ -55,6 +55,8 @@ pub struct Core {
     policy: Policy,
     links: Vec<LinkControl>,
     next_id: u64,
+    /// (hash of interface and peer, link index) of each row of the last snapshot.
+    layout: Vec<(u64, Option<usize>)>,
 }
 
 /// The signal's value, or `None` when it is not measured (no RTT yet; goodput of an idle link).
@@ -108,6 +110,17 @@ fn exited(t: &Thresholds, s: &Signals) -> Option<Vec<String>> {
         .collect()
 }
 
+/// FNV-1a of a row's interface and peer names: comparing it with the last layout's costs far
+/// less than comparing the strings (a collision could only misfile a row until the layout next
+/// changes, at odds of 2^-64).
+fn row_key(row: &crate::sensors::PeerSnapshot) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in row.link.bytes().chain([0xff]).chain(row.peer.bytes()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
 fn secs(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
 }
@@ -144,7 +157,7 @@ impl Core {
                 signals: Signals::default(),
             })
             .collect();
-        Self { policy, links, next_id: 1 }
+        Self { policy, links, next_id: 1, layout: Vec::new() }
     }
 
     pub fn policy(&self) -> &Policy {
@@ -173,10 +186,17 @@ impl Core {
 
     /// Folds in one snapshot; returns the decisions it caused (at most one per link).
     pub fn step(&mut self, snap: &Snapshot) -> Vec<Decision> {
-        let now = Duration::from_millis(snap.at_ms);
+        let aggs = self.aggregate(snap);
+        self.step_aggregates(snap.at_ms, &aggs)
+    }
+
+    /// Folds in each link's share of a snapshot taken at `at_ms` (in policy link order), for
+    /// callers that already know which rows belong to which link.
+    pub fn step_aggregates(&mut self, at_ms: u64, aggs: &[Aggregate]) -> Vec<Decision> {
+        let now = Duration::from_millis(at_ms);
         let mut out = Vec::new();
-        for i in 0..self.links.len() {
-            if let Some(mut d) = self.step_link(i, now, snap) {
+        for (i, agg) in aggs.iter().enumerate().take(self.links.len()) {
+            if let Some(mut d) = self.step_link(i, now, agg) {
                 d.id = self.next_id;
                 self.next_id += 1;
                 out.push(d);
@@ -185,7 +205,49 @@ impl Core {
         out
     }
 
-    fn step_link(&mut self, i: usize, now: Duration, snap: &Snapshot) -> Option<Decision> {
+    /// Each link's share of the snapshot, in one pass over its rows. Which link a row belongs
+    /// to is remembered by row position and re-derived only when the layout changes (checking
+    /// names for equality is far cheaper than hashing them: this is what keeps a tick of
+    /// 64 links x 1,000 peers in budget).
+    pub fn aggregate(&mut self, snap: &Snapshot) -> Vec<Aggregate> {
+        let same = self.layout.len() == snap.peers.len()
+            && self.layout.iter().zip(&snap.peers).all(|((h, _), row)| *h == row_key(row));
+        if !same {
+            let mut by_iface: HashMap<&str, usize> = HashMap::new();
+            for (i, lc) in self.links.iter().enumerate() {
+                for iface in &lc.estimator.link().interfaces {
+                    by_iface.entry(iface.as_str()).or_insert(i);
+                }
+            }
+            self.layout = snap
+                .peers
+                .iter()
+                .map(|row| {
+                    let link = by_iface
+                        .get(row.link.as_str())
+                        .copied()
+                        .filter(|&i| self.links[i].estimator.counts_peer(&row.peer));
+                    (row_key(row), link)
+                })
+                .collect();
+        }
+        let mut aggs = vec![Aggregate::default(); self.links.len()];
+        for ((_, link), row) in self.layout.iter().zip(&snap.peers) {
+            if let Some(i) = link {
+                aggs[*i].add(row);
+            }
+        }
+        for l in &snap.links {
+            for (i, lc) in self.links.iter().enumerate() {
+                if lc.estimator.link().interfaces.contains(&l.link) {
+                    aggs[i].add_nic(l);
+                }
+            }
+        }
+        aggs
+    }
+
+    fn step_link(&mut self, i: usize, now: Duration, agg: &Aggregate) -> Option<Decision> {
         let p = &self.policy;
         let h = p.hysteresis;
         let (enter_after, exit_after, dwell) = (
@@ -194,7 +256,7 @@ impl Core {
             Duration::from_nanos(h.min_dwell.0),
         );
         let lc = &mut self.links[i];
-        let s = lc.estimator.update(snap);
+        let s = lc.estimator.update_aggregate(now.as_millis() as u64, agg);
         lc.signals = s;
         for (j, st) in p.states.iter().enumerate().skip(1) {
             let holds = !entered(&st.enter, &s).is_empty();

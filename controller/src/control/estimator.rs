@@ -4,12 +4,15 @@
 //! p99, and the RTT gradient. Rates already come from counter deltas that survive resets and
 //! missed ticks (the sensors layer).
 
-use std::{collections::VecDeque, time::Duration};
+use std::{
+    collections::{HashSet, VecDeque},
+    time::Duration,
+};
 
 use serde::{Deserialize, Serialize};
 
 use super::policy::{EstimatorConfig, Link};
-use crate::sensors::Snapshot;
+use crate::sensors::{LinkSnapshot, PeerSnapshot, Snapshot};
 
 /// The link's signals after one tick.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -29,6 +32,8 @@ pub struct Signals {
     pub rtt_gradient: f64,
     /// Largest RTT p99 over the peak window, ms.
     pub peak_p99_ms: Option<f64>,
+    /// CE share of received packets, or ECE share of received segments (a sender sees the marks
+    /// echoed), whichever is higher; EWMA.
     pub ce_fraction: f64,
     pub retrans: f64,
     pub cnp_per_s: f64,
@@ -86,6 +91,7 @@ impl Ewma {
 pub struct Estimator {
     cfg: EstimatorConfig,
     link: Link,
+    peer_names: HashSet<String>,
     last: Option<Duration>,
     rtt: Ewma,
     ce: Ewma,
@@ -109,6 +115,7 @@ impl Estimator {
         let e = || Ewma { half_life: hl, value: None };
         Self {
             cfg,
+            peer_names: link.peers.iter().map(|(n, _)| n.clone()).collect(),
             link,
             last: None,
             rtt: e(),
@@ -127,75 +134,60 @@ impl Estimator {
         &self.link
     }
 
-    /// Whether a snapshot row (interface, peer) belongs to this link: one of its interfaces
-    /// and one of its named peers (any peer when the link names none).
-    fn ours(&self, iface: &str, peer: &str) -> bool {
-        self.link.interfaces.iter().any(|i| i == iface)
-            && (self.link.peers.is_empty() || self.link.peers.iter().any(|(n, _)| n == peer))
+    /// Whether a peer of a snapshot row on one of this link's interfaces counts: one of its
+    /// named peers, or any when the link names none.
+    pub fn counts_peer(&self, peer: &str) -> bool {
+        self.peer_names.is_empty() || self.peer_names.contains(peer)
     }
 
     /// Folds one snapshot in and returns the link's signals.
     pub fn update(&mut self, snap: &Snapshot) -> Signals {
-        let now = Duration::from_millis(snap.at_ms);
+        let mut agg = Aggregate::default();
+        for p in &snap.peers {
+            if self.link.interfaces.contains(&p.link) && self.counts_peer(&p.peer) {
+                agg.add(p);
+            }
+        }
+        for l in snap.links.iter().filter(|l| self.link.interfaces.contains(&l.link)) {
+            agg.add_nic(l);
+        }
+        self.update_aggregate(snap.at_ms, &agg)
+    }
+
+    /// Folds in this link's share of a snapshot taken at `at_ms`.
+    pub fn update_aggregate(&mut self, at_ms: u64, a: &Aggregate) -> Signals {
+        let now = Duration::from_millis(at_ms);
         let dt = self.last.map_or(0.0, |l| now.saturating_sub(l).as_secs_f64());
         self.last = Some(now);
-        let rows: Vec<_> = snap.peers.iter().filter(|p| self.ours(&p.link, &p.peer)).collect();
-        let sum = |f: &dyn Fn(&crate::sensors::PeerSnapshot) -> f64| {
-            rows.iter().map(|p| f(p)).sum::<f64>()
-        };
-        let rx_pps = sum(&|p| p.rx_pps);
-        let tx_pps = sum(&|p| p.tx_pps);
-        // Weighted by the packets each share is of.
-        let ce = if rx_pps > 0.0 { sum(&|p| p.ce_fraction * p.rx_pps) / rx_pps } else { 0.0 };
-        let retrans = if tx_pps > 0.0 { sum(&|p| p.retrans_per_s) / tx_pps } else { 0.0 };
-        let nic_cnp: f64 = snap
-            .links
-            .iter()
-            .filter(|l| self.link.interfaces.contains(&l.link))
-            .map(|l| l.cnp_handled_per_s)
-            .sum();
-        let cnp = sum(&|p| p.cnp_per_s) + nic_cnp;
-        let goodput = sum(&|p| p.goodput_bps);
+        // Shares weighted by the packets they are of.
+        let ce = if a.rx_pps > 0.0 { a.ce_pps / a.rx_pps } else { 0.0 };
+        let retrans = if a.tx_pps > 0.0 { a.retrans_per_s / a.tx_pps } else { 0.0 };
         let s = &mut self.signals;
-        s.at_ms = snap.at_ms;
-        s.active = tx_pps > 0.0 || rx_pps > 0.0;
+        s.at_ms = at_ms;
+        s.active = a.tx_pps > 0.0 || a.rx_pps > 0.0;
         s.ce_fraction = self.ce.update(ce, dt);
         s.retrans = self.retrans.update(retrans.min(1.0), dt);
-        s.cnp_per_s = self.cnp.update(cnp, dt);
-        s.goodput_bps = self.goodput.update(goodput, dt);
+        s.cnp_per_s = self.cnp.update(a.cnp_per_s, dt);
+        s.goodput_bps = self.goodput.update(a.goodput_bps, dt);
         s.goodput_fraction = s.goodput_bps / self.link.capacity_bps;
         self.delivery.push(now, s.goodput_bps, dur(self.cfg.window));
         s.delivery_bps = self.delivery.get().unwrap_or(0.0);
-
-        // RTT: the worst peer's percentiles, the samples-weighted mean srtt.
-        let with_rtt: Vec<_> = rows.iter().filter(|p| p.rtt.srtt_ms.is_some()).collect();
-        let n: f64 = with_rtt.iter().map(|p| p.flows.max(1) as f64).sum();
-        if n > 0.0 {
-            let srtt = with_rtt
-                .iter()
-                .map(|p| p.rtt.srtt_ms.unwrap_or(0.0) * p.flows.max(1) as f64)
-                .sum::<f64>()
-                / n;
+        if a.srtt_weight > 0.0 {
             let before = self.rtt.value;
-            let r = self.rtt.update(srtt, dt);
+            let r = self.rtt.update(a.srtt_sum / a.srtt_weight, dt);
             s.rtt_gradient = match before {
                 Some(b) if dt > 0.0 => (r - b) / dt,
                 _ => 0.0,
             };
             s.rtt_ms = Some(r);
         }
-        let worst = |f: &dyn Fn(&crate::sensors::PeerSnapshot) -> Option<f64>| {
-            rows.iter()
-                .filter_map(|p| f(p))
-                .fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.max(v))))
-        };
-        if let Some(min) = rows.iter().filter_map(|p| p.rtt.min_ms).reduce(f64::min) {
+        if let Some(min) = a.min_ms {
             self.baseline.push(now, -min, dur(self.cfg.baseline_window));
         }
         s.baseline_ms = self.baseline.get().map(|v| -v);
-        s.rtt_p50_ms = worst(&|p| p.rtt.p50_ms).or(s.rtt_p50_ms);
-        s.rtt_p99_ms = worst(&|p| p.rtt.p99_ms).or(s.rtt_p99_ms);
-        if let Some(p99) = worst(&|p| p.rtt.p99_ms) {
+        s.rtt_p50_ms = a.p50_ms.or(s.rtt_p50_ms);
+        s.rtt_p99_ms = a.p99_ms.or(s.rtt_p99_ms);
+        if let Some(p99) = a.p99_ms {
             self.peak_p99.push(now, p99, dur(self.cfg.peak_window));
         }
         s.peak_p99_ms = self.peak_p99.get();
@@ -211,10 +203,63 @@ impl Estimator {
     }
 }
 
+/// One link's share of a snapshot, summed in one pass over its rows: rates add up, shares are
+/// weighted by their packets, RTT percentiles are the worst peer's, srtt is flow-weighted.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Aggregate {
+    pub rx_pps: f64,
+    pub tx_pps: f64,
+    pub ce_pps: f64,
+    pub retrans_per_s: f64,
+    pub cnp_per_s: f64,
+    pub goodput_bps: f64,
+    pub srtt_sum: f64,
+    pub srtt_weight: f64,
+    pub min_ms: Option<f64>,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+}
+
+fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+impl Aggregate {
+    #[inline]
+    pub fn add(&mut self, p: &PeerSnapshot) {
+        self.rx_pps += p.rx_pps;
+        self.tx_pps += p.tx_pps;
+        // A receiver sees CE, a sender sees it echoed as ECE: either is congestion on the path.
+        self.ce_pps += p.ce_fraction.max(p.ece_fraction) * p.rx_pps;
+        self.retrans_per_s += p.retrans_per_s;
+        self.cnp_per_s += p.cnp_per_s;
+        self.goodput_bps += p.goodput_bps;
+        if let Some(srtt) = p.rtt.srtt_ms {
+            let w = p.flows.max(1) as f64;
+            self.srtt_sum += srtt * w;
+            self.srtt_weight += w;
+        }
+        self.min_ms = match (self.min_ms, p.rtt.min_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.p50_ms = max_opt(self.p50_ms, p.rtt.p50_ms);
+        self.p99_ms = max_opt(self.p99_ms, p.rtt.p99_ms);
+    }
+
+    /// The RDMA NIC's CNPs (handled as the sender told to slow down) join the TC-seen ones.
+    pub fn add_nic(&mut self, l: &LinkSnapshot) {
+        self.cnp_per_s += l.cnp_handled_per_s;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sensors::{PeerSnapshot, RttSnapshot};
+    use crate::sensors::RttSnapshot;
     use linkpilot_common::units::Nanos;
 
     fn cfg() -> EstimatorConfig {

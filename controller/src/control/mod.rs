@@ -2,6 +2,7 @@
 //! values, each with its reason) that snapshots lead to. No IO beyond reading a policy file, no
 //! aya, no clock: time comes with the snapshots, so replays are exact.
 
+pub mod bench;
 pub mod decide;
 pub mod estimator;
 pub mod knobs;
@@ -12,3 +13,6 @@ pub mod replay;
 pub use decide::{Core, Decision};
 pub use knobs::{Compression, Knobs};
 pub use policy::{Policy, PolicyError, PolicyErrors};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,314 @@
+//! The core on synthetic traces: steps, ramps, noise at thresholds, spikes, gaps; and its
+//! invariants under random traces (proptest).
+
+use proptest::prelude::*;
+
+use super::{
+    decide::{Core, Decision},
+    knobs::Compression,
+    policy::{Policy, SHIPPED},
+};
+use crate::sensors::{PeerSnapshot, RttSnapshot, Snapshot};
+
+/// Healthy / congested (CE 1%, exit 0.2%) / severe (CE 10% or p99 400 ms); fast EWMA.
+const POLICY: &str = r#"
+[estimator]
+ewma_half_life = "100ms"
+[hysteresis]
+enter_after = "300ms"
+exit_after = "2s"
+min_dwell = "1s"
+[bounds]
+nccl_ib_timeout = { k = 4.0, min = 14, max = 24 }
+watchdog = { min = "5min", max = "60min", rtt_multiple = 3000.0, max_step = 2.0 }
+[[link]]
+name = "wan"
+interfaces = ["eth0"]
+capacity = "1Gbit/s"
+[[link.peer]]
+name = "us"
+cidrs = ["198.18.2.0/24"]
+[[state]]
+name = "healthy"
+[state.knobs]
+compression = "none"
+dscp = 26
+roce_traffic_class = 106
+[[state]]
+name = "congested"
+enter = { ce_fraction = "1%" }
+exit = { ce_fraction = "0.2%" }
+[state.knobs]
+compression = "int8"
+dscp = 26
+roce_traffic_class = 106
+[[state]]
+name = "severe"
+enter = { ce_fraction = "10%", rtt_p99 = "400ms" }
+exit = { ce_fraction = "2%", rtt_p99 = "300ms" }
+[state.knobs]
+compression = "int4"
+dscp = 46
+roce_traffic_class = 186
+"#;
+
+fn policy() -> Policy {
+    Policy::parse(POLICY, "test").unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// One tick of the link: RTT (p50 = srtt, p99 as given), CE fraction, retransmitted share.
+fn snap(at_ms: u64, rtt: f64, p99: f64, ce: f64, retrans: f64) -> Snapshot {
+    let p = PeerSnapshot {
+        link: "eth0".into(),
+        peer: "us".into(),
+        rx_pps: 10_000.0,
+        tx_pps: 10_000.0,
+        ce_fraction: ce,
+        retrans_per_s: retrans * 10_000.0,
+        retrans_fraction: retrans,
+        goodput_bps: 5e8,
+        rtt: RttSnapshot {
+            srtt_ms: Some(rtt),
+            min_ms: Some(rtt),
+            p50_ms: Some(rtt),
+            p99_ms: Some(p99),
+            samples: 100,
+        },
+        flows: 4,
+        ..PeerSnapshot::default()
+    };
+    Snapshot { at_ms, interval_ms: 100, peers: vec![p], links: vec![] }
+}
+
+/// Runs `f(tick)` -> snapshot for `ticks` ticks of 100 ms.
+fn run(policy: Policy, ticks: u64, f: impl Fn(u64) -> Snapshot) -> Vec<Decision> {
+    let mut core = Core::new(policy);
+    (0..ticks).flat_map(|t| core.step(&f(t))).collect()
+}
+
+fn state_changes(ds: &[Decision]) -> Vec<(u64, String)> {
+    let mut out: Vec<(u64, String)> = Vec::new();
+    for d in ds {
+        if out.last().is_none_or(|(_, s)| *s != d.state) {
+            out.push((d.at_ms, d.state.clone()));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_ce_step_escalates_within_enter_after_and_exits_only_after_exit_after() {
+    // CE 5% from 5 s to 10 s, none otherwise.
+    let ds = run(policy(), 200, |t| {
+        snap(t * 100, 180.0, 185.0, if (50..100).contains(&t) { 0.05 } else { 0.0 }, 0.0)
+    });
+    let changes = state_changes(&ds);
+    assert_eq!(changes.len(), 3, "{changes:?}");
+    let (up_at, ref up) = changes[1];
+    assert_eq!(up, "congested");
+    // The EWMA crosses 1% within a tick; the condition must then hold 300 ms.
+    assert!((5300..=5600).contains(&up_at), "congested at {up_at} ms");
+    let d = ds.iter().find(|d| d.at_ms == up_at).unwrap();
+    assert_eq!(d.knobs.compression, Compression::Int8);
+    assert!(d.reason.starts_with("congested: ce_fraction "), "{}", d.reason);
+    assert!(d.reason.contains(">= 1%") && d.reason.contains(" for 0."), "{}", d.reason);
+    assert!(d.changes.contains(&"compression none -> int8".to_owned()), "{:?}", d.changes);
+    // CE stops at 10 s; the EWMA falls below 0.2% within ~0.5 s; then 2 s of exit window.
+    let (down_at, ref down) = changes[2];
+    assert_eq!(down, "healthy");
+    assert!((12_000..=13_000).contains(&down_at), "healthy at {down_at} ms");
+    assert!(ds
+        .iter()
+        .find(|d| d.at_ms == down_at)
+        .unwrap()
+        .reason
+        .contains("congested cleared for 2.0 s"));
+    // Ids increase by one.
+    assert!(ds.windows(2).all(|w| w[1].id == w[0].id + 1));
+}
+
+#[test]
+fn noise_around_a_threshold_changes_state_at_most_once_per_dwell() {
+    // CE alternates 0.1% / 1.5% every tick: the EWMA hovers around the 1% threshold.
+    let ds = run(policy(), 600, |t| {
+        snap(t * 100, 180.0, 185.0, if t % 2 == 0 { 0.001 } else { 0.015 }, 0.0)
+    });
+    let changes = state_changes(&ds);
+    for w in changes.windows(2).skip(1) {
+        assert!(w[1].0 - w[0].0 >= 1000, "two changes within the dwell: {changes:?}");
+    }
+    assert!(changes.len() <= 2, "the exit threshold (0.2%) is far below the noise: {changes:?}");
+}
+
+#[test]
+fn a_one_tick_spike_does_not_escalate_but_a_sustained_one_does() {
+    let spike = |from: u64, len: u64| {
+        move |t: u64| {
+            let p99 = if (from..from + len).contains(&t) { 500.0 } else { 190.0 };
+            snap(t * 100, 180.0, p99, 0.0, 0.0)
+        }
+    };
+    assert_eq!(state_changes(&run(policy(), 100, spike(50, 2))).len(), 1, "200 ms < enter_after");
+    let changes = state_changes(&run(policy(), 100, spike(50, 10)));
+    assert_eq!(changes.get(1).map(|c| c.1.as_str()), Some("severe"), "{changes:?}");
+}
+
+#[test]
+fn a_ramp_escalates_monotonically_skipping_levels_when_needed() {
+    // CE ramps from 0 to 20% over 20 s.
+    let ds =
+        run(policy(), 250, |t| snap(t * 100, 180.0, 185.0, (t as f64 / 200.0 * 0.2).min(0.2), 0.0));
+    let names: Vec<String> = state_changes(&ds).into_iter().map(|c| c.1).collect();
+    assert_eq!(names, ["healthy", "congested", "severe"]);
+    let severe = ds.iter().find(|d| d.state == "severe").unwrap();
+    assert_eq!((severe.knobs.compression, severe.knobs.dscp), (Compression::Int4, 46));
+}
+
+#[test]
+fn gaps_restart_the_exit_window_rather_than_skip_it() {
+    let mut core = Core::new(policy());
+    for t in 0..30 {
+        core.step(&snap(t * 100, 180.0, 185.0, 0.05, 0.0));
+    }
+    assert_eq!(core.current()[0].1, "congested");
+    // 30 s without snapshots (the daemon was stopped), then healthy signals.
+    assert!(
+        core.step(&snap(33_000, 180.0, 185.0, 0.0, 0.0)).is_empty(),
+        "no exit without a window"
+    );
+    let mut exited = None;
+    for t in 1..40 {
+        let at = 33_000 + t * 100;
+        if core.step(&snap(at, 180.0, 185.0, 0.0, 0.0)).iter().any(|d| d.state == "healthy") {
+            exited = Some(at);
+            break;
+        }
+    }
+    assert_eq!(exited, Some(35_000), "2 s after the first healthy snapshot");
+}
+
+#[test]
+fn timeouts_follow_rtt_p99_and_rise_at_once() {
+    // p99 180 ms: 4 x 0.18 s / 4.096 us = 175,781 -> 2^18.
+    let ds = run(policy(), 50, |t| {
+        let p99 = if t < 30 { 180.0 } else { 900.0 };
+        snap(t * 100, 170.0, p99, 0.0, 0.0)
+    });
+    let before = ds.iter().rfind(|d| d.at_ms < 3000).unwrap();
+    assert_eq!(before.knobs.nccl_ib_timeout, 18);
+    // Watchdog: 3000 x 180 ms = 540 s, rounded up to 30 s.
+    assert_eq!(before.knobs.watchdog_s, 540);
+    // The tick p99 jumps to 900 ms, both timeouts rise, before any state change could.
+    let jump = ds.iter().find(|d| d.at_ms == 3000).expect("a decision at the jump");
+    assert_eq!(jump.knobs.nccl_ib_timeout, 20, "4 x 0.9 s needs 2^20");
+    assert_eq!(jump.knobs.watchdog_s, 2700);
+    assert!(jump.reason.contains("watchdog: 3000 x peak RTT p99 900.0 ms"), "{}", jump.reason);
+}
+
+#[test]
+fn a_static_policy_decides_once() {
+    let p = Policy::parse(SHIPPED[2].1, "static").unwrap();
+    let mut core = Core::new(p);
+    let ds: Vec<_> = (0..300)
+        .flat_map(|t| {
+            let mut s = snap(t * 100, 180.0 + (t % 7) as f64 * 40.0, 600.0, 0.2, 0.1);
+            s.peers[0].link = "eth0".into();
+            core.step(&s)
+        })
+        .collect();
+    assert_eq!(ds.len(), 1, "{ds:?}");
+    let k = ds[0].knobs;
+    assert_eq!((k.compression, k.chunk_bytes, k.nccl_ib_timeout), (Compression::Int8, 8 << 20, 22));
+    assert_eq!((k.roce_traffic_class, k.tcp_buffer_bytes, k.watchdog_s), (106, 128 << 20, 1800));
+}
+
+/// A random walk of link conditions: (ms to next tick, RTT, p99 factor, CE, retransmitted).
+fn trace() -> impl Strategy<Value = Vec<(u64, f64, f64, f64, f64)>> {
+    prop::collection::vec(
+        (50u64..2000, 1.0f64..1000.0, 1.0f64..3.0, 0.0f64..0.3, 0.0f64..0.1),
+        1..300,
+    )
+}
+
+fn snaps(steps: &[(u64, f64, f64, f64, f64)]) -> Vec<Snapshot> {
+    let mut at = 0;
+    steps
+        .iter()
+        .map(|&(dt, rtt, f, ce, re)| {
+            at += dt;
+            snap(at, rtt, rtt * f, ce, re)
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn knobs_stay_within_bounds(steps in trace()) {
+        for (name, src) in SHIPPED {
+            let p = Policy::parse(src, name).unwrap();
+            let b = p.bounds;
+            let mut core = Core::new(p.clone());
+            let mut prev: Option<Decision> = None;
+            for s in snaps(&steps) {
+                for d in core.step(&s) {
+                    let k = d.knobs;
+                    prop_assert!((b.chunk_min..=b.chunk_max).contains(&k.chunk_bytes), "{name}: {d:?}");
+                    prop_assert!((b.buffers_min..=b.buffers_max).contains(&k.tcp_buffer_bytes));
+                    prop_assert!((b.ib_timeout_min..=b.ib_timeout_max).contains(&k.nccl_ib_timeout));
+                    prop_assert!((b.watchdog_min_s..=b.watchdog_max_s).contains(&k.watchdog_s));
+                    prop_assert!(k.dscp <= 63 && k.nccl_ib_retry_cnt <= 7);
+                    if let Some(prev) = &prev {
+                        let (a, c) = (prev.knobs.chunk_bytes as f64, k.chunk_bytes as f64);
+                        prop_assert!(c <= a * b.chunk_max_step + 1.0 && c >= a / b.chunk_max_step - 1.0);
+                    }
+                    prev = Some(d);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn no_two_state_changes_within_the_minimum_dwell(steps in trace()) {
+        let p = policy();
+        let dwell = p.hysteresis.min_dwell.0 / 1_000_000;
+        let mut core = Core::new(p);
+        // (time of the last change, if any; current state). The first decision is not a change.
+        let mut last: Option<(Option<u64>, String)> = None;
+        for s in snaps(&steps) {
+            for d in core.step(&s) {
+                match &last {
+                    Some((at, state)) if *state != d.state => {
+                        if let Some(at) = at {
+                            prop_assert!(d.at_ms - at >= dwell, "{} -> {} after {} ms", state, d.state, d.at_ms - at);
+                        }
+                        last = Some((Some(d.at_ms), d.state.clone()));
+                    }
+                    None => last = Some((None, d.state.clone())),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn worsening_signals_never_de_escalate(mut steps in trace()) {
+        // Make every signal non-decreasing over time.
+        let (mut rtt, mut f, mut ce, mut re) = (1.0f64, 1.0f64, 0.0f64, 0.0f64);
+        for s in &mut steps {
+            rtt = rtt.max(s.1); f = f.max(s.2); ce = ce.max(s.3); re = re.max(s.4);
+            *s = (s.0, rtt, f, ce, re);
+        }
+        let p = policy();
+        let level = |name: &str| p.states.iter().position(|s| s.name == name).unwrap();
+        let mut core = Core::new(p.clone());
+        let mut current = 0;
+        for s in snaps(&steps) {
+            for d in core.step(&s) {
+                prop_assert!(level(&d.state) >= current, "{} after level {current}", d.state);
+                current = level(&d.state);
+            }
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! `linkpilot policy check` and `linkpilot replay` as a user runs them.
+
+use std::{path::PathBuf, process::Command};
+
+fn linkpilot(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_linkpilot")).args(args).output().expect("run");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn repo(path: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path).display().to_string()
+}
+
+fn temp(name: &str, contents: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("lp-{}-{name}", std::process::id()));
+    std::fs::write(&p, contents).expect("write");
+    p
+}
+
+#[test]
+fn shipped_policies_check_ok() {
+    for name in ["default", "hk-us", "static-handtuned"] {
+        let path = repo(&format!("policies/{name}.toml"));
+        let (code, out, err) = linkpilot(&["policy", "check", &path]);
+        assert_eq!((code, out.trim_end().ends_with(": OK")), (0, true), "{name}: {out}{err}");
+    }
+}
+
+#[test]
+fn a_bad_policy_prints_every_error_with_its_location_and_exits_1() {
+    let bad = temp(
+        "bad.toml",
+        "[[link]]\nname = \"wan\"\ninterfaces = [\"eth0\"]\ncapacity = \"10Gbit/s\"\n\
+         [[state]]\nname = \"healthy\"\n[state.knobs]\ncompression = \"none\"\ndscp = 99\n\
+         roce_traffic_class = 106\n",
+    );
+    let (code, out, err) = linkpilot(&["policy", "check", bad.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&bad);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("bad.toml:7:1: state \"healthy\": dscp 99 must be 0..=63"), "{out}");
+    assert!(!err.contains("panicked"), "{err}");
+    let (code, out, _) = linkpilot(&["policy", "check", "/nonexistent/policy.toml"]);
+    assert_eq!(code, 1);
+    assert!(out.contains("/nonexistent/policy.toml") && out.contains("cannot read"), "{out}");
+}
+
+/// A real trace: `linkpilot watch --snapshots` on the WAN lab's HK host while iperf3 (CUBIC,
+/// ECN on, 150 Mbit/s) crossed the `congestion-ecn` scenario, whose bottleneck falls to
+/// 80 Mbit/s and marks CE above 5 ms of queue; the sender sees the marks echoed as ECE.
+const TRACE: &str = "controller/tests/fixtures/trace-congestion-ecn.jsonl";
+
+#[test]
+fn replay_of_a_lab_trace_escalates_on_echoed_ce_and_plots() {
+    let svg = std::env::temp_dir().join(format!("lp-{}-replay.svg", std::process::id()));
+    let (code, out, err) = linkpilot(&[
+        "replay",
+        &repo(TRACE),
+        "--policy",
+        &repo("policies/hk-us.toml"),
+        "--json",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let ds: Vec<serde_json::Value> =
+        out.lines().map(|l| serde_json::from_str(l).expect("a JSON decision")).collect();
+    assert_eq!(ds[0]["state"], "healthy");
+    assert_eq!(ds[0]["knobs"]["chunk_bytes"], 8 << 20, "the hand-tuned start");
+    // Ids count up from 1.
+    for (i, d) in ds.iter().enumerate() {
+        assert_eq!(d["id"], i as u64 + 1);
+    }
+    let congested = ds.iter().find(|d| d["state"] == "congested" || d["state"] == "degraded");
+    let c = congested.unwrap_or_else(|| panic!("no escalation in {out}"));
+    assert!(c["reason"].as_str().unwrap().contains("ce_fraction"), "{c}");
+    assert_ne!(c["knobs"]["compression"], "none", "{c}");
+    // Never below the hand-tuned NCCL_IB_TIMEOUT in any state.
+    assert!(ds.iter().all(|d| d["knobs"]["nccl_ib_timeout"].as_u64() >= Some(22)));
+    let plot = std::fs::read_to_string(&svg).expect("the SVG");
+    let _ = std::fs::remove_file(&svg);
+    assert!(plot.starts_with("<svg") && plot.contains("RTT p99") && plot.contains("chunk (MiB)"));
+}
+
+#[test]
+fn the_static_policy_decides_once_on_the_same_trace() {
+    let (code, out, _) = linkpilot(&[
+        "replay",
+        &repo(TRACE),
+        "--policy",
+        &repo("policies/static-handtuned.toml"),
+        "--json",
+    ]);
+    assert_eq!((code, out.lines().count()), (0, 1), "{out}");
+    assert!(out.contains("\"compression\":\"int8\""), "{out}");
+}
+
+#[test]
+fn a_bad_trace_line_is_named() {
+    let bad =
+        temp("trace.jsonl", "{\"at_ms\": 1000, \"interval_ms\": 1000, \"peers\": []}\nnot json\n");
+    let (code, _, err) =
+        linkpilot(&["replay", bad.to_str().unwrap(), "--policy", &repo("policies/default.toml")]);
+    let _ = std::fs::remove_file(&bad);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("trace.jsonl:2: not a snapshot"), "{err}");
+}
