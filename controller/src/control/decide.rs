@@ -81,6 +81,20 @@ fn show(signal: &str, v: f64) -> String {
     }
 }
 
+/// Whether any condition of `t` holds.
+fn any_entered(t: &Thresholds, s: &Signals) -> bool {
+    t.values().any(|(sig, thr)| {
+        value(sig, s).is_some_and(|v| if higher_is_worse(sig) { v >= thr } else { v < thr })
+    })
+}
+
+/// Whether every condition of `t` is back on the healthy side (unmeasured counts as healthy).
+fn all_exited(t: &Thresholds, s: &Signals) -> bool {
+    t.values().all(|(sig, thr)| {
+        value(sig, s).is_none_or(|v| if higher_is_worse(sig) { v < thr } else { v >= thr })
+    })
+}
+
 /// The conditions of `t` that hold ("ce_fraction 3.10% >= 1%").
 fn entered(t: &Thresholds, s: &Signals) -> Vec<String> {
     t.conditions()
@@ -259,7 +273,7 @@ impl Core {
         let s = lc.estimator.update_aggregate(now.as_millis() as u64, agg);
         lc.signals = s;
         for (j, st) in p.states.iter().enumerate().skip(1) {
-            let holds = !entered(&st.enter, &s).is_empty();
+            let holds = any_entered(&st.enter, &s);
             lc.enter_since[j] = if holds { Some(lc.enter_since[j].unwrap_or(now)) } else { None };
         }
         let dwell_ok = lc.last_change.is_none_or(|t| now.saturating_sub(t) >= dwell);
@@ -276,10 +290,11 @@ impl Core {
             lc.state = j;
         } else if lc.state > 0 {
             let cur = &p.states[lc.state];
-            match exited(&cur.exit, &s) {
-                Some(why) => {
+            match all_exited(&cur.exit, &s) {
+                true => {
                     let since = *lc.exit_since.get_or_insert(now);
                     if now.saturating_sub(since) >= exit_after && dwell_ok {
+                        let why = exited(&cur.exit, &s).unwrap_or_default();
                         let next = &p.states[lc.state - 1];
                         reasons.push(format!(
                             "{}: {} cleared for {} ({})",
@@ -291,7 +306,7 @@ impl Core {
                         lc.state -= 1;
                     }
                 }
-                None => lc.exit_since = None,
+                false => lc.exit_since = None,
             }
         }
         let state_changed = lc.state != before;
@@ -299,7 +314,8 @@ impl Core {
             lc.last_change = Some(now);
             lc.exit_since = None;
         }
-        let target = knobs_for(p, lc.state, &s, lc.knobs.as_ref(), &mut reasons);
+        let prev_knobs = lc.knobs;
+        let target = knobs_for(p, lc.state, &s, prev_knobs.as_ref(), None);
         let knobs = match lc.knobs {
             None => target,
             Some(prev) => pace(prev, target, state_changed, now, dwell, &mut lc.knob_changed),
@@ -309,6 +325,7 @@ impl Core {
         if !first && !state_changed && changes.is_empty() {
             return None;
         }
+        knobs_for(p, lc.state, &s, prev_knobs.as_ref(), Some(&mut reasons));
         if first {
             reasons.insert(0, format!("start in {}", p.states[lc.state].name));
         }
@@ -340,7 +357,8 @@ fn knobs_for(
     state: usize,
     s: &Signals,
     prev: Option<&Knobs>,
-    why: &mut Vec<String>,
+    // Explanations are formatted only when a decision is made: the same inputs, run again.
+    mut why: Option<&mut Vec<String>>,
 ) -> Knobs {
     let b = &p.bounds;
     let k = &p.states[state].knobs;
@@ -356,12 +374,14 @@ fn knobs_for(
                 let target = pow2_round(bdp / f64::from(b.chunk_in_flight));
                 let prev = prev.map_or(b.chunk_initial, |k| k.chunk_bytes);
                 let v = limited(prev, target, b.chunk_max_step, b.chunk_min, b.chunk_max);
-                why.push(format!(
-                    "chunk: BDP {} ({:.2} Gbit/s x {base:.1} ms) / {} in flight",
-                    bytes(bdp as u64),
-                    rate / 1e9,
-                    b.chunk_in_flight
-                ));
+                if let Some(w) = why.as_deref_mut() {
+                    w.push(format!(
+                        "chunk: BDP {} ({:.2} Gbit/s x {base:.1} ms) / {} in flight",
+                        bytes(bdp as u64),
+                        rate / 1e9,
+                        b.chunk_in_flight
+                    ));
+                }
                 v
             }
         },
@@ -380,11 +400,13 @@ fn knobs_for(
                     b.buffers_min,
                     b.buffers_max,
                 );
-                why.push(format!(
-                    "tcp_buffers: {} x capacity x RTT p99 {p99:.1} ms = {}",
-                    b.buffers_bdp_factor,
-                    bytes(want as u64)
-                ));
+                if let Some(w) = why.as_deref_mut() {
+                    w.push(format!(
+                        "tcp_buffers: {} x capacity x RTT p99 {p99:.1} ms = {}",
+                        b.buffers_bdp_factor,
+                        bytes(want as u64)
+                    ));
+                }
                 v
             }
         },
@@ -397,10 +419,12 @@ fn knobs_for(
                 let need = b.ib_timeout_k * p99 / 1e3 / 4.096e-6;
                 let t = need.max(1.0).log2().ceil().clamp(0.0, 31.0) as u8;
                 let t = t.clamp(b.ib_timeout_min, b.ib_timeout_max);
-                why.push(format!(
-                    "nccl_ib_timeout: 4.096us x 2^{t} >= {} x RTT p99 {p99:.1} ms",
-                    b.ib_timeout_k
-                ));
+                if let Some(w) = why.as_deref_mut() {
+                    w.push(format!(
+                        "nccl_ib_timeout: 4.096us x 2^{t} >= {} x RTT p99 {p99:.1} ms",
+                        b.ib_timeout_k
+                    ));
+                }
                 t
             }
         },
@@ -416,10 +440,12 @@ fn knobs_for(
                 // Rises at once; falls by at most max_step per change.
                 let floor = (f64::from(prev) / b.watchdog_max_step).ceil() as u32;
                 let v = want.max(floor.min(prev)).clamp(b.watchdog_min_s, b.watchdog_max_s);
-                why.push(format!(
-                    "watchdog: {} x peak RTT p99 {peak:.1} ms",
-                    b.watchdog_rtt_multiple
-                ));
+                if let Some(w) = why.as_deref_mut() {
+                    w.push(format!(
+                        "watchdog: {} x peak RTT p99 {peak:.1} ms",
+                        b.watchdog_rtt_multiple
+                    ));
+                }
                 v
             }
         },

@@ -16,15 +16,17 @@ fn draw_panel(
     y_label: &str,
     series: &[(&str, Series, RGBColor)],
 ) -> anyhow::Result<()> {
-    let y_max =
-        series.iter().flat_map(|(_, s, _)| s.iter().map(|p| p.1)).fold(0.0f64, f64::max).max(1e-9)
-            * 1.1;
+    let values = || series.iter().flat_map(|(_, s, _)| s.iter().map(|p| p.1));
+    let y_max = values().fold(0.0f64, f64::max).max(1e-9) * 1.1;
+    // A signal that stays far from zero (RTT) gets an axis around its own range.
+    let y_min = values().fold(f64::INFINITY, f64::min);
+    let y_min = if y_min.is_finite() && y_min > y_max * 0.5 { y_min * 0.98 } else { 0.0 };
     let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 16))
         .margin(8)
         .x_label_area_size(28)
         .y_label_area_size(56)
-        .build_cartesian_2d(0.0..x_max.max(1.0), 0.0..y_max)
+        .build_cartesian_2d(0.0..x_max.max(1.0), y_min..y_max)
         .map_err(|e| anyhow!("plot: {e}"))?;
     chart
         .configure_mesh()
@@ -87,7 +89,7 @@ pub fn plot(replay: &Replay, policy: &Policy, path: &Path) -> anyhow::Result<()>
         "congestion signals",
         x_max,
         "%",
-        &[("CE fraction", ce, MAGENTA), ("retransmitted", re, BLACK)],
+        &[("CE (or echoed ECE) fraction", ce, MAGENTA), ("retransmitted", re, BLACK)],
     )?;
     draw_panel(
         &panels[2],

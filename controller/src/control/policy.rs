@@ -441,6 +441,22 @@ const SIGNALS: [(&str, bool); 7] = [
 ];
 
 impl Thresholds {
+    /// (signal name, threshold in the units `conditions` uses) of each condition set, without
+    /// allocating: the per-tick check.
+    pub fn values(&self) -> impl Iterator<Item = (&'static str, f64)> {
+        [
+            ("rtt_inflation", self.rtt_inflation.map(|x| x.0)),
+            ("rtt_p99", self.rtt_p99.map(|x| x.0 as f64 / 1e6)),
+            ("jitter", self.jitter.map(|x| x.0 as f64 / 1e6)),
+            ("ce_fraction", self.ce_fraction.map(|x| x.0)),
+            ("retrans", self.retrans.map(|x| x.0)),
+            ("cnp_rate", self.cnp_rate.map(|x| x.0)),
+            ("goodput_below", self.goodput_below.map(|x| x.0)),
+        ]
+        .into_iter()
+        .filter_map(|(n, v)| Some((n, v?)))
+    }
+
     /// (signal name, threshold as f64 in base units, as written) of each condition set.
     pub fn conditions(&self) -> Vec<(&'static str, f64, String)> {
         let mut v = Vec::new();
