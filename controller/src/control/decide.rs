@@ -374,7 +374,7 @@ fn knobs_for(
                 let target = pow2_round(bdp / f64::from(b.chunk_in_flight));
                 let prev = prev.map_or(b.chunk_initial, |k| k.chunk_bytes);
                 let v = limited(prev, target, b.chunk_max_step, b.chunk_min, b.chunk_max);
-                if let Some(w) = why.as_deref_mut() {
+                if let Some(w) = why.as_mut() {
                     w.push(format!(
                         "chunk: BDP {} ({:.2} Gbit/s x {base:.1} ms) / {} in flight",
                         bytes(bdp as u64),
@@ -400,7 +400,7 @@ fn knobs_for(
                     b.buffers_min,
                     b.buffers_max,
                 );
-                if let Some(w) = why.as_deref_mut() {
+                if let Some(w) = why.as_mut() {
                     w.push(format!(
                         "tcp_buffers: {} x capacity x RTT p99 {p99:.1} ms = {}",
                         b.buffers_bdp_factor,
@@ -419,7 +419,7 @@ fn knobs_for(
                 let need = b.ib_timeout_k * p99 / 1e3 / 4.096e-6;
                 let t = need.max(1.0).log2().ceil().clamp(0.0, 31.0) as u8;
                 let t = t.clamp(b.ib_timeout_min, b.ib_timeout_max);
-                if let Some(w) = why.as_deref_mut() {
+                if let Some(w) = why.as_mut() {
                     w.push(format!(
                         "nccl_ib_timeout: 4.096us x 2^{t} >= {} x RTT p99 {p99:.1} ms",
                         b.ib_timeout_k
@@ -440,7 +440,7 @@ fn knobs_for(
                 // Rises at once; falls by at most max_step per change.
                 let floor = (f64::from(prev) / b.watchdog_max_step).ceil() as u32;
                 let v = want.max(floor.min(prev)).clamp(b.watchdog_min_s, b.watchdog_max_s);
-                if let Some(w) = why.as_deref_mut() {
+                if let Some(w) = why.as_mut() {
                     w.push(format!(
                         "watchdog: {} x peak RTT p99 {peak:.1} ms",
                         b.watchdog_rtt_multiple

@@ -100,7 +100,8 @@ impl Default for RawDaemon {
 struct RawEstimator {
     /// Windowed-min RTT baseline, BBR-style.
     baseline_window: Nanos,
-    /// Percentiles and maxima (RTT p99, delivery rate) over this window.
+    /// Maxima (delivery rate) over this window; the daemon sizes the sensors' RTT percentile
+    /// window from it too (replays take the percentiles recorded in the trace).
     window: Nanos,
     /// Half-life of the EWMAs of CE fraction, retransmissions, CNPs, goodput, RTT.
     ewma_half_life: Nanos,

@@ -188,6 +188,39 @@ fn gaps_restart_the_exit_window_rather_than_skip_it() {
 }
 
 #[test]
+fn counter_resets_between_sensors_and_core_cause_no_alarm() {
+    use crate::sensors::{Readings, Sensors};
+    use linkpilot_common::PeerStats;
+    use std::time::Duration;
+    let stats = |n: u64| {
+        let mut s = PeerStats::default();
+        s.tx.packets = n * 10_000;
+        s.rx.packets = n * 10_000;
+        s.rx.ecn[2] = n * 10_000;
+        s.retrans_segs = n; // 0.01%
+        s
+    };
+    let mut sensors = Sensors::new(Duration::from_secs(10));
+    // The default policy escalates on retransmissions (0.5%, 2%, 5%).
+    let mut core = Core::new(Policy::parse(SHIPPED[0].1, "default").unwrap());
+    let mut worst = 0;
+    for t in 0..100u64 {
+        // At 5 s the counters start again from zero (the interface was re-added): a naive
+        // difference would be ~2^64 retransmissions.
+        let n = if t < 50 { 1000 + t } else { t - 50 };
+        let readings = Readings {
+            peers: vec![("eth0".into(), "us".into(), 1, stats(n))],
+            ..Readings::default()
+        };
+        let snap = sensors.tick(Duration::from_millis(t * 100), &readings);
+        for d in core.step(&snap) {
+            worst = worst.max(core.policy().states.iter().position(|s| s.name == d.state).unwrap());
+        }
+    }
+    assert_eq!(worst, 0, "a reset is not congestion");
+}
+
+#[test]
 fn timeouts_follow_rtt_p99_and_rise_at_once() {
     // p99 180 ms: 4 x 0.18 s / 4.096 us = 175,781 -> 2^18.
     let ds = run(policy(), 50, |t| {
