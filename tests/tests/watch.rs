@@ -84,37 +84,49 @@ fn options_beyond(counted: u64, expected: u64, packets: u64) -> u64 {
 
 #[test]
 fn counters_match_tcp_traffic_of_known_size() {
-    let pair = Pair::new("198.18.1.1", "198.18.1.2");
-    let watcher = Watcher::start(&pair.a, &[pair.a_if]);
-    let counters = ["TcpOutSegs", "TcpInSegs", "TcpRetransSegs"];
-    let before = nstat(&pair.a, &counters);
+    // The byte oracle needs a transfer without retransmissions. A veth drops only when the
+    // receiving CPU's backlog overflows, which a loaded shared machine occasionally causes: such
+    // an attempt proves nothing either way, so it is repeated (at most three times, each on a
+    // fresh pair and watcher).
+    for attempt in 1..=3 {
+        let pair = Pair::new("198.18.1.1", "198.18.1.2");
+        let watcher = Watcher::start(&pair.a, &[pair.a_if]);
+        let counters = ["TcpOutSegs", "TcpInSegs", "TcpRetransSegs"];
+        let before = nstat(&pair.a, &counters);
 
-    let payload: u64 = 8 * 1024 * 1024 + 12_345;
-    let rx = receiver(&pair);
-    send(&pair, payload as usize, 256 * 1024, Duration::ZERO);
-    assert_eq!(rx.join().expect("receiver"), payload);
-    // Let the last ACK of the close reach the counters, then take one more sample.
-    thread::sleep(Duration::from_millis(300));
-    let after = nstat(&pair.a, &counters);
-    let t = watcher.stop(pair.a_if);
+        let payload: u64 = 8 * 1024 * 1024 + 12_345;
+        let rx = receiver(&pair);
+        send(&pair, payload as usize, 256 * 1024, Duration::ZERO);
+        assert_eq!(rx.join().expect("receiver"), payload);
+        // Let the last ACK of the close reach the counters, then take one more sample.
+        thread::sleep(Duration::from_millis(300));
+        let after = nstat(&pair.a, &counters);
+        let t = watcher.stop(pair.a_if);
 
-    let (out_segs, in_segs, retrans) =
-        (after[0] - before[0], after[1] - before[1], after[2] - before[2]);
-    assert_eq!(retrans, 0, "a lossless veth should not retransmit; the byte sums assume it");
-    // Segments, counted per GSO/GRO segment, agree with the TCP stack's own counters.
-    assert_eq!(t.tx_packets, out_segs, "tx packets vs nstat TcpOutSegs: {t:?}");
-    assert_eq!(t.rx_packets, in_segs, "rx packets vs nstat TcpInSegs: {t:?}");
-    // Bytes: the payload plus the headers every segment carries, plus the SYN's extra options,
-    // plus option words that only some segments carry (a SACK or D-SACK block, 12 to 36 bytes).
-    let tx_extra = options_beyond(
-        t.tx_bytes,
-        payload + t.tx_packets * SEGMENT_HEADERS + SYN_EXTRA,
-        t.tx_packets,
-    );
-    let rx_extra =
-        options_beyond(t.rx_bytes, t.rx_packets * SEGMENT_HEADERS + SYN_EXTRA, t.rx_packets);
-    eprintln!("option bytes beyond timestamps: tx {tx_extra}, rx {rx_extra}; {t:?}");
-    assert!(t.tx_packets as f64 >= payload as f64 / 1448.0, "{t:?}");
+        let (out_segs, in_segs, retrans) =
+            (after[0] - before[0], after[1] - before[1], after[2] - before[2]);
+        // Segments, counted per GSO/GRO segment, agree with the TCP stack's own counters
+        // whether or not the kernel retransmitted.
+        assert_eq!(t.tx_packets, out_segs, "tx packets vs nstat TcpOutSegs: {t:?}");
+        assert_eq!(t.rx_packets, in_segs, "rx packets vs nstat TcpInSegs: {t:?}");
+        if retrans > 0 {
+            eprintln!("attempt {attempt}: the kernel retransmitted {retrans} segments on the veth");
+            continue;
+        }
+        // Bytes: the payload plus the headers every segment carries, plus the SYN's extra
+        // options, plus option words that only some segments carry (a SACK or D-SACK block).
+        let tx_extra = options_beyond(
+            t.tx_bytes,
+            payload + t.tx_packets * SEGMENT_HEADERS + SYN_EXTRA,
+            t.tx_packets,
+        );
+        let rx_extra =
+            options_beyond(t.rx_bytes, t.rx_packets * SEGMENT_HEADERS + SYN_EXTRA, t.rx_packets);
+        eprintln!("option bytes beyond timestamps: tx {tx_extra}, rx {rx_extra}; {t:?}");
+        assert!(t.tx_packets as f64 >= payload as f64 / 1448.0, "{t:?}");
+        return;
+    }
+    panic!("every attempt retransmitted: the byte oracle needs one lossless transfer");
 }
 
 #[test]
