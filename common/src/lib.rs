@@ -5,6 +5,7 @@
 //! host-side helpers (configuration units).
 #![cfg_attr(not(feature = "std"), no_std)]
 
+pub mod board;
 pub mod maps;
 pub mod packet;
 #[cfg(feature = "std")]

@@ -7,6 +7,7 @@
 pub mod batch;
 pub mod bench;
 pub mod bench_sensors;
+pub mod board;
 pub mod control;
 pub mod iface;
 pub mod kernel;

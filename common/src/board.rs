@@ -1,0 +1,123 @@
+//! The knob board: a small shared-memory file (`/run/linkpilot/knobs`) through which training
+//! processes read the current knob values every step. Versioned `#[repr(C)]` layout, little
+//! endian, written under a seqlock; docs/knob-board.md documents the bytes for C and Python.
+
+/// First bytes of the file.
+pub const BOARD_MAGIC: [u8; 8] = *b"LPKNOBS\0";
+/// Layout version; a reader that does not know it must not interpret the rest.
+pub const BOARD_VERSION: u32 = 1;
+/// Links the board has room for.
+pub const BOARD_MAX_LINKS: usize = 8;
+/// Bytes of a link or state name, NUL-padded (names longer than 31 bytes are cut).
+pub const BOARD_NAME_LEN: usize = 32;
+
+/// Compression codes of [`BoardLink::compression`].
+pub mod compression {
+    pub const NONE: u32 = 0;
+    pub const FP16: u32 = 1;
+    pub const BF16: u32 = 2;
+    pub const INT8: u32 = 3;
+    pub const INT4: u32 = 4;
+    /// Top-k: the kept fraction is in [`super::BoardLink::topk_ratio`].
+    pub const TOPK: u32 = 5;
+}
+
+/// The header, at offset 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BoardHeader {
+    pub magic: [u8; 8],
+    pub version: u32,
+    /// Size of the whole board in bytes (header and every link slot).
+    pub size: u32,
+    /// Seqlock: odd while the daemon writes. Readers copy, then re-read it; a change or an odd
+    /// value means "copy again".
+    pub seq: u64,
+    /// CLOCK_MONOTONIC (ns) of the daemon's last heartbeat.
+    pub heartbeat_ns: u64,
+    /// How often the daemon beats; a reader treats the board as stale (daemon dead) after two
+    /// intervals without a beat and falls back to its safe defaults.
+    pub heartbeat_interval_ms: u32,
+    pub pid: u32,
+    /// Id of the newest decision on the board.
+    pub decision_id: u64,
+    /// Link slots in use.
+    pub n_links: u32,
+    pub _pad: u32,
+}
+
+/// One link's knobs, in slots after the header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BoardLink {
+    pub name: [u8; BOARD_NAME_LEN],
+    pub state: [u8; BOARD_NAME_LEN],
+    /// Position of `state` in the policy's ladder (0 = healthiest).
+    pub state_index: u32,
+    /// A [`compression`] code.
+    pub compression: u32,
+    pub topk_ratio: f64,
+    /// Bytes per pipelined chunk or bucket.
+    pub chunk_bytes: u64,
+    pub tcp_buffer_bytes: u64,
+    /// Collective watchdog timeout, seconds.
+    pub watchdog_s: u32,
+    pub nccl_ib_timeout: u8,
+    pub nccl_ib_retry_cnt: u8,
+    pub dscp: u8,
+    pub roce_traffic_class: u8,
+    /// The decision that set these values.
+    pub decision_id: u64,
+}
+
+impl Default for BoardLink {
+    fn default() -> Self {
+        Self {
+            name: [0; BOARD_NAME_LEN],
+            state: [0; BOARD_NAME_LEN],
+            state_index: 0,
+            compression: compression::NONE,
+            topk_ratio: 0.0,
+            chunk_bytes: 0,
+            tcp_buffer_bytes: 0,
+            watchdog_s: 0,
+            nccl_ib_timeout: 0,
+            nccl_ib_retry_cnt: 0,
+            dscp: 0,
+            roce_traffic_class: 0,
+            decision_id: 0,
+        }
+    }
+}
+
+/// The whole board.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Board {
+    pub header: BoardHeader,
+    pub links: [BoardLink; BOARD_MAX_LINKS],
+}
+
+/// Byte offsets readers in other languages use (asserted below against the Rust layout).
+pub mod offsets {
+    pub const SEQ: usize = 16;
+    pub const HEARTBEAT_NS: usize = 24;
+    pub const HEARTBEAT_INTERVAL_MS: usize = 32;
+    pub const N_LINKS: usize = 48;
+    pub const LINKS: usize = 56;
+    pub const LINK_SIZE: usize = 112;
+}
+
+const _: () = assert!(core::mem::size_of::<BoardHeader>() == offsets::LINKS);
+const _: () = assert!(core::mem::size_of::<BoardLink>() == offsets::LINK_SIZE);
+const _: () = assert!(core::mem::offset_of!(BoardHeader, seq) == offsets::SEQ);
+const _: () = assert!(core::mem::offset_of!(BoardHeader, heartbeat_ns) == offsets::HEARTBEAT_NS);
+const _: () = assert!(
+    core::mem::offset_of!(BoardHeader, heartbeat_interval_ms) == offsets::HEARTBEAT_INTERVAL_MS
+);
+const _: () = assert!(core::mem::offset_of!(BoardHeader, n_links) == offsets::N_LINKS);
+const _: () = assert!(core::mem::offset_of!(BoardLink, chunk_bytes) == 80);
+const _: () = assert!(core::mem::offset_of!(BoardLink, watchdog_s) == 96);
+const _: () = assert!(core::mem::offset_of!(BoardLink, decision_id) == 104);
+const _: () =
+    assert!(core::mem::size_of::<Board>() == offsets::LINKS + BOARD_MAX_LINKS * offsets::LINK_SIZE);

@@ -1,0 +1,411 @@
+//! The knob board's writer (the daemon) and a reader (tests, `linkpilot status`, the layout's
+//! reference for docs/knob-board.md). The file is mapped shared; every write goes under the
+//! seqlock in the header, so a reader copying the board while the daemon writes sees the old
+//! or the new values, never a mix.
+
+use std::{
+    fs, io,
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+    ptr::NonNull,
+    sync::atomic::{fence, AtomicU64, Ordering},
+    time::Duration,
+};
+
+use linkpilot_common::board::{
+    compression as code, offsets, Board, BoardHeader, BoardLink, BOARD_MAGIC, BOARD_MAX_LINKS,
+    BOARD_NAME_LEN, BOARD_VERSION,
+};
+
+use crate::control::{Compression, Knobs};
+
+/// Where the daemon keeps the board.
+pub const DEFAULT_PATH: &str = "/run/linkpilot/knobs";
+
+const SIZE: usize = std::mem::size_of::<Board>();
+
+/// A shared, writable mapping of a board file.
+struct Mapping {
+    ptr: NonNull<Board>,
+}
+
+// SAFETY: the mapping is plain shared memory; access goes through the seqlock.
+unsafe impl Send for Mapping {}
+
+impl Mapping {
+    fn new(file: &fs::File, writable: bool) -> io::Result<Self> {
+        let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
+        // SAFETY: a fresh mapping of SIZE bytes of an open file; checked for failure below.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), SIZE, prot, libc::MAP_SHARED, file.as_raw_fd(), 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        NonNull::new(p.cast::<Board>())
+            .map(|ptr| Self { ptr })
+            .ok_or_else(|| io::Error::other("mmap returned null"))
+    }
+
+    fn seq(&self) -> &AtomicU64 {
+        // SAFETY: `seq` is an 8-byte aligned u64 at a fixed offset of a live mapping.
+        unsafe { &*self.ptr.as_ptr().cast::<u8>().add(offsets::SEQ).cast::<AtomicU64>() }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what `new` mapped.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), SIZE) };
+    }
+}
+
+/// The daemon's side.
+pub struct BoardWriter {
+    map: Mapping,
+    path: PathBuf,
+    board: Board,
+}
+
+fn name_bytes(s: &str) -> [u8; BOARD_NAME_LEN] {
+    let mut out = [0u8; BOARD_NAME_LEN];
+    let n = s.len().min(BOARD_NAME_LEN - 1);
+    out[..n].copy_from_slice(&s.as_bytes()[..n]);
+    out
+}
+
+/// The board's form of one link's decision.
+pub fn board_link(link: &str, state: &str, state_index: u32, k: &Knobs, id: u64) -> BoardLink {
+    let (compression, topk_ratio) = match k.compression {
+        Compression::None => (code::NONE, 0.0),
+        Compression::Fp16 => (code::FP16, 0.0),
+        Compression::Bf16 => (code::BF16, 0.0),
+        Compression::Int8 => (code::INT8, 0.0),
+        Compression::Int4 => (code::INT4, 0.0),
+        Compression::TopK(r) => (code::TOPK, r),
+    };
+    BoardLink {
+        name: name_bytes(link),
+        state: name_bytes(state),
+        state_index,
+        compression,
+        topk_ratio,
+        chunk_bytes: k.chunk_bytes,
+        tcp_buffer_bytes: k.tcp_buffer_bytes,
+        watchdog_s: k.watchdog_s,
+        nccl_ib_timeout: k.nccl_ib_timeout,
+        nccl_ib_retry_cnt: k.nccl_ib_retry_cnt,
+        dscp: k.dscp,
+        roce_traffic_class: k.roce_traffic_class,
+        decision_id: id,
+    }
+}
+
+impl BoardWriter {
+    /// Creates (or replaces) the board at `path` with no links: written whole to a temporary
+    /// file and renamed into place, so a reader never maps a half-written file. Readers that
+    /// still map a previous daemon's board see its heartbeat stop and reopen.
+    pub fn create(path: &Path, heartbeat: Duration, now_ns: u64) -> io::Result<Self> {
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir)?;
+        }
+        let header = BoardHeader {
+            magic: BOARD_MAGIC,
+            version: BOARD_VERSION,
+            size: SIZE as u32,
+            seq: 0,
+            heartbeat_ns: now_ns,
+            heartbeat_interval_ms: heartbeat.as_millis().min(u128::from(u32::MAX)) as u32,
+            pid: std::process::id(),
+            decision_id: 0,
+            n_links: 0,
+            _pad: 0,
+        };
+        let board = Board { header, links: [BoardLink::default(); BOARD_MAX_LINKS] };
+        let tmp = path.with_extension("tmp");
+        // SAFETY: Board is repr(C) plain data without padding holes (size asserted in common).
+        let bytes = unsafe { std::slice::from_raw_parts((&raw const board).cast::<u8>(), SIZE) };
+        fs::write(&tmp, bytes)?;
+        fs::rename(&tmp, path)?;
+        let file = fs::OpenOptions::new().read(true).write(true).open(path)?;
+        let map = Mapping::new(&file, true)?;
+        Ok(Self { map, path: path.to_owned(), board })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes the current board under the seqlock.
+    fn write(&mut self) {
+        let seq = self.map.seq();
+        let s = seq.load(Ordering::Relaxed);
+        seq.store(s.wrapping_add(1) | 1, Ordering::Relaxed); // odd: writing
+        fence(Ordering::Release);
+        self.board.header.seq = s.wrapping_add(1) | 1;
+        // SAFETY: the mapping holds one Board; readers retry on the odd sequence number.
+        unsafe { std::ptr::write_volatile(self.map.ptr.as_ptr(), self.board) };
+        fence(Ordering::Release);
+        let next = (s.wrapping_add(1) | 1).wrapping_add(1);
+        self.board.header.seq = next;
+        seq.store(next, Ordering::Release); // even: stable
+    }
+
+    /// Publishes every link's decision (at most [`BOARD_MAX_LINKS`]) and beats.
+    pub fn publish(&mut self, links: &[BoardLink], now_ns: u64) {
+        let n = links.len().min(BOARD_MAX_LINKS);
+        self.board.links[..n].copy_from_slice(&links[..n]);
+        for l in &mut self.board.links[n..] {
+            *l = BoardLink::default();
+        }
+        self.board.header.n_links = n as u32;
+        self.board.header.decision_id = links
+            .iter()
+            .map(|l| l.decision_id)
+            .max()
+            .unwrap_or(0)
+            .max(self.board.header.decision_id);
+        self.board.header.heartbeat_ns = now_ns;
+        self.write();
+    }
+
+    /// Tells readers the daemon is alive.
+    pub fn heartbeat(&mut self, now_ns: u64) {
+        self.board.header.heartbeat_ns = now_ns;
+        self.write();
+    }
+}
+
+/// Why a board could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BoardError {
+    #[error("reading the knob board {path}: {source}")]
+    Io { path: String, source: io::Error },
+    #[error("{path} is not a knob board (magic {magic:?})")]
+    Magic { path: String, magic: [u8; 8] },
+    #[error("{path}: board layout version {found}, this reader knows {BOARD_VERSION}")]
+    Version { path: String, found: u32 },
+    #[error("{path}: the daemon kept writing; no stable copy after {tries} tries")]
+    Busy { path: String, tries: u32 },
+}
+
+/// A reader's view: a stable copy of the board.
+pub struct BoardReader {
+    map: Mapping,
+    path: String,
+}
+
+impl BoardReader {
+    pub fn open(path: &Path) -> Result<Self, BoardError> {
+        let p = path.display().to_string();
+        let io = |source| BoardError::Io { path: p.clone(), source };
+        let file = fs::File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        if len < SIZE as u64 {
+            return Err(io(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("{len} bytes, a board has {SIZE}"),
+            )));
+        }
+        let map = Mapping::new(&file, false).map_err(io)?;
+        // Magic and version never change after creation: check them once, before trusting the
+        // sequence number.
+        // SAFETY: the mapping holds at least a header.
+        let header = unsafe { std::ptr::read_volatile(map.ptr.as_ptr().cast::<BoardHeader>()) };
+        if header.magic != BOARD_MAGIC {
+            return Err(BoardError::Magic { path: p, magic: header.magic });
+        }
+        if header.version != BOARD_VERSION {
+            return Err(BoardError::Version { path: p, found: header.version });
+        }
+        Ok(Self { map, path: p })
+    }
+
+    /// A copy no write was in progress for, or `Busy` after `tries` attempts.
+    pub fn read(&self, tries: u32) -> Result<Board, BoardError> {
+        for _ in 0..tries {
+            let s1 = self.map.seq().load(Ordering::Acquire);
+            if s1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            // SAFETY: the mapping holds one Board; a torn copy is detected below and dropped.
+            let copy = unsafe { std::ptr::read_volatile(self.map.ptr.as_ptr()) };
+            fence(Ordering::Acquire);
+            if self.map.seq().load(Ordering::Relaxed) != s1 {
+                continue;
+            }
+            if copy.header.magic != BOARD_MAGIC {
+                return Err(BoardError::Magic {
+                    path: self.path.clone(),
+                    magic: copy.header.magic,
+                });
+            }
+            if copy.header.version != BOARD_VERSION {
+                return Err(BoardError::Version {
+                    path: self.path.clone(),
+                    found: copy.header.version,
+                });
+            }
+            return Ok(copy);
+        }
+        Err(BoardError::Busy { path: self.path.clone(), tries })
+    }
+}
+
+/// Whether the daemon behind `board` missed two heartbeats by `now_ns` (CLOCK_MONOTONIC).
+pub fn is_stale(board: &Board, now_ns: u64) -> bool {
+    let interval = u64::from(board.header.heartbeat_interval_ms.max(1)) * 1_000_000;
+    now_ns.saturating_sub(board.header.heartbeat_ns) > 2 * interval
+}
+
+/// A NUL-padded name as text.
+pub fn name(bytes: &[u8; BOARD_NAME_LEN]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(BOARD_NAME_LEN);
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    fn temp_path(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("lp-board-{}-{name}", std::process::id())).join("knobs")
+    }
+
+    fn knobs(i: u64) -> Knobs {
+        Knobs {
+            compression: if i.is_multiple_of(2) {
+                Compression::Int8
+            } else {
+                Compression::TopK(0.01)
+            },
+            chunk_bytes: i,
+            nccl_ib_timeout: (i % 31) as u8,
+            nccl_ib_retry_cnt: 7,
+            watchdog_s: i as u32,
+            dscp: (i % 64) as u8,
+            roce_traffic_class: (i % 256) as u8,
+            tcp_buffer_bytes: 2 * i,
+        }
+    }
+
+    #[test]
+    fn readers_never_see_a_torn_board() {
+        let path = temp_path("torn");
+        let mut w = BoardWriter::create(&path, Duration::from_millis(100), 1).unwrap();
+        let r = BoardReader::open(&path).unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let stop = done.clone();
+        let writer = std::thread::spawn(move || {
+            for i in 1..=200_000u64 {
+                let links: Vec<BoardLink> = (0..3)
+                    .map(|l| board_link(&format!("link{l}"), "congested", 1, &knobs(i), i))
+                    .collect();
+                w.publish(&links, i);
+            }
+            stop.store(true, Ordering::Release);
+            w
+        });
+        let (mut reads, mut last) = (0u64, 0u64);
+        while !done.load(Ordering::Acquire) {
+            let Ok(b) = r.read(1000) else { continue };
+            reads += 1;
+            let id = b.header.decision_id;
+            assert!(id >= last, "decision ids went back: {id} after {last}");
+            last = id;
+            for l in &b.links[..b.header.n_links as usize] {
+                // Every field of a slot comes from the same write.
+                assert_eq!((l.decision_id, l.chunk_bytes, l.tcp_buffer_bytes), (id, id, 2 * id));
+                assert_eq!(u64::from(l.watchdog_s), id);
+                assert_eq!(b.header.heartbeat_ns, id);
+            }
+        }
+        let w = writer.join().unwrap();
+        assert!(reads > 100, "the reader should get many stable copies: {reads}");
+        let b = r.read(10).unwrap();
+        assert_eq!((b.header.decision_id, name(&b.links[2].name)), (200_000, "link2".into()));
+        assert_eq!(b.header.seq % 2, 0);
+        let _ = fs::remove_dir_all(w.path().parent().unwrap());
+    }
+
+    #[test]
+    fn staleness_after_two_missed_heartbeats() {
+        let path = temp_path("stale");
+        let mut w = BoardWriter::create(&path, Duration::from_millis(100), 1_000_000_000).unwrap();
+        let r = BoardReader::open(&path).unwrap();
+        let b = r.read(10).unwrap();
+        assert!(!is_stale(&b, 1_000_000_000 + 200_000_000));
+        assert!(is_stale(&b, 1_000_000_000 + 200_000_001));
+        w.heartbeat(1_300_000_000);
+        assert!(!is_stale(&r.read(10).unwrap(), 1_450_000_000));
+        let _ = fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    #[test]
+    fn not_a_board() {
+        let path = temp_path("junk");
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, vec![7u8; SIZE]).unwrap();
+        let err = BoardReader::open(&path).err().unwrap().to_string();
+        assert!(err.contains("not a knob board"), "{err}");
+        fs::write(&path, b"short").unwrap();
+        let err = BoardReader::open(&path).err().unwrap().to_string();
+        assert!(err.contains("a board has"), "{err}");
+        let _ = fs::remove_dir_all(path.parent().unwrap());
+    }
+}
+
+#[cfg(test)]
+mod doc_tests {
+    use super::*;
+
+    /// The Python reader in docs/knob-board.md.
+    fn documented_reader() -> String {
+        let doc = include_str!("../../docs/knob-board.md");
+        let start = doc.find("```python\n").expect("a python block") + "```python\n".len();
+        doc[start..][..doc[start..].find("```").expect("its end")].to_owned()
+    }
+
+    #[test]
+    fn the_documented_python_reader_agrees() {
+        let dir = std::env::temp_dir().join(format!("lp-board-doc-{}", std::process::id()));
+        let path = dir.join("knobs");
+        let now = crate::probes::monotonic_ns();
+        let mut w = BoardWriter::create(&path, Duration::from_secs(60), now).unwrap();
+        let k = Knobs {
+            compression: Compression::TopK(0.01),
+            chunk_bytes: 8 << 20,
+            nccl_ib_timeout: 22,
+            nccl_ib_retry_cnt: 7,
+            watchdog_s: 1800,
+            dscp: 26,
+            roce_traffic_class: 106,
+            tcp_buffer_bytes: 128 << 20,
+        };
+        w.publish(&[board_link("hk-us", "severe", 3, &k, 42)], now);
+        let script = dir.join("read.py");
+        fs::write(&script, documented_reader()).unwrap();
+        let out = std::process::Command::new("python3").arg(&script).arg(&path).output().unwrap();
+        let _ = fs::remove_dir_all(&dir);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let l = &v["links"][0];
+        assert_eq!(v["stale"], false, "{v}");
+        assert_eq!((l["name"].as_str(), l["state"].as_str()), (Some("hk-us"), Some("severe")));
+        assert_eq!((l["state_index"].as_u64(), l["compression"].as_u64()), (Some(3), Some(5)));
+        assert_eq!(l["topk_ratio"].as_f64(), Some(0.01));
+        assert_eq!(
+            (l["chunk_bytes"].as_u64(), l["tcp_buffer_bytes"].as_u64()),
+            (Some(8 << 20), Some(128 << 20))
+        );
+        assert_eq!(
+            (l["watchdog_s"].as_u64(), l["nccl_ib_timeout"].as_u64()),
+            (Some(1800), Some(22))
+        );
+        assert_eq!((l["dscp"].as_u64(), l["roce_traffic_class"].as_u64()), (Some(26), Some(106)));
+        assert_eq!(l["decision_id"].as_u64(), Some(42));
+    }
+}
