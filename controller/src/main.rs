@@ -28,6 +28,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Print the NCCL env file the daemon keeps (init-time NCCL and launcher settings), or with
+    /// --policy, what a policy starts with before any measurement.
+    Env {
+        /// The env file to print.
+        #[arg(long, default_value = linkpilot::envfile::DEFAULT_PATH, conflicts_with = "policy")]
+        file: std::path::PathBuf,
+        /// Print the starting values of this policy's first link instead.
+        #[arg(long)]
+        policy: Option<std::path::PathBuf>,
+    },
     /// Policy files: `linkpilot policy check FILE...`.
     Policy {
         #[command(subcommand)]
@@ -176,6 +186,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Rdma { root, json } => rdma(&root, json),
+        Command::Env { file, policy } => env(&file, policy.as_deref()),
         Command::Policy { action: PolicyAction::Check { files } } => {
             return policy_check(&files);
         }
@@ -280,6 +291,22 @@ fn peer_ids(peers: &[(String, IpNet)]) -> anyhow::Result<PeerIds> {
         prefixes.push((id as u32, *net));
     }
     Ok(PeerIds { names, prefixes })
+}
+
+fn env(file: &std::path::Path, policy: Option<&std::path::Path>) -> anyhow::Result<()> {
+    let Some(policy) = policy else {
+        let text = std::fs::read_to_string(file).with_context(|| {
+            format!("no env file at {} (is `linkpilot run` running?)", file.display())
+        })?;
+        print!("{text}");
+        return Ok(());
+    };
+    let policy = linkpilot::control::Policy::load(policy)?;
+    let mut core = linkpilot::control::Core::new(policy);
+    let start = core.step(&linkpilot::sensors::Snapshot::default());
+    let d = start.first().context("the policy has no link")?;
+    print!("{}", linkpilot::envfile::render(&d.link, &d.state, &d.knobs, d.id));
+    Ok(())
 }
 
 /// Prints OK or the errors of each file; exit code 1 if any has errors.

@@ -108,3 +108,20 @@ fn a_bad_trace_line_is_named() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("trace.jsonl:2: not a snapshot"), "{err}");
 }
+
+#[test]
+fn env_prints_a_policys_starting_values_or_says_why_not() {
+    let (code, out, err) = linkpilot(&["env", "--policy", &repo("policies/static-handtuned.toml")]);
+    assert_eq!(code, 0, "{err}");
+    for line in [
+        "NCCL_IB_TIMEOUT=22",
+        "NCCL_IB_TC=106",
+        "NCCL_BUFFSIZE=8388608",
+        "LINKPILOT_COMPRESSION=int8",
+    ] {
+        assert!(out.lines().any(|l| l == line), "{line} missing from:\n{out}");
+    }
+    let (code, _, err) = linkpilot(&["env", "--file", "/nonexistent/nccl.env"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no env file at /nonexistent/nccl.env"), "{err}");
+}
