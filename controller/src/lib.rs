@@ -17,5 +17,6 @@ pub mod probes;
 pub mod rdma;
 pub mod rtt_window;
 pub mod sensors;
+pub mod sysctl;
 pub mod verbs;
 pub mod watch;

@@ -1,0 +1,262 @@
+//! TCP buffer sysctls sized to the bandwidth-delay product, changed reversibly: the original
+//! values are saved in a state file before the first change, restored on exit and, after a
+//! crash, on the next start. A value someone else changed since our last write is theirs: we log
+//! it and stop managing (and restoring) that sysctl.
+
+use std::{
+    collections::BTreeMap,
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use crate::envfile::write_atomic;
+
+/// Where the kernel's sysctls are.
+pub const PROC_SYS: &str = "/proc/sys";
+/// Where the originals are kept while linkpilot manages them.
+pub const DEFAULT_STATE: &str = "/run/linkpilot/sysctl-originals.json";
+
+/// The sysctls linkpilot sizes, relative to /proc/sys. The two triples (`min default max`)
+/// only get their maximum changed.
+pub const MANAGED: [&str; 4] =
+    ["net/core/rmem_max", "net/core/wmem_max", "net/ipv4/tcp_rmem", "net/ipv4/tcp_wmem"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum SysctlError {
+    #[error("{path}: {source}")]
+    Io { path: String, source: io::Error },
+    #[error("{path}: unexpected value {value:?}")]
+    Format { path: String, value: String },
+    #[error("{path}: {source}")]
+    State { path: String, source: serde_json::Error },
+}
+
+/// What the state file holds: each managed sysctl's value before linkpilot touched it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+struct Originals {
+    values: BTreeMap<String, String>,
+}
+
+/// The sysctls under one root, and what we did to them.
+pub struct Sysctls {
+    root: PathBuf,
+    state: PathBuf,
+    originals: Originals,
+    /// What we last wrote, per sysctl; a different value read back means someone else wrote.
+    written: BTreeMap<String, String>,
+    /// Sysctls handed back to the administrator.
+    released: Vec<String>,
+}
+
+fn read(path: &Path) -> Result<String, SysctlError> {
+    fs::read_to_string(path)
+        .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" "))
+        .map_err(|source| SysctlError::Io { path: path.display().to_string(), source })
+}
+
+fn write(path: &Path, value: &str) -> Result<(), SysctlError> {
+    fs::write(path, value)
+        .map_err(|source| SysctlError::Io { path: path.display().to_string(), source })
+}
+
+/// `value` with its maximum set to `bytes`: the whole value for a single number, the third
+/// field of a `min default max` triple.
+fn with_max(path: &Path, value: &str, bytes: u64) -> Result<String, SysctlError> {
+    let fields: Vec<&str> = value.split(' ').collect();
+    let bad = || SysctlError::Format { path: path.display().to_string(), value: value.to_owned() };
+    match fields.as_slice() {
+        [one] if one.parse::<u64>().is_ok() => Ok(bytes.to_string()),
+        [min, def, max] if [min, def, max].iter().all(|f| f.parse::<u64>().is_ok()) => {
+            Ok(format!("{min} {def} {bytes}"))
+        }
+        _ => Err(bad()),
+    }
+}
+
+impl Sysctls {
+    /// Opens the sysctls under `root` with originals kept in `state`. If a state file is left
+    /// from a run that died, its originals are restored first.
+    pub fn open(root: &Path, state: &Path) -> Result<Self, SysctlError> {
+        let mut s = Self {
+            root: root.to_owned(),
+            state: state.to_owned(),
+            originals: Originals::default(),
+            written: BTreeMap::new(),
+            released: Vec::new(),
+        };
+        if state.exists() {
+            let text = fs::read_to_string(state)
+                .map_err(|source| SysctlError::Io { path: state.display().to_string(), source })?;
+            s.originals = serde_json::from_str(&text).map_err(|source| SysctlError::State {
+                path: state.display().to_string(),
+                source,
+            })?;
+            warn!(state = %state.display(), "a previous run left sysctls changed; restoring them");
+            s.restore()?;
+        }
+        Ok(s)
+    }
+
+    fn path(&self, key: &str) -> PathBuf {
+        self.root.join(key)
+    }
+
+    /// Sets every managed sysctl's maximum to `bytes`. Originals are saved (state file first)
+    /// before the first change of each.
+    pub fn apply(&mut self, bytes: u64) -> Result<Vec<String>, SysctlError> {
+        // Read and check everything first: a value we cannot interpret changes nothing.
+        let mut plan = Vec::new();
+        for key in MANAGED {
+            if self.released.iter().any(|k| k == key) {
+                continue;
+            }
+            let path = self.path(key);
+            let now = read(&path)?;
+            let want = with_max(&path, &now, bytes)?;
+            plan.push((key, path, now, want));
+        }
+        let mut changed = Vec::new();
+        for (key, path, now, want) in plan {
+            if let Some(ours) = self.written.get(key) {
+                if *ours != now {
+                    warn!(sysctl = key, ours, now, "changed by someone else; no longer managed");
+                    self.released.push(key.to_owned());
+                    self.originals.values.remove(key);
+                    self.save()?;
+                    continue;
+                }
+            }
+            if want == now {
+                self.written.insert(key.to_owned(), now);
+                continue;
+            }
+            if !self.originals.values.contains_key(key) {
+                self.originals.values.insert(key.to_owned(), now.clone());
+                self.save()?;
+            }
+            write(&path, &want)?;
+            // Read back: the kernel may normalise what it was given.
+            let back = read(&path)?;
+            info!(sysctl = key, from = now, to = back, "set");
+            changed.push(format!("{key} {now} -> {back}"));
+            self.written.insert(key.to_owned(), back);
+        }
+        Ok(changed)
+    }
+
+    fn save(&self) -> Result<(), SysctlError> {
+        let text = serde_json::to_string_pretty(&self.originals).map_err(|source| {
+            SysctlError::State { path: self.state.display().to_string(), source }
+        })?;
+        write_atomic(&self.state, &text)
+            .map_err(|source| SysctlError::Io { path: self.state.display().to_string(), source })
+    }
+
+    /// Puts every original back (those still ours) and removes the state file.
+    pub fn restore(&mut self) -> Result<(), SysctlError> {
+        for (key, value) in &self.originals.values {
+            let path = self.path(key);
+            write(&path, value)?;
+            info!(sysctl = %key, to = %value, "restored");
+        }
+        self.originals.values.clear();
+        self.written.clear();
+        match fs::remove_file(&self.state) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(SysctlError::Io { path: self.state.display().to_string(), source: e })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Sysctls an administrator took over.
+    pub fn released(&self) -> &[String] {
+        &self.released
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A /proc/sys look-alike with the defaults of a stock kernel.
+    fn tree(name: &str) -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("lp-sysctl-{}-{name}", std::process::id()));
+        let root = dir.join("sys");
+        fs::create_dir_all(root.join("net/core")).unwrap();
+        fs::create_dir_all(root.join("net/ipv4")).unwrap();
+        fs::write(root.join("net/core/rmem_max"), "212992\n").unwrap();
+        fs::write(root.join("net/core/wmem_max"), "212992\n").unwrap();
+        fs::write(root.join("net/ipv4/tcp_rmem"), "4096\t131072\t6291456\n").unwrap();
+        fs::write(root.join("net/ipv4/tcp_wmem"), "4096\t16384\t4194304\n").unwrap();
+        (root, dir.join("state.json"))
+    }
+
+    fn get(root: &Path, key: &str) -> String {
+        read(&root.join(key)).unwrap()
+    }
+
+    #[test]
+    fn apply_then_restore() {
+        let (root, state) = tree("restore");
+        let mut s = Sysctls::open(&root, &state).unwrap();
+        let changed = s.apply(128 << 20).unwrap();
+        assert_eq!(changed.len(), 4, "{changed:?}");
+        assert_eq!(get(&root, "net/core/rmem_max"), "134217728");
+        assert_eq!(get(&root, "net/ipv4/tcp_wmem"), "4096 16384 134217728");
+        assert!(state.exists(), "originals saved before the change");
+        assert!(s.apply(128 << 20).unwrap().is_empty(), "nothing to do the second time");
+        s.restore().unwrap();
+        assert_eq!(get(&root, "net/core/rmem_max"), "212992");
+        assert_eq!(get(&root, "net/ipv4/tcp_rmem"), "4096 131072 6291456");
+        assert!(!state.exists());
+        let _ = fs::remove_dir_all(root.parent().unwrap());
+    }
+
+    #[test]
+    fn a_crashed_run_is_undone_at_the_next_start() {
+        let (root, state) = tree("crash");
+        let mut s = Sysctls::open(&root, &state).unwrap();
+        s.apply(64 << 20).unwrap();
+        s.apply(256 << 20).unwrap();
+        std::mem::forget(s); // SIGKILL: no restore
+        assert_eq!(get(&root, "net/core/wmem_max"), "268435456");
+        let _s = Sysctls::open(&root, &state).unwrap();
+        // The originals from before the first change, not the intermediate 64 MiB.
+        assert_eq!(get(&root, "net/core/wmem_max"), "212992");
+        assert_eq!(get(&root, "net/ipv4/tcp_wmem"), "4096 16384 4194304");
+        assert!(!state.exists());
+        let _ = fs::remove_dir_all(root.parent().unwrap());
+    }
+
+    #[test]
+    fn an_administrators_change_is_left_alone() {
+        let (root, state) = tree("admin");
+        let mut s = Sysctls::open(&root, &state).unwrap();
+        s.apply(128 << 20).unwrap();
+        fs::write(root.join("net/core/rmem_max"), "999999\n").unwrap();
+        s.apply(256 << 20).unwrap();
+        assert_eq!(get(&root, "net/core/rmem_max"), "999999", "not overwritten");
+        assert_eq!(s.released(), ["net/core/rmem_max"]);
+        assert_eq!(get(&root, "net/core/wmem_max"), "268435456", "the others still managed");
+        s.restore().unwrap();
+        assert_eq!(get(&root, "net/core/rmem_max"), "999999", "not restored over the admin");
+        assert_eq!(get(&root, "net/core/wmem_max"), "212992");
+        let _ = fs::remove_dir_all(root.parent().unwrap());
+    }
+
+    #[test]
+    fn unexpected_values_are_errors_not_guesses() {
+        let (root, state) = tree("bad");
+        fs::write(root.join("net/ipv4/tcp_rmem"), "lots\n").unwrap();
+        let mut s = Sysctls::open(&root, &state).unwrap();
+        let err = s.apply(1 << 20).unwrap_err().to_string();
+        assert!(err.contains("tcp_rmem") && err.contains("unexpected value"), "{err}");
+        assert_eq!(get(&root, "net/core/rmem_max"), "212992", "nothing changed");
+        assert!(!state.exists());
+        let _ = fs::remove_dir_all(root.parent().unwrap());
+    }
+}
