@@ -15,6 +15,7 @@ pub mod kernel;
 pub mod paths;
 pub mod probes;
 pub mod rdma;
+pub mod roce_tc;
 pub mod rtt_window;
 pub mod sensors;
 pub mod sysctl;
