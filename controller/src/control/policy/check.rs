@@ -1,0 +1,314 @@
+//! Checks a policy as written and builds the [`Policy`]: every problem is recorded with its
+//! location; any problem means no policy.
+
+use ipnet::IpNet;
+use linkpilot_common::units::Bytes;
+use toml::Spanned;
+
+use super::{
+    file::{RawBounds, RawPolicy, RawState, Setting},
+    higher_is_worse, secs, Bounds, Errors, EstimatorConfig, Hysteresis, Link, Policy, State,
+    StateKnobs, Thresholds,
+};
+
+pub(super) fn check(raw: RawPolicy, e: &mut Errors) -> Policy {
+    let tick = *raw.daemon.tick.get_ref();
+    if tick.0 < 10_000_000 || tick.0 > 10_000_000_000 {
+        e.at(raw.daemon.tick.span(), format!("tick {tick} must be between 10ms and 10s"));
+    }
+    let est = raw.estimator;
+    let estimator = EstimatorConfig {
+        baseline_window: est.baseline_window,
+        window: est.window,
+        ewma_half_life: est.ewma_half_life,
+        peak_window: est.peak_window,
+    };
+    let h = raw.hysteresis;
+    let hysteresis =
+        Hysteresis { enter_after: h.enter_after, exit_after: h.exit_after, min_dwell: h.min_dwell };
+    let bounds = check_bounds(&raw.bounds, e);
+    if raw.links.is_empty() {
+        e.at(0..0, "no [[link]]: a policy needs at least one link (name, interfaces, capacity)");
+    }
+    let mut links: Vec<Link> = Vec::new();
+    for l in &raw.links {
+        let span = l.span();
+        let l = l.get_ref();
+        if links.iter().any(|o| o.name == l.name) {
+            e.at(span.clone(), format!("link name {:?} is used twice", l.name));
+        }
+        if l.interfaces.is_empty() {
+            e.at(span.clone(), format!("link {:?} lists no interfaces", l.name));
+        }
+        let mut peers = Vec::new();
+        for p in &l.peers {
+            let mut nets = Vec::new();
+            for c in &p.cidrs {
+                match c.get_ref().parse::<IpNet>() {
+                    Ok(n) => nets.push(n),
+                    Err(_) => e.at(
+                        c.span(),
+                        format!(
+                            "peer {:?}: {:?} is not a CIDR such as \"198.18.2.0/24\"",
+                            p.name,
+                            c.get_ref()
+                        ),
+                    ),
+                }
+            }
+            if p.name.is_empty() || p.name == "other" {
+                e.at(span.clone(), format!("peer name {:?} is empty or reserved", p.name));
+            }
+            peers.push((p.name.clone(), nets));
+        }
+        links.push(Link {
+            name: l.name.clone(),
+            interfaces: l.interfaces.clone(),
+            capacity_bps: l.capacity.0,
+            peers,
+        });
+    }
+    let states = check_states(&raw.states, &bounds, e);
+    Policy { tick, estimator, hysteresis, bounds, links, states }
+}
+
+fn check_bounds(b: &RawBounds, e: &mut Errors) -> Bounds {
+    let c = b.chunk.get_ref();
+    if c.min.0 == 0 || c.min > c.max {
+        e.at(
+            b.chunk.span(),
+            format!("chunk bounds: min {} must be above 0 and at most max {}", c.min, c.max),
+        );
+    }
+    if c.initial < c.min || c.initial > c.max {
+        e.at(
+            b.chunk.span(),
+            format!("chunk initial {} must lie within min {} and max {}", c.initial, c.min, c.max),
+        );
+    }
+    if c.in_flight == 0 {
+        e.at(b.chunk.span(), "chunk in_flight must be at least 1");
+    }
+    let t = b.tcp_buffers.get_ref();
+    if t.min.0 == 0 || t.min > t.max {
+        e.at(
+            b.tcp_buffers.span(),
+            format!("tcp_buffers bounds: min {} must be above 0 and at most max {}", t.min, t.max),
+        );
+    }
+    if t.bdp_factor <= 0.0 {
+        e.at(b.tcp_buffers.span(), "tcp_buffers bdp_factor must be above 0");
+    }
+    let i = b.nccl_ib_timeout.get_ref();
+    if i.min == 0 || i.max > 31 || i.min > i.max {
+        e.at(
+            b.nccl_ib_timeout.span(),
+            format!(
+                "nccl_ib_timeout bounds {}..={} must lie within 1..=31, min first",
+                i.min, i.max
+            ),
+        );
+    }
+    if i.k <= 0.0 {
+        e.at(b.nccl_ib_timeout.span(), "nccl_ib_timeout k must be above 0");
+    }
+    let w = b.watchdog.get_ref();
+    if w.min.0 < 1_000_000_000 || w.min > w.max {
+        e.at(
+            b.watchdog.span(),
+            format!("watchdog bounds: min {} must be at least 1s and at most max {}", w.min, w.max),
+        );
+    }
+    if w.rtt_multiple <= 0.0 {
+        e.at(b.watchdog.span(), "watchdog rtt_multiple must be above 0");
+    }
+    for (span, step) in [
+        (b.chunk.span(), c.max_step),
+        (b.tcp_buffers.span(), t.max_step),
+        (b.watchdog.span(), w.max_step),
+    ] {
+        if step < 1.0 || !step.is_finite() {
+            e.at(span, format!("max_step {step} must be at least 1 (a factor per change)"));
+        }
+    }
+    Bounds {
+        chunk_min: c.min.0,
+        chunk_max: c.max.0,
+        chunk_initial: c.initial.0,
+        chunk_in_flight: c.in_flight,
+        chunk_max_step: c.max_step,
+        buffers_min: t.min.0,
+        buffers_max: t.max.0,
+        buffers_bdp_factor: t.bdp_factor,
+        buffers_max_step: t.max_step,
+        ib_timeout_k: i.k,
+        ib_timeout_min: i.min,
+        ib_timeout_max: i.max,
+        watchdog_min_s: secs(w.min),
+        watchdog_max_s: secs(w.max),
+        watchdog_rtt_multiple: w.rtt_multiple,
+        watchdog_max_step: w.max_step,
+    }
+}
+
+fn check_states(raw: &[Spanned<RawState>], b: &Bounds, e: &mut Errors) -> Vec<State> {
+    if raw.is_empty() {
+        e.at(0..0, "no [[state]]: a policy needs at least one state (the healthy one)");
+    }
+    let mut states: Vec<State> = Vec::new();
+    for (i, s) in raw.iter().enumerate() {
+        let span = s.span();
+        let s = s.get_ref();
+        let name = s.name.get_ref().clone();
+        if states.iter().any(|o| o.name == name) {
+            e.at(s.name.span(), format!("state name {name:?} is used twice"));
+        }
+        let enter = s.enter.as_ref().map(|t| *t.get_ref()).unwrap_or_default();
+        let enter_span = s.enter.as_ref().map_or(span.clone(), |t| t.span());
+        if i == 0 && !enter.conditions().is_empty() {
+            e.at(enter_span.clone(), format!("state {name:?} is the first (healthiest) state: it has no enter thresholds; remove them or put a healthier state first"));
+        }
+        if i > 0 && enter.conditions().is_empty() {
+            e.at(enter_span.clone(), format!("state {name:?} needs enter thresholds (any of rtt_inflation, rtt_p99, jitter, ce_fraction, retrans, cnp_rate, goodput_below)"));
+        }
+        let exit = match &s.exit {
+            None => enter,
+            Some(x) => {
+                let exit = *x.get_ref();
+                if i == 0 {
+                    e.at(
+                        x.span(),
+                        format!("state {name:?} is the first state: there is nothing to exit to"),
+                    );
+                }
+                let enter_c = enter.conditions();
+                for (sig, v, written) in exit.conditions() {
+                    match enter_c.iter().find(|(n, _, _)| *n == sig) {
+                        None => e.at(x.span(), format!("state {name:?}: exit threshold {sig} has no enter threshold to pair with")),
+                        Some((_, ev, ew)) => {
+                            let ok = if higher_is_worse(sig) { v <= *ev } else { v >= *ev };
+                            if !ok {
+                                let rel = if higher_is_worse(sig) { "at or below" } else { "at or above" };
+                                e.at(x.span(), format!("state {name:?}: exit {sig} {written} must be {rel} its enter threshold {ew}, or the state could never be left"));
+                            }
+                        }
+                    }
+                }
+                // Signals with an enter threshold and no exit one exit at the enter threshold.
+                let mut merged = enter;
+                merge(&mut merged, &exit);
+                merged
+            }
+        };
+        // Each state must be entered at worse signals than every healthier one.
+        for prev in &states {
+            for (sig, v, written) in enter.conditions() {
+                if let Some((_, pv, pw)) =
+                    prev.enter.conditions().into_iter().find(|(n, _, _)| *n == sig)
+                {
+                    let ordered = if higher_is_worse(sig) { v > pv } else { v < pv };
+                    if !ordered {
+                        e.at(enter_span.clone(), format!("state {name:?}: {sig} {written} overlaps state {:?} ({pw}); states are ordered healthiest first, so its threshold must be {}", prev.name, if higher_is_worse(sig) { "higher" } else { "lower" }));
+                    }
+                }
+            }
+        }
+        let k = s.knobs.get_ref();
+        let kspan = s.knobs.span();
+        if k.dscp > 63 {
+            e.at(kspan.clone(), format!("state {name:?}: dscp {} must be 0..=63", k.dscp));
+        }
+        if k.nccl_ib_retry_cnt > 7 {
+            e.at(
+                kspan.clone(),
+                format!(
+                    "state {name:?}: nccl_ib_retry_cnt {} must be 0..=7 (a 3-bit field)",
+                    k.nccl_ib_retry_cnt
+                ),
+            );
+        }
+        if let Setting::Fixed(c) = k.chunk {
+            if c.0 < b.chunk_min || c.0 > b.chunk_max {
+                e.at(
+                    kspan.clone(),
+                    format!(
+                        "state {name:?}: chunk {c} lies outside the bounds {}..={}",
+                        Bytes(b.chunk_min),
+                        Bytes(b.chunk_max)
+                    ),
+                );
+            }
+        }
+        if let Setting::Fixed(t) = k.nccl_ib_timeout {
+            if t < b.ib_timeout_min || t > b.ib_timeout_max {
+                e.at(
+                    kspan.clone(),
+                    format!(
+                        "state {name:?}: nccl_ib_timeout {t} lies outside the bounds {}..={}",
+                        b.ib_timeout_min, b.ib_timeout_max
+                    ),
+                );
+            }
+        }
+        if let Setting::Fixed(w) = k.watchdog {
+            let s = secs(w);
+            if s < b.watchdog_min_s || s > b.watchdog_max_s {
+                e.at(
+                    kspan.clone(),
+                    format!(
+                        "state {name:?}: watchdog {}s lies outside the bounds {}s..={}s",
+                        s, b.watchdog_min_s, b.watchdog_max_s
+                    ),
+                );
+            }
+        }
+        if let Setting::Fixed(t) = k.tcp_buffers {
+            if t.0 < b.buffers_min || t.0 > b.buffers_max {
+                e.at(
+                    kspan.clone(),
+                    format!(
+                        "state {name:?}: tcp_buffers {t} lies outside the bounds {}..={}",
+                        Bytes(b.buffers_min),
+                        Bytes(b.buffers_max)
+                    ),
+                );
+            }
+        }
+        if let Some(prev) = states.last() {
+            if k.compression.ratio() > prev.knobs.compression.ratio() {
+                e.at(kspan.clone(), format!("state {name:?}: compression {} is lighter than {} in the healthier state {:?}; compression may only get stronger as states worsen", k.compression, prev.knobs.compression, prev.name));
+            }
+        }
+        states.push(State {
+            name,
+            enter,
+            exit,
+            knobs: StateKnobs {
+                compression: k.compression,
+                chunk: map_setting(k.chunk, |b| b.0),
+                nccl_ib_timeout: k.nccl_ib_timeout,
+                nccl_ib_retry_cnt: k.nccl_ib_retry_cnt,
+                watchdog_s: map_setting(k.watchdog, secs),
+                dscp: k.dscp,
+                roce_traffic_class: k.roce_traffic_class,
+                tcp_buffers: map_setting(k.tcp_buffers, |b| b.0),
+            },
+        });
+    }
+    states
+}
+
+fn map_setting<T, U>(s: Setting<T>, f: impl FnOnce(T) -> U) -> Setting<U> {
+    match s {
+        Setting::Auto => Setting::Auto,
+        Setting::Fixed(t) => Setting::Fixed(f(t)),
+    }
+}
+
+/// Overrides `into`'s thresholds with those `from` sets.
+fn merge(into: &mut Thresholds, from: &Thresholds) {
+    macro_rules! take {
+        ($($f:ident),*) => {$( if from.$f.is_some() { into.$f = from.$f; } )*};
+    }
+    take!(rtt_inflation, rtt_p99, jitter, ce_fraction, retrans, cnp_rate, goodput_below);
+}

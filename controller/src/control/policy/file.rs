@@ -1,0 +1,277 @@
+//! Policy files as written: the TOML schema, with defaults, spans for error locations and the
+//! human units. `check.rs` turns it into a [`super::Policy`].
+
+use linkpilot_common::units::{BitRate, Bytes, Fraction, Nanos, PerSecond, Percent};
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::control::knobs::Compression;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPolicy {
+    #[serde(default)]
+    pub(super) daemon: RawDaemon,
+    #[serde(default)]
+    pub(super) estimator: RawEstimator,
+    #[serde(default)]
+    pub(super) hysteresis: RawHysteresis,
+    #[serde(default)]
+    pub(super) bounds: RawBounds,
+    #[serde(rename = "link", default)]
+    pub(super) links: Vec<Spanned<RawLink>>,
+    #[serde(rename = "state", default)]
+    pub(super) states: Vec<Spanned<RawState>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDaemon {
+    #[serde(default = "d_tick")]
+    pub(super) tick: Spanned<Nanos>,
+}
+
+pub(super) fn d_tick() -> Spanned<Nanos> {
+    unspanned(Nanos(100_000_000))
+}
+
+/// A default value: errors about it point at the start of the file.
+pub(super) fn unspanned<T>(v: T) -> Spanned<T> {
+    Spanned::new(0..0, v)
+}
+
+impl Default for RawDaemon {
+    fn default() -> Self {
+        Self { tick: d_tick() }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawEstimator {
+    /// Windowed-min RTT baseline, BBR-style.
+    pub(super) baseline_window: Nanos,
+    /// Maxima (delivery rate) over this window; the daemon sizes the sensors' RTT percentile
+    /// window from it too (replays take the percentiles recorded in the trace).
+    pub(super) window: Nanos,
+    /// Half-life of the EWMAs of CE fraction, retransmissions, CNPs, goodput, RTT.
+    pub(super) ewma_half_life: Nanos,
+    /// Peak RTT p99 the watchdog is sized from, over this (long) window.
+    pub(super) peak_window: Nanos,
+}
+
+impl Default for RawEstimator {
+    fn default() -> Self {
+        Self {
+            baseline_window: Nanos(10_000_000_000),
+            window: Nanos(10_000_000_000),
+            ewma_half_life: Nanos(500_000_000),
+            peak_window: Nanos(600_000_000_000),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawHysteresis {
+    pub(super) enter_after: Nanos,
+    pub(super) exit_after: Nanos,
+    pub(super) min_dwell: Nanos,
+}
+
+impl Default for RawHysteresis {
+    fn default() -> Self {
+        Self {
+            enter_after: Nanos(300_000_000),
+            exit_after: Nanos(10_000_000_000),
+            min_dwell: Nanos(2_000_000_000),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawBounds {
+    pub(super) chunk: Spanned<RawChunkBounds>,
+    pub(super) tcp_buffers: Spanned<RawBufferBounds>,
+    pub(super) nccl_ib_timeout: Spanned<RawIbTimeout>,
+    pub(super) watchdog: Spanned<RawWatchdog>,
+}
+
+impl Default for RawBounds {
+    fn default() -> Self {
+        Self {
+            chunk: unspanned(RawChunkBounds::default()),
+            tcp_buffers: unspanned(RawBufferBounds::default()),
+            nccl_ib_timeout: unspanned(RawIbTimeout::default()),
+            watchdog: unspanned(RawWatchdog::default()),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawChunkBounds {
+    pub(super) min: Bytes,
+    pub(super) max: Bytes,
+    /// Value until the first RTT measurement.
+    pub(super) initial: Bytes,
+    /// Chunks in flight across the link (channels x pipeline steps): chunk = BDP / in_flight.
+    pub(super) in_flight: u32,
+    /// Largest factor between two consecutive values.
+    pub(super) max_step: f64,
+}
+
+impl Default for RawChunkBounds {
+    fn default() -> Self {
+        Self {
+            min: Bytes(1 << 20),
+            max: Bytes(64 << 20),
+            initial: Bytes(4 << 20),
+            in_flight: 64,
+            max_step: 2.0,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawBufferBounds {
+    pub(super) min: Bytes,
+    pub(super) max: Bytes,
+    /// Buffer = bdp_factor x capacity x RTT p99.
+    pub(super) bdp_factor: f64,
+    pub(super) max_step: f64,
+}
+
+impl Default for RawBufferBounds {
+    fn default() -> Self {
+        Self { min: Bytes(4 << 20), max: Bytes(1 << 30), bdp_factor: 2.0, max_step: 4.0 }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawIbTimeout {
+    /// NCCL_IB_TIMEOUT: smallest t with 4.096 us x 2^t >= k x RTT p99.
+    pub(super) k: f64,
+    pub(super) min: u8,
+    pub(super) max: u8,
+}
+
+impl Default for RawIbTimeout {
+    fn default() -> Self {
+        Self { k: 4.0, min: 14, max: 24 }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawWatchdog {
+    pub(super) min: Nanos,
+    pub(super) max: Nanos,
+    /// Watchdog = rtt_multiple x peak RTT p99 (a collective waits on many round trips).
+    pub(super) rtt_multiple: f64,
+    /// Largest factor of one decrease (increases are immediate: a spike must not kill a job).
+    pub(super) max_step: f64,
+}
+
+impl Default for RawWatchdog {
+    fn default() -> Self {
+        Self {
+            min: Nanos(600_000_000_000),
+            max: Nanos(3_600_000_000_000),
+            rtt_multiple: 3000.0,
+            max_step: 2.0,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLink {
+    pub(super) name: String,
+    pub(super) interfaces: Vec<String>,
+    pub(super) capacity: BitRate,
+    #[serde(rename = "peer", default)]
+    pub(super) peers: Vec<RawPeer>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPeer {
+    pub(super) name: String,
+    pub(super) cidrs: Vec<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawState {
+    pub(super) name: Spanned<String>,
+    pub(super) enter: Option<Spanned<Thresholds>>,
+    pub(super) exit: Option<Spanned<Thresholds>>,
+    pub(super) knobs: Spanned<RawKnobs>,
+}
+
+/// Thresholds on the link's signals; `None` is "not a condition".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Thresholds {
+    /// RTT over its windowed-min baseline, as a share of the baseline.
+    pub rtt_inflation: Option<Percent>,
+    pub rtt_p99: Option<Nanos>,
+    /// RTT p99 minus p50 over the window.
+    pub jitter: Option<Nanos>,
+    pub ce_fraction: Option<Fraction>,
+    /// Retransmitted segments per segment sent.
+    pub retrans: Option<Fraction>,
+    /// RoCE CNPs per second (TC-seen and NIC-handled).
+    pub cnp_rate: Option<PerSecond>,
+    /// Goodput below this share of the link's capacity (while the link carries traffic).
+    pub goodput_below: Option<Fraction>,
+}
+
+/// A knob value that is either fixed or derived from measurements ("auto").
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Setting<T> {
+    Auto,
+    Fixed(T),
+}
+
+impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for Setting<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = toml::Value::deserialize(d)?;
+        if v.as_str() == Some("auto") {
+            return Ok(Setting::Auto);
+        }
+        T::deserialize(v)
+            .map(Setting::Fixed)
+            .map_err(|e| serde::de::Error::custom(format!("{}, or \"auto\"", e.message().trim())))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawKnobs {
+    pub(super) compression: Compression,
+    #[serde(default = "auto")]
+    pub(super) chunk: Setting<Bytes>,
+    #[serde(default = "auto")]
+    pub(super) nccl_ib_timeout: Setting<u8>,
+    #[serde(default = "d_retry")]
+    pub(super) nccl_ib_retry_cnt: u8,
+    #[serde(default = "auto")]
+    pub(super) watchdog: Setting<Nanos>,
+    pub(super) dscp: u8,
+    pub(super) roce_traffic_class: u8,
+    #[serde(default = "auto")]
+    pub(super) tcp_buffers: Setting<Bytes>,
+}
+
+pub(super) fn auto<T>() -> Setting<T> {
+    Setting::Auto
+}
+
+pub(super) fn d_retry() -> u8 {
+    7
+}

@@ -1,0 +1,263 @@
+//! Policy files: links, estimator windows, the ladder of link states with their thresholds and
+//! knobs, hysteresis, and knob bounds. A policy is parsed and checked whole: any error (named by
+//! file, line and column, saying what would be valid) means no policy at all.
+
+use std::{fmt, ops::Range};
+
+use ipnet::IpNet;
+use linkpilot_common::units::Nanos;
+
+use super::knobs::Compression;
+
+mod check;
+mod file;
+#[cfg(test)]
+mod tests;
+
+use file::RawPolicy;
+pub use file::{Setting, Thresholds};
+
+/// Where policies live unless told otherwise.
+pub const DEFAULT_PATH: &str = "/etc/linkpilot/policy.toml";
+
+/// The policies shipped in `policies/`, by name.
+pub const SHIPPED: &[(&str, &str)] = &[
+    ("default", include_str!("../../../../policies/default.toml")),
+    ("hk-us", include_str!("../../../../policies/hk-us.toml")),
+    ("static-handtuned", include_str!("../../../../policies/static-handtuned.toml")),
+];
+
+/// A policy that cannot be used, with where the problem is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyError {
+    pub file: String,
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}: {}", self.file, self.line, self.column, self.message)
+    }
+}
+
+/// Every error of one policy file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyErrors(pub Vec<PolicyError>);
+
+impl fmt::Display for PolicyErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for PolicyErrors {}
+
+/// A checked policy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Policy {
+    pub tick: Nanos,
+    pub estimator: EstimatorConfig,
+    pub hysteresis: Hysteresis,
+    pub bounds: Bounds,
+    pub links: Vec<Link>,
+    /// The ladder, healthiest first.
+    pub states: Vec<State>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EstimatorConfig {
+    pub baseline_window: Nanos,
+    pub window: Nanos,
+    pub ewma_half_life: Nanos,
+    pub peak_window: Nanos,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Hysteresis {
+    pub enter_after: Nanos,
+    pub exit_after: Nanos,
+    pub min_dwell: Nanos,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bounds {
+    pub chunk_min: u64,
+    pub chunk_max: u64,
+    pub chunk_initial: u64,
+    pub chunk_in_flight: u32,
+    pub chunk_max_step: f64,
+    pub buffers_min: u64,
+    pub buffers_max: u64,
+    pub buffers_bdp_factor: f64,
+    pub buffers_max_step: f64,
+    pub ib_timeout_k: f64,
+    pub ib_timeout_min: u8,
+    pub ib_timeout_max: u8,
+    pub watchdog_min_s: u32,
+    pub watchdog_max_s: u32,
+    pub watchdog_rtt_multiple: f64,
+    pub watchdog_max_step: f64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Link {
+    pub name: String,
+    pub interfaces: Vec<String>,
+    pub capacity_bps: f64,
+    pub peers: Vec<(String, Vec<IpNet>)>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct State {
+    pub name: String,
+    /// Entered when any of these holds for `enter_after` (the first state has none).
+    pub enter: Thresholds,
+    /// Left (one step down) when all of these hold for `exit_after`; defaults to `enter`.
+    pub exit: Thresholds,
+    pub knobs: StateKnobs,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StateKnobs {
+    pub compression: Compression,
+    pub chunk: Setting<u64>,
+    pub nccl_ib_timeout: Setting<u8>,
+    pub nccl_ib_retry_cnt: u8,
+    pub watchdog_s: Setting<u32>,
+    pub dscp: u8,
+    pub roce_traffic_class: u8,
+    pub tcp_buffers: Setting<u64>,
+}
+
+/// Line and column (1-based) of byte `offset`.
+fn line_col(src: &str, offset: usize) -> (usize, usize) {
+    let before = &src[..offset.min(src.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+pub(super) struct Errors<'a> {
+    file: &'a str,
+    src: &'a str,
+    list: Vec<PolicyError>,
+}
+
+impl Errors<'_> {
+    pub(super) fn at(&mut self, span: Range<usize>, message: impl Into<String>) {
+        let (line, column) = line_col(self.src, span.start);
+        self.list.push(PolicyError {
+            file: self.file.to_owned(),
+            line,
+            column,
+            message: message.into(),
+        });
+    }
+}
+
+/// The signals a threshold can name, with how to compare them: `true` if higher is worse.
+const SIGNALS: [(&str, bool); 7] = [
+    ("rtt_inflation", true),
+    ("rtt_p99", true),
+    ("jitter", true),
+    ("ce_fraction", true),
+    ("retrans", true),
+    ("cnp_rate", true),
+    ("goodput_below", false),
+];
+
+impl Thresholds {
+    /// (signal name, threshold in the units `conditions` uses) of each condition set, without
+    /// allocating: the per-tick check.
+    pub fn values(&self) -> impl Iterator<Item = (&'static str, f64)> {
+        [
+            ("rtt_inflation", self.rtt_inflation.map(|x| x.0)),
+            ("rtt_p99", self.rtt_p99.map(|x| x.0 as f64 / 1e6)),
+            ("jitter", self.jitter.map(|x| x.0 as f64 / 1e6)),
+            ("ce_fraction", self.ce_fraction.map(|x| x.0)),
+            ("retrans", self.retrans.map(|x| x.0)),
+            ("cnp_rate", self.cnp_rate.map(|x| x.0)),
+            ("goodput_below", self.goodput_below.map(|x| x.0)),
+        ]
+        .into_iter()
+        .filter_map(|(n, v)| Some((n, v?)))
+    }
+
+    /// (signal name, threshold as f64 in base units, as written) of each condition set.
+    pub fn conditions(&self) -> Vec<(&'static str, f64, String)> {
+        let mut v = Vec::new();
+        if let Some(x) = self.rtt_inflation {
+            v.push(("rtt_inflation", x.0, x.to_string()));
+        }
+        if let Some(x) = self.rtt_p99 {
+            v.push(("rtt_p99", x.0 as f64 / 1e6, format!("{}ms", x.0 as f64 / 1e6)));
+        }
+        if let Some(x) = self.jitter {
+            v.push(("jitter", x.0 as f64 / 1e6, format!("{}ms", x.0 as f64 / 1e6)));
+        }
+        if let Some(x) = self.ce_fraction {
+            v.push(("ce_fraction", x.0, x.to_string()));
+        }
+        if let Some(x) = self.retrans {
+            v.push(("retrans", x.0, x.to_string()));
+        }
+        if let Some(x) = self.cnp_rate {
+            v.push(("cnp_rate", x.0, x.to_string()));
+        }
+        if let Some(x) = self.goodput_below {
+            v.push(("goodput_below", x.0, x.to_string()));
+        }
+        v
+    }
+}
+
+/// Whether `signal` is worse when higher.
+pub fn higher_is_worse(signal: &str) -> bool {
+    SIGNALS.iter().find(|(n, _)| *n == signal).is_none_or(|(_, h)| *h)
+}
+
+impl Policy {
+    /// Parses and checks `src`; `file` names it in errors.
+    pub fn parse(src: &str, file: &str) -> Result<Policy, PolicyErrors> {
+        let mut errs = Errors { file, src, list: Vec::new() };
+        let raw: RawPolicy = match toml::from_str(src) {
+            Ok(r) => r,
+            Err(e) => {
+                errs.at(e.span().unwrap_or(0..0), e.message().trim().to_owned());
+                return Err(PolicyErrors(errs.list));
+            }
+        };
+        let policy = check::check(raw, &mut errs);
+        if errs.list.is_empty() {
+            Ok(policy)
+        } else {
+            Err(PolicyErrors(errs.list))
+        }
+    }
+
+    /// Reads and parses a policy file.
+    pub fn load(path: &std::path::Path) -> Result<Policy, PolicyErrors> {
+        let file = path.display().to_string();
+        let src = std::fs::read_to_string(path).map_err(|e| {
+            PolicyErrors(vec![PolicyError {
+                file: file.clone(),
+                line: 0,
+                column: 0,
+                message: format!("cannot read the policy: {e}"),
+            }])
+        })?;
+        Self::parse(&src, &file)
+    }
+}
+
+pub(super) fn secs(n: Nanos) -> u32 {
+    (n.0 / 1_000_000_000).min(u64::from(u32::MAX)) as u32
+}

@@ -1,0 +1,79 @@
+//! Shipped policies parse; golden error messages.
+
+use super::*;
+
+#[test]
+fn shipped_policies_parse() {
+    for (name, src) in SHIPPED {
+        let p = Policy::parse(src, name).unwrap_or_else(|e| panic!("{name}:\n{e}"));
+        assert!(!p.links.is_empty() && !p.states.is_empty(), "{name}");
+    }
+    let hk = Policy::parse(SHIPPED[1].1, "hk-us").unwrap();
+    let healthy = &hk.states[0].knobs;
+    assert_eq!(healthy.chunk, Setting::Fixed(8 << 20));
+    assert_eq!((healthy.roce_traffic_class, healthy.nccl_ib_timeout), (106, Setting::Fixed(22)));
+    assert_eq!(hk.states[1].knobs.compression, Compression::Int8);
+    let fixed = Policy::parse(SHIPPED[2].1, "static").unwrap();
+    assert_eq!(fixed.states.len(), 1);
+    assert_eq!(fixed.states[0].knobs.compression, Compression::Int8);
+}
+
+/// The errors of `src` appended to a minimal valid policy, as printed.
+fn errors(extra_states: &str) -> String {
+    let src = format!(
+        "[[link]]\nname = \"wan\"\ninterfaces = [\"eth0\"]\ncapacity = \"10Gbit/s\"\n\n\
+         [[state]]\nname = \"healthy\"\n[state.knobs]\ncompression = \"none\"\ndscp = 26\n\
+         roce_traffic_class = 106\n{extra_states}"
+    );
+    match Policy::parse(&src, "p.toml") {
+        Ok(_) => "OK".into(),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn congested(enter: &str, exit: &str, compression: &str) -> String {
+    format!(
+        "\n[[state]]\nname = \"congested\"\nenter = {{ {enter} }}\n{exit}[state.knobs]\n\
+         compression = \"{compression}\"\ndscp = 26\nroce_traffic_class = 106\n"
+    )
+}
+
+#[test]
+fn golden_errors() {
+    let cases = [
+        (congested("ce_fraction = \"1%\"", "", "int8"), "OK"),
+        (
+            "\n[[state]]\nname = \"x\"\nbogus = 1\n".to_owned(),
+            "p.toml:15:1: unknown field `bogus`, expected one of `name`, `enter`, `exit`, `knobs`",
+        ),
+        (
+            congested("ce_fraction = \"1 percent\"", "", "int8"),
+            "p.toml:15:25: invalid percentage \"1 percent\": expected a number followed by % (e.g. \"0.5%\")",
+        ),
+        (
+            congested("ce_fraction = \"1%\"", "exit = { ce_fraction = \"2%\" }\n", "int8"),
+            "p.toml:16:8: state \"congested\": exit ce_fraction 2% must be at or below its enter threshold 1%, or the state could never be left",
+        ),
+        (
+            congested("ce_fraction = \"1%\"", "", "none")
+                + &congested("ce_fraction = \"1%\"", "", "int8").replace("congested", "worse"),
+            "p.toml:23:9: state \"worse\": ce_fraction 1% overlaps state \"congested\" (1%); states are ordered healthiest first, so its threshold must be higher",
+        ),
+        (
+            congested("ce_fraction = \"1%\"", "", "int8")
+                + &congested("ce_fraction = \"5%\"", "", "fp16").replace("congested", "worse"),
+            "p.toml:24:1: state \"worse\": compression fp16 is lighter than int8 in the healthier state \"congested\"; compression may only get stronger as states worsen",
+        ),
+        (
+            congested("", "", "int8"),
+            "p.toml:15:9: state \"congested\" needs enter thresholds (any of rtt_inflation, rtt_p99, jitter, ce_fraction, retrans, cnp_rate, goodput_below)",
+        ),
+        (
+            "[bounds]\nchunk = { min = \"8MiB\", max = \"4MiB\", initial = \"4MiB\" }\n".to_owned(),
+            "p.toml:13:9: chunk bounds: min 8MiB must be above 0 and at most max 4MiB\np.toml:13:9: chunk initial 4MiB must lie within min 8MiB and max 4MiB",
+        ),
+    ];
+    for (extra, want) in cases {
+        assert_eq!(errors(&extra), want, "for:\n{extra}");
+    }
+}
