@@ -9,6 +9,7 @@ pub mod bench;
 pub mod bench_sensors;
 pub mod board;
 pub mod control;
+pub mod daemon;
 pub mod envfile;
 pub mod iface;
 pub mod kernel;

@@ -28,6 +28,32 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The node daemon: watch the policy's links, decide, and apply the knobs every tick.
+    Run {
+        /// The policy file.
+        #[arg(long, default_value = linkpilot::control::policy::DEFAULT_PATH)]
+        policy: std::path::PathBuf,
+        /// Compute and log every decision; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long, default_value = linkpilot::board::DEFAULT_PATH)]
+        board: std::path::PathBuf,
+        #[arg(long, default_value = linkpilot::envfile::DEFAULT_PATH)]
+        env_file: std::path::PathBuf,
+        #[arg(long, default_value = linkpilot::sysctl::PROC_SYS, hide = true)]
+        sysctl_root: std::path::PathBuf,
+        #[arg(long, default_value = linkpilot::sysctl::DEFAULT_STATE)]
+        sysctl_state: std::path::PathBuf,
+        /// Append every decision as a JSON line here.
+        #[arg(long, value_name = "FILE")]
+        decision_log: Option<std::path::PathBuf>,
+        /// Append every snapshot as a JSON line here (the format `replay` reads).
+        #[arg(long, value_name = "FILE")]
+        record: Option<std::path::PathBuf>,
+        /// Stop after this many ticks.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        ticks: Option<u64>,
+    },
     /// Print the NCCL env file the daemon keeps (init-time NCCL and launcher settings), or with
     /// --policy, what a policy starts with before any measurement.
     Env {
@@ -187,6 +213,27 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Rdma { root, json } => rdma(&root, json),
         Command::Env { file, policy } => env(&file, policy.as_deref()),
+        Command::Run {
+            policy,
+            dry_run,
+            board,
+            env_file,
+            sysctl_root,
+            sysctl_state,
+            decision_log,
+            record,
+            ticks,
+        } => runtime.block_on(linkpilot::daemon::run(linkpilot::daemon::RunOptions {
+            policy,
+            dry_run,
+            board,
+            env_file,
+            sysctl_root,
+            sysctl_state,
+            decision_log,
+            record,
+            ticks,
+        })),
         Command::Policy { action: PolicyAction::Check { files } } => {
             return policy_check(&files);
         }

@@ -114,7 +114,16 @@ impl Sysctls {
                 continue;
             }
             let path = self.path(key);
-            let now = read(&path)?;
+            let now = match read(&path) {
+                Ok(v) => v,
+                // Not in this network namespace's /proc/sys: not ours to manage.
+                Err(SysctlError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                    warn!(sysctl = key, "absent here; not managed");
+                    self.released.push(key.to_owned());
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let want = with_max(&path, &now, bytes)?;
             plan.push((key, path, now, want));
         }
@@ -137,7 +146,20 @@ impl Sysctls {
                 self.originals.values.insert(key.to_owned(), now.clone());
                 self.save()?;
             }
-            write(&path, &want)?;
+            match write(&path, &want) {
+                Ok(()) => {}
+                // Read-only here (e.g. net.core.rmem_max outside the initial network namespace).
+                Err(SysctlError::Io { source, .. })
+                    if source.kind() == io::ErrorKind::PermissionDenied =>
+                {
+                    warn!(sysctl = key, "read-only here; not managed");
+                    self.released.push(key.to_owned());
+                    self.originals.values.remove(key);
+                    self.save()?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
             // Read back: the kernel may normalise what it was given.
             let back = read(&path)?;
             info!(sysctl = key, from = now, to = back, "set");

@@ -125,3 +125,18 @@ fn env_prints_a_policys_starting_values_or_says_why_not() {
     assert_eq!(code, 1);
     assert!(err.contains("no env file at /nonexistent/nccl.env"), "{err}");
 }
+
+#[test]
+fn run_with_a_bad_policy_names_it_and_starts_nothing() {
+    let bad = temp(
+        "run-bad.toml",
+        "[[link]]\nname = \"wan\"\ninterfaces = [\"eth0\"]\ncapacity = \"fast\"\n",
+    );
+    let board = std::env::temp_dir().join(format!("lp-{}-run-bad-board", std::process::id()));
+    let (code, _, err) =
+        linkpilot(&["run", "--policy", bad.to_str().unwrap(), "--board", board.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&bad);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("run-bad.toml:4:12: invalid rate \"fast\""), "{err}");
+    assert!(!board.exists(), "nothing was created");
+}
