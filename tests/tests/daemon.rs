@@ -174,3 +174,48 @@ fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
     assert!(trace.lines().count() > 20, "the recorded trace");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn sigkill_then_restart_leaves_one_set_of_attachments_and_the_original_sysctls() {
+    let toml = "name = \"calm\"\n[[phase]]\nname = \"only\"\nduration = \"10min\"\n[phase.link]\n\
+                delay = \"5ms\"\n";
+    let scenario = Scenario::parse(toml, "<test>", None).expect("scenario");
+    let lab = Lab::start(LabConfig { name: "dkill".into(), ..LabConfig::default() }, scenario)
+        .expect("lab");
+    let hk = lab.host(Site::Hk, 0).clone();
+    let rmem_before = tcp_rmem_max(&hk.netns);
+    let ours = |links: &[(String, String)]| -> usize {
+        links.iter().filter(|(_, p)| p.starts_with("lp_")).count()
+    };
+    let baseline = ours(&linkpilot_tests::oracle::links());
+    let dir = std::env::temp_dir().join(format!("lp-daemon-kill-{}", std::process::id()));
+    let mut first = Daemon::start(&hk.netns, &dir);
+    wait_for("the first run's sysctls", Duration::from_secs(20), || {
+        tcp_rmem_max(&hk.netns) != rmem_before
+    });
+    let one_set = ours(&linkpilot_tests::oracle::links()) - baseline;
+    assert_eq!(one_set, 5, "2 TCX + 3 tracepoint links: {:?}", linkpilot_tests::oracle::links());
+    // SIGKILL: no rollback; the state file and the changed sysctl stay behind.
+    first.child.kill().expect("SIGKILL");
+    first.child.wait().expect("exit");
+    assert!(dir.join("sysctl.json").exists());
+    assert_ne!(tcp_rmem_max(&hk.netns), rmem_before);
+    // fd-owned links die with the process.
+    wait_for("the killed run's links to go", Duration::from_secs(5), || {
+        ours(&linkpilot_tests::oracle::links()) == baseline
+    });
+    std::fs::remove_file(dir.join("knobs")).expect("the old board");
+    let mut second = Daemon::start(&hk.netns, &dir);
+    wait_for("the second run's board", Duration::from_secs(20), || dir.join("knobs").exists());
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(ours(&linkpilot_tests::oracle::links()) - baseline, one_set, "exactly one set");
+    let log = second.log();
+    assert!(log.contains("a previous run left sysctls changed; restoring them"), "{log}");
+    nix::sys::signal::kill(Pid::from_raw(second.child.id() as i32), Signal::SIGTERM).expect("TERM");
+    assert!(second.child.wait().expect("exit").success(), "{}", second.log());
+    // The originals from before the first run, not the first run's values.
+    assert_eq!(tcp_rmem_max(&hk.netns), rmem_before);
+    assert!(!dir.join("sysctl.json").exists());
+    assert_eq!(ours(&linkpilot_tests::oracle::links()), baseline);
+    let _ = std::fs::remove_dir_all(&dir);
+}
