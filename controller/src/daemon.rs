@@ -10,8 +10,7 @@ use std::{
 };
 
 use anyhow::Context;
-use ipnet::IpNet;
-use linkpilot_common::{DscpRule, ANY_PEER, MAX_PEERS, PEER_OTHER};
+use linkpilot_common::{DscpRule, ANY_PEER, PEER_OTHER};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{info, warn};
 
@@ -21,55 +20,51 @@ use crate::{
     envfile,
     iface::{self, Iface},
     kernel,
+    peers::PeerIds,
     probes::{monotonic_ns, Probes},
     sensors::{Readings, Sensors},
     sysctl::Sysctls,
 };
 
-/// Where everything goes; the defaults are the production paths.
-#[derive(Clone, Debug)]
+/// Where everything goes; the defaults are the production paths. Also `linkpilot run`'s
+/// command line.
+#[derive(Clone, Debug, clap::Args)]
 pub struct RunOptions {
+    /// The policy file.
+    #[arg(long, default_value = crate::control::policy::DEFAULT_PATH)]
     pub policy: PathBuf,
     /// Compute and log every decision; change nothing.
+    #[arg(long)]
     pub dry_run: bool,
+    #[arg(long, default_value = crate::board::DEFAULT_PATH)]
     pub board: PathBuf,
+    #[arg(long, default_value = envfile::DEFAULT_PATH)]
     pub env_file: PathBuf,
+    #[arg(long, default_value = crate::sysctl::PROC_SYS, hide = true)]
     pub sysctl_root: PathBuf,
+    #[arg(long, default_value = crate::sysctl::DEFAULT_STATE)]
     pub sysctl_state: PathBuf,
-    /// JSON lines, one per decision.
+    /// Append every decision as a JSON line here.
+    #[arg(long, value_name = "FILE")]
     pub decision_log: Option<PathBuf>,
-    /// JSON lines, one snapshot per tick (the replay format).
+    /// Append every snapshot as a JSON line here (the format `replay` reads).
+    #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
     /// Stop after this many ticks (tests, demos).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub ticks: Option<u64>,
 }
 
-/// Peer names in id order (id = index + 1) and the (id, prefix) list for the probes.
-type PeerTable = (Vec<String>, Vec<(u32, IpNet)>);
-
-/// Peer names to ids (1..) across the policy's links, and the prefixes for the probes.
-fn peer_table(policy: &Policy) -> anyhow::Result<PeerTable> {
-    let mut names: Vec<String> = Vec::new();
-    let mut prefixes = Vec::new();
-    for link in &policy.links {
-        for (name, nets) in &link.peers {
-            let id = match names.iter().position(|n| n == name) {
-                Some(i) => i + 1,
-                None => {
-                    names.push(name.clone());
-                    names.len()
-                }
-            };
-            anyhow::ensure!(id <= MAX_PEERS as usize, "at most {MAX_PEERS} peers can be named");
-            prefixes.extend(nets.iter().map(|n| (id as u32, *n)));
-        }
-    }
-    Ok((names, prefixes))
+/// Peer ids across the policy's links (a name shared by links is one peer).
+fn peer_table(policy: &Policy) -> anyhow::Result<PeerIds> {
+    PeerIds::assign(policy.links.iter().flat_map(|l| {
+        l.peers.iter().flat_map(|(name, nets)| nets.iter().map(move |n| (name.as_str(), *n)))
+    }))
 }
 
 /// The DSCP rules the current decisions ask for: each link's peers (or, for a link that names
 /// none, everything) leave with the link's DSCP.
-fn dscp_rules(core: &Core, names: &[String]) -> Vec<DscpRule> {
+fn dscp_rules(core: &Core, peers: &PeerIds) -> Vec<DscpRule> {
     let mut rules = Vec::new();
     for (link_name, _, knobs) in core.current() {
         let Some(link) = core.policy().links.iter().find(|l| l.name == link_name) else {
@@ -87,8 +82,8 @@ fn dscp_rules(core: &Core, names: &[String]) -> Vec<DscpRule> {
             rules.push(rule(ANY_PEER));
         }
         for (peer, _) in &link.peers {
-            if let Some(i) = names.iter().position(|n| n == peer) {
-                rules.push(rule(i as u32 + 1));
+            if let Some(id) = peers.id(peer) {
+                rules.push(rule(id));
             }
         }
     }
@@ -128,7 +123,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         }
     }
     let ifaces = names.iter().map(|n| Iface::resolve(n)).collect::<Result<Vec<_>, _>>()?;
-    let (peer_names, prefixes) = peer_table(&policy)?;
+    let peers = peer_table(&policy)?;
     kernel::check_privileges()?;
     let has_err = kernel::check_retransmit_tracepoint()?;
     kernel::check_probe_tracepoint()?;
@@ -143,7 +138,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let mut record = open_append(&o.record)?;
 
     let mut probes = Probes::load(offsets)?;
-    probes.set_peers(&prefixes)?;
+    probes.set_peers(&peers.prefixes)?;
     probes.sync_local_addrs(&iface::local_addrs(&ifaces).context("listing addresses")?)?;
     for iface in &ifaces {
         probes.watch(iface)?;
@@ -162,8 +157,8 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let mut core = Core::new(policy);
     info!(ifaces = ?names, dry_run = o.dry_run, "linkpilot running; SIGTERM or Ctrl-C to stop");
 
-    let peer_rows: Vec<(u32, String)> = (1..=peer_names.len() as u32)
-        .zip(peer_names.iter().cloned())
+    let peer_rows: Vec<(u32, String)> = (1..=peers.names.len() as u32)
+        .zip(peers.names.iter().cloned())
         .chain([(PEER_OTHER, "other".to_owned())])
         .collect();
     let started = Instant::now();
@@ -199,7 +194,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
             }
             if !o.dry_run {
                 if !decisions.is_empty() {
-                    apply(&core, &decisions, &peer_names, &mut probes, &mut board, &o, &mut sysctls)?;
+                    apply(&core, &decisions, &peers, &mut probes, &mut board, &o, &mut sysctls)?;
                 } else if let Some(b) = &mut board {
                     b.heartbeat(monotonic_ns());
                 }
@@ -226,13 +221,13 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
 fn apply(
     core: &Core,
     decisions: &[Decision],
-    peer_names: &[String],
+    peers: &PeerIds,
     probes: &mut Probes,
     board: &mut Option<BoardWriter>,
     o: &RunOptions,
     sysctls: &mut Option<Sysctls>,
 ) -> anyhow::Result<()> {
-    probes.set_dscp_rules(&dscp_rules(core, peer_names))?;
+    probes.set_dscp_rules(&dscp_rules(core, peers))?;
     let current = core.current();
     let latest = decisions.iter().map(|d| d.id).max().unwrap_or(0);
     let links: Vec<_> = current

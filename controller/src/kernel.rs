@@ -98,13 +98,17 @@ fn format_offsets(format: &str) -> Vec<(String, usize)> {
 /// Checks that `tcp:tcp_retransmit_skb` exists and has the layout the program reads; returns
 /// whether it carries the `err` field.
 pub fn check_retransmit_tracepoint() -> Result<bool, KernelError> {
-    let name = "tcp:tcp_retransmit_skb";
-    let path = tracefs()?.join("events/tcp/tcp_retransmit_skb/format");
-    let format = fs::read_to_string(&path).map_err(|_| KernelError::NoTracepoint {
-        name: name.into(),
-        path: path.display().to_string(),
-    })?;
+    let format = tracepoint_format("tcp", "tcp_retransmit_skb")?;
     check_retransmit_layout(&format)
+}
+
+/// The tracefs `format` file of tracepoint `category:event`.
+fn tracepoint_format(category: &str, event: &str) -> Result<String, KernelError> {
+    let path = tracefs()?.join(format!("events/{category}/{event}/format"));
+    fs::read_to_string(&path).map_err(|_| KernelError::NoTracepoint {
+        name: format!("{category}:{event}"),
+        path: path.display().to_string(),
+    })
 }
 
 /// Checks that every `(field, offset)` of `expected` is where the program reads it.
@@ -131,11 +135,7 @@ fn check_layout(
 /// Checks that `tcp:tcp_probe` exists and has the layout the RTT program reads.
 pub fn check_probe_tracepoint() -> Result<(), KernelError> {
     let name = "tcp:tcp_probe";
-    let path = tracefs()?.join("events/tcp/tcp_probe/format");
-    let format = fs::read_to_string(&path).map_err(|_| KernelError::NoTracepoint {
-        name: name.into(),
-        path: path.display().to_string(),
-    })?;
+    let format = tracepoint_format("tcp", "tcp_probe")?;
     use probe_record as r;
     check_layout(
         name,
@@ -157,11 +157,7 @@ pub fn check_probe_tracepoint() -> Result<(), KernelError> {
 /// Checks that `sock:inet_sock_set_state` exists and has the layout the flow program reads.
 pub fn check_sock_state_tracepoint() -> Result<(), KernelError> {
     let name = "sock:inet_sock_set_state";
-    let path = tracefs()?.join("events/sock/inet_sock_set_state/format");
-    let format = fs::read_to_string(&path).map_err(|_| KernelError::NoTracepoint {
-        name: name.into(),
-        path: path.display().to_string(),
-    })?;
+    let format = tracepoint_format("sock", "inet_sock_set_state")?;
     use sock_state_record as r;
     check_layout(
         name,

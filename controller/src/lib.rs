@@ -14,6 +14,7 @@ pub mod envfile;
 pub mod iface;
 pub mod kernel;
 pub mod paths;
+pub mod peers;
 pub mod probes;
 pub mod rdma;
 pub mod roce_tc;

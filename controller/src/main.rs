@@ -11,11 +11,12 @@ use ipnet::IpNet;
 use linkpilot::{
     iface::{self, Iface},
     kernel,
+    peers::PeerIds,
     probes::Probes,
     sensors::{Readings, Sensors},
     watch::{peer_row, rates, table_header, table_row, FlowSample, PeerTotals, Sample, Totals},
 };
-use linkpilot_common::{DscpRule, ANY_PEER, MAX_PEERS, PEER_OTHER};
+use linkpilot_common::{DscpRule, ANY_PEER, PEER_OTHER};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, warn};
 
@@ -29,31 +30,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// The node daemon: watch the policy's links, decide, and apply the knobs every tick.
-    Run {
-        /// The policy file.
-        #[arg(long, default_value = linkpilot::control::policy::DEFAULT_PATH)]
-        policy: std::path::PathBuf,
-        /// Compute and log every decision; change nothing.
-        #[arg(long)]
-        dry_run: bool,
-        #[arg(long, default_value = linkpilot::board::DEFAULT_PATH)]
-        board: std::path::PathBuf,
-        #[arg(long, default_value = linkpilot::envfile::DEFAULT_PATH)]
-        env_file: std::path::PathBuf,
-        #[arg(long, default_value = linkpilot::sysctl::PROC_SYS, hide = true)]
-        sysctl_root: std::path::PathBuf,
-        #[arg(long, default_value = linkpilot::sysctl::DEFAULT_STATE)]
-        sysctl_state: std::path::PathBuf,
-        /// Append every decision as a JSON line here.
-        #[arg(long, value_name = "FILE")]
-        decision_log: Option<std::path::PathBuf>,
-        /// Append every snapshot as a JSON line here (the format `replay` reads).
-        #[arg(long, value_name = "FILE")]
-        record: Option<std::path::PathBuf>,
-        /// Stop after this many ticks.
-        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-        ticks: Option<u64>,
-    },
+    Run(linkpilot::daemon::RunOptions),
     /// Print the NCCL env file the daemon keeps (init-time NCCL and launcher settings), or with
     /// --policy, what a policy starts with before any measurement.
     Env {
@@ -213,27 +190,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Rdma { root, json } => rdma(&root, json),
         Command::Env { file, policy } => env(&file, policy.as_deref()),
-        Command::Run {
-            policy,
-            dry_run,
-            board,
-            env_file,
-            sysctl_root,
-            sysctl_state,
-            decision_log,
-            record,
-            ticks,
-        } => runtime.block_on(linkpilot::daemon::run(linkpilot::daemon::RunOptions {
-            policy,
-            dry_run,
-            board,
-            env_file,
-            sysctl_root,
-            sysctl_state,
-            decision_log,
-            record,
-            ticks,
-        })),
+        Command::Run(options) => runtime.block_on(linkpilot::daemon::run(options)),
         Command::Policy { action: PolicyAction::Check { files } } => {
             return policy_check(&files);
         }
@@ -315,29 +272,6 @@ fn parse_peer(s: &str) -> Result<(String, IpNet), String> {
         .or_else(|_| cidr.parse::<std::net::IpAddr>().map(IpNet::from))
         .map_err(|_| format!("{cidr:?} is neither a CIDR prefix nor an address"))?;
     Ok((name.to_owned(), net.trunc()))
-}
-
-/// Peer names in id order (index = id - 1) and the (id, prefix) list for the probes.
-struct PeerIds {
-    names: Vec<String>,
-    prefixes: Vec<(u32, IpNet)>,
-}
-
-fn peer_ids(peers: &[(String, IpNet)]) -> anyhow::Result<PeerIds> {
-    let mut names: Vec<String> = Vec::new();
-    let mut prefixes = Vec::new();
-    for (name, net) in peers {
-        let id = match names.iter().position(|n| n == name) {
-            Some(i) => i + 1,
-            None => {
-                names.push(name.clone());
-                names.len()
-            }
-        };
-        anyhow::ensure!(id <= MAX_PEERS as usize, "at most {MAX_PEERS} peers can be named");
-        prefixes.push((id as u32, *net));
-    }
-    Ok(PeerIds { names, prefixes })
 }
 
 fn env(file: &std::path::Path, policy: Option<&std::path::Path>) -> anyhow::Result<()> {
@@ -456,7 +390,8 @@ async fn watch(
     count: Option<u64>,
 ) -> anyhow::Result<()> {
     let ifaces = names.iter().map(|n| Iface::resolve(n)).collect::<Result<Vec<_>, _>>()?;
-    let PeerIds { names: peer_names, prefixes } = peer_ids(peers)?;
+    let PeerIds { names: peer_names, prefixes } =
+        PeerIds::assign(peers.iter().map(|(n, net)| (n.as_str(), *net)))?;
     let rules = dscp
         .iter()
         .map(|d| {

@@ -227,50 +227,50 @@ fn check_states(raw: &[Spanned<RawState>], b: &Bounds, e: &mut Errors) -> Vec<St
                 ),
             );
         }
+        let mut outside = |knob: &str, v: String, lo: String, hi: String| {
+            e.at(
+                kspan.clone(),
+                format!("state {name:?}: {knob} {v} lies outside the bounds {lo}..={hi}"),
+            );
+        };
         if let Setting::Fixed(c) = k.chunk {
             if c.0 < b.chunk_min || c.0 > b.chunk_max {
-                e.at(
-                    kspan.clone(),
-                    format!(
-                        "state {name:?}: chunk {c} lies outside the bounds {}..={}",
-                        Bytes(b.chunk_min),
-                        Bytes(b.chunk_max)
-                    ),
+                outside(
+                    "chunk",
+                    c.to_string(),
+                    Bytes(b.chunk_min).to_string(),
+                    Bytes(b.chunk_max).to_string(),
                 );
             }
         }
         if let Setting::Fixed(t) = k.nccl_ib_timeout {
             if t < b.ib_timeout_min || t > b.ib_timeout_max {
-                e.at(
-                    kspan.clone(),
-                    format!(
-                        "state {name:?}: nccl_ib_timeout {t} lies outside the bounds {}..={}",
-                        b.ib_timeout_min, b.ib_timeout_max
-                    ),
+                outside(
+                    "nccl_ib_timeout",
+                    t.to_string(),
+                    b.ib_timeout_min.to_string(),
+                    b.ib_timeout_max.to_string(),
                 );
             }
         }
         if let Setting::Fixed(w) = k.watchdog {
             let s = secs(w);
             if s < b.watchdog_min_s || s > b.watchdog_max_s {
-                e.at(
-                    kspan.clone(),
-                    format!(
-                        "state {name:?}: watchdog {}s lies outside the bounds {}s..={}s",
-                        s, b.watchdog_min_s, b.watchdog_max_s
-                    ),
+                outside(
+                    "watchdog",
+                    format!("{s}s"),
+                    format!("{}s", b.watchdog_min_s),
+                    format!("{}s", b.watchdog_max_s),
                 );
             }
         }
         if let Setting::Fixed(t) = k.tcp_buffers {
             if t.0 < b.buffers_min || t.0 > b.buffers_max {
-                e.at(
-                    kspan.clone(),
-                    format!(
-                        "state {name:?}: tcp_buffers {t} lies outside the bounds {}..={}",
-                        Bytes(b.buffers_min),
-                        Bytes(b.buffers_max)
-                    ),
+                outside(
+                    "tcp_buffers",
+                    t.to_string(),
+                    Bytes(b.buffers_min).to_string(),
+                    Bytes(b.buffers_max).to_string(),
                 );
             }
         }
