@@ -11,6 +11,18 @@ use super::{
     StateKnobs, Thresholds,
 };
 
+/// Why a link, peer or state name cannot be used, if it cannot: names go into the env file
+/// (`KEY=value` lines), the knob board (31 bytes) and metrics labels.
+fn bad_name(name: &str) -> Option<&'static str> {
+    if name.is_empty() || name.len() > 31 {
+        Some("must be 1 to 31 bytes long")
+    } else if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
+        Some("may only use letters, digits, '.', '_' and '-'")
+    } else {
+        None
+    }
+}
+
 pub(super) fn check(raw: RawPolicy, e: &mut Errors) -> Policy {
     let tick = *raw.daemon.tick.get_ref();
     if tick.0 < 10_000_000 || tick.0 > 10_000_000_000 {
@@ -37,6 +49,9 @@ pub(super) fn check(raw: RawPolicy, e: &mut Errors) -> Policy {
         if links.iter().any(|o| o.name == l.name) {
             e.at(span.clone(), format!("link name {:?} is used twice", l.name));
         }
+        if let Some(why) = bad_name(&l.name) {
+            e.at(span.clone(), format!("link name {:?} {why}", l.name));
+        }
         if l.interfaces.is_empty() {
             e.at(span.clone(), format!("link {:?} lists no interfaces", l.name));
         }
@@ -58,6 +73,8 @@ pub(super) fn check(raw: RawPolicy, e: &mut Errors) -> Policy {
             }
             if p.name.is_empty() || p.name == "other" {
                 e.at(span.clone(), format!("peer name {:?} is empty or reserved", p.name));
+            } else if let Some(why) = bad_name(&p.name) {
+                e.at(span.clone(), format!("peer name {:?} {why}", p.name));
             }
             peers.push((p.name.clone(), nets));
         }
@@ -162,6 +179,9 @@ fn check_states(raw: &[Spanned<RawState>], b: &Bounds, e: &mut Errors) -> Vec<St
         let name = s.name.get_ref().clone();
         if states.iter().any(|o| o.name == name) {
             e.at(s.name.span(), format!("state name {name:?} is used twice"));
+        }
+        if let Some(why) = bad_name(&name) {
+            e.at(s.name.span(), format!("state name {name:?} {why}"));
         }
         let enter = s.enter.as_ref().map(|t| *t.get_ref()).unwrap_or_default();
         let enter_span = s.enter.as_ref().map_or(span.clone(), |t| t.span());

@@ -72,6 +72,10 @@ fn golden_errors() {
             "[bounds]\nchunk = { min = \"8MiB\", max = \"4MiB\", initial = \"4MiB\" }\n".to_owned(),
             "p.toml:13:9: chunk bounds: min 8MiB must be above 0 and at most max 4MiB\np.toml:13:9: chunk initial 4MiB must lie within min 8MiB and max 4MiB",
         ),
+        (
+            "\n[[state]]\nname = \"x\\nNCCL_IB_TIMEOUT=1\"\nenter = { ce_fraction = \"1%\" }\n[state.knobs]\ncompression = \"int8\"\ndscp = 26\nroce_traffic_class = 106\n".to_owned(),
+            "p.toml:14:8: state name \"x\\nNCCL_IB_TIMEOUT=1\" may only use letters, digits, '.', '_' and '-'",
+        ),
     ];
     for (extra, want) in cases {
         assert_eq!(errors(&extra), want, "for:\n{extra}");
