@@ -13,7 +13,7 @@ use linkpilot::board::{is_stale, name, BoardReader};
 use linkpilot_common::board::compression;
 use linkpilot_lab::{
     lab::{Lab, LabConfig, Site},
-    scenario::Scenario,
+    scenario::{Direction, Scenario},
 };
 use linkpilot_tests::linkpilot_bin;
 use nix::{sys::signal::Signal, unistd::Pid};
@@ -154,6 +154,9 @@ fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
     assert!(rmem_during.parse::<u64>().unwrap_or(0) >= 64 << 20, "tcp_rmem max {rmem_during}");
     client.wait().expect("iperf3 client");
     server.wait().expect("iperf3 server");
+    // The lab's own count says the path really marked: the state follows the link, not noise.
+    let lab_ce = lab.stats(Direction::HkToUs).ce_marked;
+    assert!(lab_ce > 100, "the lab marked only {lab_ce} packets CE");
 
     nix::sys::signal::kill(Pid::from_raw(d.child.id() as i32), Signal::SIGTERM).expect("SIGTERM");
     let status = d.child.wait().expect("exit");
