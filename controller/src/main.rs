@@ -30,7 +30,16 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// The node daemon: watch the policy's links, decide, and apply the knobs every tick.
-    Run(linkpilot::daemon::RunOptions),
+    Run(Box<linkpilot::daemon::RunOptions>),
+    /// Ask the running daemon for its links' states, knobs and signals (root only).
+    Status {
+        /// The daemon's status socket.
+        #[arg(long, default_value = linkpilot::daemon::status::DEFAULT_SOCKET)]
+        socket: std::path::PathBuf,
+        /// The raw JSON reply.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the NCCL env file the daemon keeps (init-time NCCL and launcher settings), or with
     /// --policy, what a policy starts with before any measurement.
     Env {
@@ -190,7 +199,17 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Rdma { root, json } => rdma(&root, json),
         Command::Env { file, policy } => env(&file, policy.as_deref()),
-        Command::Run(options) => runtime.block_on(linkpilot::daemon::run(options)),
+        Command::Run(options) => runtime.block_on(linkpilot::daemon::run(*options)),
+        Command::Status { socket, json } => {
+            linkpilot::daemon::status::query(&socket).and_then(|s| {
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&s)?);
+                } else {
+                    print!("{}", linkpilot::daemon::status::render(&s));
+                }
+                Ok(())
+            })
+        }
         Command::Policy { action: PolicyAction::Check { files } } => {
             return policy_check(&files);
         }

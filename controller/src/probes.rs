@@ -8,7 +8,10 @@ use aya::{
         lpm_trie::{Key as LpmKey, LpmTrie},
         Array, HashMap, Map, MapData, MapError, PerCpuHashMap, PerCpuValues,
     },
-    programs::{tc, ProgramError, SchedClassifier, TcAttachType, TracePoint},
+    programs::{
+        tc::{self, NlOptions, TcAttachOptions},
+        ProgramError, SchedClassifier, TcAttachType, TracePoint,
+    },
     util::KernelVersion,
     Ebpf, EbpfError, EbpfLoader,
 };
@@ -80,6 +83,7 @@ pub struct Probes {
     /// Interfaces with counters (watched, or set up for test runs).
     counted: Vec<u32>,
     watched: Vec<Iface>,
+    netlink_tc: bool,
 }
 
 impl Probes {
@@ -117,6 +121,7 @@ impl Probes {
             peer_ids: Vec::new(),
             counted: Vec::new(),
             watched: Vec::new(),
+            netlink_tc: false,
         })
     }
 
@@ -190,9 +195,17 @@ impl Probes {
         Ok(())
     }
 
+    /// Attaches through the clsact qdisc (netlink) even where TCX exists: what kernels before
+    /// 6.6 get. Such filters outlive a killed process; [`remove_stale`] finds them.
+    pub fn use_netlink_tc(&mut self) {
+        self.netlink_tc = true;
+    }
+
     fn attach_tc(&mut self, iface: &Iface) -> Result<(), ProbeError> {
-        if KernelVersion::current().is_ok_and(|v| v < KernelVersion::new(6, 6, 0)) {
-            // Before TCX, classifiers hang off the clsact qdisc; it may already exist.
+        let netlink = self.netlink_tc
+            || KernelVersion::current().is_ok_and(|v| v < KernelVersion::new(6, 6, 0));
+        if netlink {
+            // Classifiers hang off the clsact qdisc; it may already exist.
             let _ = tc::qdisc_add_clsact(&iface.name);
         }
         for (name, attach_type, direction) in [
@@ -200,7 +213,16 @@ impl Probes {
             (PROG_TC_EGRESS, TcAttachType::Egress, "egress"),
         ] {
             let prog: &mut SchedClassifier = program(&mut self.ebpf, name)?;
-            prog.attach(&iface.name, attach_type).map_err(|e| ProbeError::Attach {
+            let attached = if netlink {
+                prog.attach_with_options(
+                    &iface.name,
+                    attach_type,
+                    TcAttachOptions::Netlink(NlOptions::default()),
+                )
+            } else {
+                prog.attach(&iface.name, attach_type)
+            };
+            attached.map_err(|e| ProbeError::Attach {
                 program: name,
                 iface: iface.name.clone(),
                 direction,
@@ -459,6 +481,32 @@ fn verifier_summary(io_error: &std::io::Error, log: &str) -> String {
     } else {
         format!("{io_error}: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" | "))
     }
+}
+
+/// Removes our classifiers that a killed run left on `iface`'s clsact qdisc (netlink filters
+/// outlive their process; TCX links do not), identified by program name, never anything else.
+/// Returns what was removed. Also reports TCX attachments of ours that some other holder keeps
+/// alive (a pinned link): those are not ours to remove.
+pub fn remove_stale(iface: &str) -> (Vec<String>, Vec<String>) {
+    let mut removed = Vec::new();
+    let mut foreign = Vec::new();
+    for (name, attach_type, direction) in [
+        (PROG_TC_INGRESS, TcAttachType::Ingress, "ingress"),
+        (PROG_TC_EGRESS, TcAttachType::Egress, "egress"),
+    ] {
+        // Each call removes every filter of that name; "not found" means there was none.
+        if tc::qdisc_detach_program(iface, attach_type, name).is_ok() {
+            removed.push(format!("{iface} {direction} clsact filter {name}"));
+        }
+        if let Ok((_, progs)) = SchedClassifier::query_tcx(iface, attach_type) {
+            for p in progs {
+                if p.name_as_str() == Some(name) {
+                    foreign.push(format!("{iface} {direction} TCX program {name} id {}", p.id()));
+                }
+            }
+        }
+    }
+    (removed, foreign)
 }
 
 #[cfg(test)]

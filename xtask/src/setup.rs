@@ -13,6 +13,7 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("iproute2", "ip, tc, ss and nstat for the test namespaces and as oracles"),
     ("iputils-ping", "ping, an RTT oracle"),
     ("iperf3", "a throughput oracle"),
+    ("curl", "scrapes the daemon's metrics in tests, as Prometheus would"),
     ("tcpdump", "a packet oracle"),
     ("tshark", "a packet oracle"),
     ("bpftool", "lists attached programs, an oracle for detach"),

@@ -48,6 +48,24 @@ struct LinkControl {
     knobs: Option<Knobs>,
     knob_changed: [Option<Duration>; 4],
     signals: Signals,
+    /// Set by a policy reload: the next tick decides (and says why) even if nothing moved.
+    reloaded: bool,
+}
+
+impl LinkControl {
+    fn new(policy: &Policy, link: &super::policy::Link) -> Self {
+        Self {
+            estimator: Estimator::new(policy.estimator, link.clone()),
+            state: 0,
+            last_change: None,
+            enter_since: vec![None; policy.states.len()],
+            exit_since: None,
+            knobs: None,
+            knob_changed: [None; 4],
+            signals: Signals::default(),
+            reloaded: false,
+        }
+    }
 }
 
 /// Turns snapshots into decisions for every link of a policy.
@@ -157,21 +175,46 @@ fn limited(prev: u64, target: u64, step: f64, min: u64, max: u64) -> u64 {
 
 impl Core {
     pub fn new(policy: Policy) -> Self {
-        let links = policy
+        let links = policy.links.iter().map(|l| LinkControl::new(&policy, l)).collect();
+        Self { policy, links, next_id: 1, layout: Vec::new() }
+    }
+
+    /// Switches to `policy` without forgetting what has been learnt: a link of the same name
+    /// and definition keeps its estimator (baseline, windows) when the estimator settings are
+    /// unchanged, and its state when the new ladder has one of that name; its knobs are
+    /// re-derived on the next tick, which decides and says "policy reloaded". Ids continue.
+    pub fn reload(&mut self, policy: Policy) {
+        let same_estimator = policy.estimator == self.policy.estimator;
+        let mut old: Vec<Option<LinkControl>> = self.links.drain(..).map(Some).collect();
+        let old_states: Vec<String> = self.policy.states.iter().map(|s| s.name.clone()).collect();
+        self.links = policy
             .links
             .iter()
-            .map(|l| LinkControl {
-                estimator: Estimator::new(policy.estimator, l.clone()),
-                state: 0,
-                last_change: None,
-                enter_since: vec![None; policy.states.len()],
-                exit_since: None,
-                knobs: None,
-                knob_changed: [None; 4],
-                signals: Signals::default(),
+            .map(|l| {
+                let mut lc = LinkControl::new(&policy, l);
+                let prev = old
+                    .iter_mut()
+                    .find(|o| o.as_ref().is_some_and(|o| o.estimator.link().name == l.name))
+                    .and_then(Option::take);
+                if let Some(prev) = prev {
+                    if same_estimator && prev.estimator.link() == l {
+                        lc.estimator = prev.estimator;
+                        lc.signals = prev.signals;
+                    }
+                    let name = &old_states[prev.state];
+                    if let Some(j) = policy.states.iter().position(|s| &s.name == name) {
+                        lc.state = j;
+                        lc.last_change = prev.last_change;
+                    }
+                    lc.knobs = prev.knobs;
+                    lc.knob_changed = prev.knob_changed;
+                }
+                lc.reloaded = true;
+                lc
             })
             .collect();
-        Self { policy, links, next_id: 1, layout: Vec::new() }
+        self.policy = policy;
+        self.layout.clear();
     }
 
     pub fn policy(&self) -> &Policy {
@@ -322,18 +365,23 @@ impl Core {
         };
         let changes = lc.knobs.map(|k| k.changes(&knobs)).unwrap_or_default();
         let first = lc.knobs.is_none();
-        if !first && !state_changed && changes.is_empty() {
+        let reloaded = std::mem::take(&mut lc.reloaded);
+        if !first && !state_changed && !reloaded && changes.is_empty() {
             return None;
         }
         knobs_for(p, lc.state, &s, prev_knobs.as_ref(), Some(&mut reasons));
         if first {
             reasons.insert(0, format!("start in {}", p.states[lc.state].name));
         }
+        if reloaded && !first {
+            reasons.insert(0, format!("policy reloaded, in {}", p.states[lc.state].name));
+        }
         // Only explain the knobs that moved.
         let moved: Vec<&str> = changes.iter().filter_map(|c| c.split(' ').next()).collect();
         reasons.retain(|r| {
             let knob = r.split(':').next().unwrap_or("");
             first
+                || reloaded && r.starts_with("policy reloaded")
                 || state_changed && p.states.iter().any(|st| st.name == knob)
                 || moved.contains(&knob)
         });

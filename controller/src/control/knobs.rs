@@ -17,6 +17,21 @@ pub enum Compression {
 }
 
 impl Compression {
+    /// Every mode's name, weakest first (top-k without its ratio).
+    pub const MODES: &'static [&'static str] = &["none", "fp16", "bf16", "int8", "int4", "topk"];
+
+    /// The mode's name without a top-k ratio.
+    pub fn mode(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Fp16 => "fp16",
+            Compression::Bf16 => "bf16",
+            Compression::Int8 => "int8",
+            Compression::Int4 => "int4",
+            Compression::TopK(_) => "topk",
+        }
+    }
+
     /// Bytes sent per byte of fp32 gradient (top-k sends an index with each value).
     pub fn ratio(self) -> f64 {
         match self {

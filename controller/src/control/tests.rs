@@ -239,6 +239,40 @@ fn timeouts_follow_rtt_p99_and_rise_at_once() {
 }
 
 #[test]
+fn a_reload_keeps_the_state_and_baseline_and_explains_the_new_knobs() {
+    let mut core = Core::new(policy());
+    let mut ds = Vec::new();
+    for t in 0..30 {
+        ds.extend(core.step(&snap(t * 100, 180.0, 185.0, 0.05, 0.0)));
+    }
+    assert_eq!(ds.last().map(|d| d.state.as_str()), Some("congested"));
+    let last_id = ds.last().map_or(0, |d| d.id);
+    // Same ladder, congested now marks DSCP 34 instead of 26.
+    let edited = POLICY.replacen(
+        "compression = \"int8\"\ndscp = 26",
+        "compression = \"int8\"\ndscp = 34",
+        1,
+    );
+    core.reload(Policy::parse(&edited, "test").unwrap_or_else(|e| panic!("{e}")));
+    let d = core.step(&snap(3000, 180.0, 185.0, 0.05, 0.0));
+    assert_eq!(d.len(), 1, "a reload decides on the next tick");
+    assert_eq!((d[0].id, d[0].state.as_str(), d[0].knobs.dscp), (last_id + 1, "congested", 34));
+    assert!(d[0].reason.starts_with("policy reloaded, in congested"), "{}", d[0].reason);
+    assert_eq!(d[0].changes, vec!["dscp 26 -> 34".to_owned()]);
+    // The estimator was kept: the baseline is still there (a fresh one would have none yet
+    // only if no RTT came in, so compare with what it learnt before).
+    assert_eq!(d[0].signals.baseline_ms, Some(180.0));
+    // Nothing more to say on the tick after.
+    assert!(core.step(&snap(3100, 180.0, 185.0, 0.05, 0.0)).is_empty());
+
+    // A ladder without the current state starts over from its first state.
+    let renamed = POLICY.replace("\"congested\"", "\"busy\"");
+    core.reload(Policy::parse(&renamed, "test").unwrap_or_else(|e| panic!("{e}")));
+    let d = core.step(&snap(3200, 180.0, 185.0, 0.05, 0.0));
+    assert_eq!(d[0].state, "healthy", "{}", d[0].reason);
+}
+
+#[test]
 fn a_static_policy_decides_once() {
     let p = Policy::parse(SHIPPED[2].1, "static").unwrap();
     let mut core = Core::new(p);

@@ -1,0 +1,376 @@
+//! Prometheus metrics (`prometheus-client`), served over HTTP on 127.0.0.1:9464 by default:
+//! signals per link and peer, state, knobs, decisions, map pressure and the daemon's health.
+//! The loop sets values each tick; process figures are read from /proc when scraped.
+
+use std::{net::SocketAddr, sync::atomic::AtomicU64, sync::Arc};
+
+use http_body_util::Full;
+use hyper::{body::Bytes, server::conn::http1, service::service_fn, Request, Response};
+use hyper_util::rt::TokioIo;
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+use tokio::net::TcpListener;
+use tracing::{debug, warn};
+
+use crate::{
+    control::{estimator::Signals, knobs::Knobs},
+    sensors::Snapshot,
+};
+
+pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
+
+type Labels = Vec<(String, String)>;
+type F64 = Gauge<f64, AtomicU64>;
+
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+}
+
+/// Every metric the daemon exports. Cloning shares the values.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    link_state: Family<Labels, Gauge>,
+    link_state_level: Family<Labels, Gauge>,
+    link_rtt: Family<Labels, F64>,
+    link_f64: Vec<(&'static str, Family<Labels, F64>)>,
+    knob_compression: Family<Labels, Gauge>,
+    knobs: Vec<(&'static str, Family<Labels, F64>)>,
+    decisions: Family<Labels, Counter>,
+    peer_rtt: Family<Labels, F64>,
+    peer_bits: Family<Labels, F64>,
+    peer_f64: Vec<(&'static str, Family<Labels, F64>)>,
+    nic: Vec<(&'static str, Family<Labels, F64>)>,
+    pub ticks: Counter,
+    pub tick_duration: Histogram,
+    pub last_tick: F64,
+    pub map_entries: Family<Labels, Gauge>,
+    pub map_capacity: Family<Labels, Gauge>,
+    pub reloads: Family<Labels, Counter>,
+    pub actuator_errors: Family<Labels, Counter>,
+    resident: Gauge,
+    cpu: Counter<f64, AtomicU64>,
+}
+
+fn family<M>(r: &mut Registry, name: &str, help: &str) -> Family<Labels, M>
+where
+    M: prometheus_client::metrics::TypedMetric
+        + prometheus_client::encoding::EncodeMetric
+        + Default
+        + Clone
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let f = Family::<Labels, M>::default();
+    r.register(name, help, f.clone());
+    f
+}
+
+impl Metrics {
+    pub fn new(dry_run: bool) -> Self {
+        let mut root = Registry::default();
+        let r = root.sub_registry_with_prefix("linkpilot");
+        let link_state = family(r, "link_state", "1 for the link's current state, 0 otherwise");
+        let link_state_level =
+            family(r, "link_state_level", "The current state's place in the ladder (0: first)");
+        let link_rtt =
+            family(r, "link_rtt_seconds", "Link RTT: ewma, baseline, p50, p99, peak_p99");
+        let link_f64 = [
+            ("link_jitter_seconds", "RTT p99 - p50"),
+            ("link_rtt_inflation_ratio", "RTT EWMA over baseline, minus one"),
+            ("link_ce_fraction", "CE (or echoed ECE) share of packets, EWMA"),
+            ("link_retrans_fraction", "Retransmitted share of segments sent, EWMA"),
+            ("link_cnp_per_second", "RoCE congestion notifications per second"),
+            ("link_goodput_bits_per_second", "Goodput EWMA"),
+            ("link_delivery_bits_per_second", "Largest goodput EWMA over the window"),
+            ("link_goodput_capacity_ratio", "Goodput over the link's nominal capacity"),
+        ]
+        .map(|(n, h)| (n, family(r, n, h)))
+        .to_vec();
+        let knob_compression =
+            family(r, "knob_compression", "1 for the gradient compression mode in force");
+        let knobs = [
+            ("knob_compression_ratio", "Wire bytes per fp32 gradient byte"),
+            ("knob_chunk_bytes", "Bytes per pipelined chunk (NCCL_BUFFSIZE)"),
+            ("knob_nccl_ib_timeout", "NCCL_IB_TIMEOUT exponent: 4.096us x 2^t"),
+            ("knob_nccl_ib_retry_cnt", "NCCL_IB_RETRY_CNT"),
+            ("knob_watchdog_seconds", "Collective watchdog timeout"),
+            ("knob_dscp", "DSCP of the link's egress traffic"),
+            ("knob_roce_traffic_class", "RoCE traffic class (NCCL_IB_TC)"),
+            ("knob_tcp_buffer_bytes", "TCP buffer limit asked for"),
+        ]
+        .map(|(n, h)| (n, family(r, n, h)))
+        .to_vec();
+        let decisions = family(r, "decisions", "Decisions made, by the state they chose");
+        let peer_rtt = family(r, "peer_rtt_seconds", "Peer RTT: srtt (tick), min, p50, p99");
+        let peer_bits = family(r, "peer_bits_per_second", "Bits per second, by direction");
+        let peer_f64 = [
+            ("peer_goodput_bits_per_second", "Goodput (acknowledged payload)"),
+            ("peer_ce_fraction", "CE share of received packets"),
+            ("peer_ece_fraction", "ECE share of received TCP segments"),
+            ("peer_retrans_per_second", "TCP segments retransmitted per second"),
+            ("peer_cnp_per_second", "RoCEv2 CNPs per second"),
+            ("peer_flows", "TCP flows with a fresh RTT sample"),
+        ]
+        .map(|(n, h)| (n, family(r, n, h)))
+        .to_vec();
+        let nic = [
+            ("nic_cnp_handled_per_second", "CNPs the RDMA NIC reacted to"),
+            ("nic_cnp_sent_per_second", "CNPs the RDMA NIC sent"),
+            ("nic_ecn_marked_per_second", "ECN-marked RoCE packets received"),
+            ("nic_retrans_events_per_second", "RDMA retransmission events"),
+        ]
+        .map(|(n, h)| (n, family(r, n, h)))
+        .to_vec();
+        let ticks = Counter::default();
+        r.register("ticks", "Control ticks run", ticks.clone());
+        // 100 us .. ~3.3 s: a tick's work is well under a millisecond until the flow table
+        // holds tens of thousands of flows.
+        let tick_duration = Histogram::new(
+            prometheus_client::metrics::histogram::exponential_buckets(1e-4, 2.0, 16),
+        );
+        r.register("tick_duration_seconds", "Work per tick", tick_duration.clone());
+        let last_tick = F64::default();
+        r.register("last_tick_timestamp_seconds", "Unix time of the last tick", last_tick.clone());
+        let map_entries = family(r, "map_entries", "Entries in a kernel map");
+        let map_capacity = family(r, "map_capacity", "Capacity of a kernel map");
+        let reloads = family(r, "policy_reloads", "Policy reloads: applied or rejected");
+        let actuator_errors = family(r, "actuator_errors", "Failed actuator writes");
+        // Zero series from the start: "no data" would read as "never happened" too.
+        for r in ["applied", "rejected"] {
+            let _ = reloads.get_or_create(&labels(&[("result", r)]));
+        }
+        for a in ["dscp", "env_file", "sysctl", "roce_tc"] {
+            let _ = actuator_errors.get_or_create(&labels(&[("actuator", a)]));
+        }
+        let resident = Gauge::default();
+        r.register("process_resident_bytes", "Resident set size", resident.clone());
+        let cpu = Counter::<f64, AtomicU64>::default();
+        r.register("process_cpu_seconds", "User + system CPU time", cpu.clone());
+        let build = Family::<Labels, Gauge>::default();
+        r.register("build_info", "The running version", build.clone());
+        build.get_or_create(&labels(&[("version", env!("CARGO_PKG_VERSION"))])).set(1);
+        let dry = Gauge::<i64>::default();
+        r.register("dry_run", "1 when decisions are only logged", dry.clone());
+        dry.set(i64::from(dry_run));
+        Self {
+            registry: Arc::new(root),
+            link_state,
+            link_state_level,
+            link_rtt,
+            link_f64,
+            knob_compression,
+            knobs,
+            decisions,
+            peer_rtt,
+            peer_bits,
+            peer_f64,
+            nic,
+            ticks,
+            tick_duration,
+            last_tick,
+            map_entries,
+            map_capacity,
+            reloads,
+            actuator_errors,
+            resident,
+            cpu,
+        }
+    }
+
+    fn set(fams: &[(&'static str, Family<Labels, F64>)], name: &str, l: &Labels, v: f64) {
+        if let Some((_, f)) = fams.iter().find(|(n, _)| *n == name) {
+            f.get_or_create(l).set(v);
+        }
+    }
+
+    /// A link's state (out of `states`, the ladder), knobs and signals.
+    pub fn link(&self, link: &str, states: &[String], state: &str, k: &Knobs, s: &Signals) {
+        let l = labels(&[("link", link)]);
+        for st in states {
+            let on = i64::from(st == state);
+            self.link_state.get_or_create(&labels(&[("link", link), ("state", st)])).set(on);
+        }
+        let level = states.iter().position(|s| s == state).unwrap_or(0);
+        self.link_state_level.get_or_create(&l).set(level as i64);
+        for (stat, v) in [
+            ("ewma", s.rtt_ms),
+            ("baseline", s.baseline_ms),
+            ("p50", s.rtt_p50_ms),
+            ("p99", s.rtt_p99_ms),
+            ("peak_p99", s.peak_p99_ms),
+        ] {
+            if let Some(v) = v {
+                self.link_rtt
+                    .get_or_create(&labels(&[("link", link), ("stat", stat)]))
+                    .set(v / 1e3);
+            }
+        }
+        for (name, v) in [
+            ("link_jitter_seconds", s.jitter_ms / 1e3),
+            ("link_rtt_inflation_ratio", s.rtt_inflation),
+            ("link_ce_fraction", s.ce_fraction),
+            ("link_retrans_fraction", s.retrans),
+            ("link_cnp_per_second", s.cnp_per_s),
+            ("link_goodput_bits_per_second", s.goodput_bps),
+            ("link_delivery_bits_per_second", s.delivery_bps),
+            ("link_goodput_capacity_ratio", s.goodput_fraction),
+        ] {
+            Self::set(&self.link_f64, name, &l, v);
+        }
+        let mode = k.compression.mode();
+        for m in crate::control::knobs::Compression::MODES {
+            let on = i64::from(*m == mode);
+            self.knob_compression.get_or_create(&labels(&[("link", link), ("mode", m)])).set(on);
+        }
+        for (name, v) in [
+            ("knob_compression_ratio", k.compression.ratio()),
+            ("knob_chunk_bytes", k.chunk_bytes as f64),
+            ("knob_nccl_ib_timeout", f64::from(k.nccl_ib_timeout)),
+            ("knob_nccl_ib_retry_cnt", f64::from(k.nccl_ib_retry_cnt)),
+            ("knob_watchdog_seconds", f64::from(k.watchdog_s)),
+            ("knob_dscp", f64::from(k.dscp)),
+            ("knob_roce_traffic_class", f64::from(k.roce_traffic_class)),
+            ("knob_tcp_buffer_bytes", k.tcp_buffer_bytes as f64),
+        ] {
+            Self::set(&self.knobs, name, &l, v);
+        }
+    }
+
+    pub fn decision(&self, link: &str, state: &str) {
+        self.decisions.get_or_create(&labels(&[("link", link), ("state", state)])).inc();
+    }
+
+    /// Per (interface, peer) and per NIC figures of a snapshot.
+    pub fn snapshot(&self, snap: &Snapshot) {
+        for p in &snap.peers {
+            let l = labels(&[("interface", &p.link), ("peer", &p.peer)]);
+            for (stat, v) in [
+                ("srtt", p.rtt.srtt_ms),
+                ("min", p.rtt.min_ms),
+                ("p50", p.rtt.p50_ms),
+                ("p99", p.rtt.p99_ms),
+            ] {
+                if let Some(v) = v {
+                    let mut ls = l.clone();
+                    ls.push(("stat".into(), stat.into()));
+                    self.peer_rtt.get_or_create(&ls).set(v / 1e3);
+                }
+            }
+            for (dir, v) in [("rx", p.rx_bps), ("tx", p.tx_bps)] {
+                let mut ls = l.clone();
+                ls.push(("direction".into(), dir.into()));
+                self.peer_bits.get_or_create(&ls).set(v);
+            }
+            for (name, v) in [
+                ("peer_goodput_bits_per_second", p.goodput_bps),
+                ("peer_ce_fraction", p.ce_fraction),
+                ("peer_ece_fraction", p.ece_fraction),
+                ("peer_retrans_per_second", p.retrans_per_s),
+                ("peer_cnp_per_second", p.cnp_per_s),
+                ("peer_flows", p.flows as f64),
+            ] {
+                Self::set(&self.peer_f64, name, &l, v);
+            }
+        }
+        for n in &snap.links {
+            let l = labels(&[("interface", &n.link)]);
+            for (name, v) in [
+                ("nic_cnp_handled_per_second", n.cnp_handled_per_s),
+                ("nic_cnp_sent_per_second", n.cnp_sent_per_s),
+                ("nic_ecn_marked_per_second", n.ecn_marked_per_s),
+                ("nic_retrans_events_per_second", n.retrans_events_per_s),
+            ] {
+                Self::set(&self.nic, name, &l, v);
+            }
+        }
+    }
+
+    pub fn map(&self, map: &str, entries: u64, capacity: u64) {
+        let l = labels(&[("map", map)]);
+        self.map_entries.get_or_create(&l).set(entries as i64);
+        self.map_capacity.get_or_create(&l).set(capacity as i64);
+    }
+
+    pub fn count(family: &Family<Labels, Counter>, key: &str, value: &str) {
+        family.get_or_create(&labels(&[(key, value)])).inc();
+    }
+
+    /// The text exposition, with process figures read now.
+    pub fn render(&self) -> String {
+        if let Some((rss, cpu)) = process_figures() {
+            self.resident.set(rss as i64);
+            let seen = self.cpu.get();
+            if cpu > seen {
+                self.cpu.inc_by(cpu - seen);
+            }
+        }
+        let mut out = String::new();
+        if let Err(e) = encode(&mut out, &self.registry) {
+            warn!("encoding metrics: {e}");
+        }
+        out
+    }
+}
+
+/// (resident bytes, CPU seconds) of this process, from /proc/self.
+pub fn process_figures() -> Option<(u64, f64)> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which may itself hold spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some((pages * page, ticks / hz))
+}
+
+/// Serves `GET /metrics` (anything else: 404) until the task is dropped.
+pub async fn serve(listener: TcpListener, metrics: Metrics) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!("metrics: accept: {e}");
+                continue;
+            }
+        };
+        let m = metrics.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+                let m = m.clone();
+                async move { Ok::<_, std::convert::Infallible>(respond(&m, &req)) }
+            });
+            if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await
+            {
+                debug!(%peer, "metrics connection: {e}");
+            }
+        });
+    }
+}
+
+fn respond(m: &Metrics, req: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    let (status, ctype, body) = if req.uri().path() == "/metrics" {
+        (200, "application/openmetrics-text; version=1.0.0; charset=utf-8", m.render())
+    } else {
+        (404, "text/plain", "not found: metrics are at /metrics\n".to_owned())
+    };
+    Response::builder()
+        .status(status)
+        .header("content-type", ctype)
+        .body(Full::new(Bytes::from(body)))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+/// Binds the metrics address; a clear error if it is taken.
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("metrics address {addr}: {e}"))
+}

@@ -1,0 +1,509 @@
+//! `linkpilot run`: the loop that closes: probes -> sensors -> control core -> actuators (the
+//! egress DSCP map, the knob board, the NCCL env file, TCP buffer sysctls, RoCE traffic class),
+//! once per policy tick, until SIGTERM/SIGINT, then everything is rolled back. Around it:
+//! policy reload (SIGHUP, file change), Prometheus metrics and the status socket.
+
+mod actuate;
+pub mod metrics;
+mod reload;
+pub mod status;
+
+use std::{
+    fs,
+    io::Write,
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::Context;
+use linkpilot_common::{MAX_FLOWS, MAX_PEERS, PEER_OTHER};
+use tokio::signal::unix::{signal, SignalKind};
+use tracing::{error, info, warn};
+
+use crate::{
+    board::BoardWriter,
+    control::{Core, Policy},
+    envfile,
+    iface::{self, Iface},
+    kernel,
+    peers::PeerIds,
+    probes::{self, monotonic_ns, Probes},
+    rdma,
+    roce_tc::RoceTc,
+    sensors::{Readings, Sensors, Snapshot},
+    sysctl::Sysctls,
+};
+use actuate::Actuators;
+use metrics::Metrics;
+use reload::PolicyWatch;
+use status::{LinkStatus, PeerStatus, Status};
+
+/// Where everything goes; the defaults are the production paths. Also `linkpilot run`'s
+/// command line.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RunOptions {
+    /// The policy file.
+    #[arg(long, default_value = crate::control::policy::DEFAULT_PATH)]
+    pub policy: PathBuf,
+    /// Compute and log every decision; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[arg(long, default_value = crate::board::DEFAULT_PATH)]
+    pub board: PathBuf,
+    #[arg(long, default_value = envfile::DEFAULT_PATH)]
+    pub env_file: PathBuf,
+    #[arg(long, default_value = crate::sysctl::PROC_SYS, hide = true)]
+    pub sysctl_root: PathBuf,
+    #[arg(long, default_value = crate::sysctl::DEFAULT_STATE)]
+    pub sysctl_state: PathBuf,
+    /// Append every decision as a JSON line here.
+    #[arg(long, value_name = "FILE")]
+    pub decision_log: Option<PathBuf>,
+    /// Append every snapshot as a JSON line here (the format `replay` reads).
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
+    /// Stop after this many ticks (tests, demos).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ticks: Option<u64>,
+    /// Prometheus metrics (HTTP, /metrics); "off" serves none.
+    #[arg(long, default_value = metrics::DEFAULT_ADDR, value_parser = parse_metrics_addr)]
+    pub metrics_addr: MetricsAddr,
+    /// The status API's Unix socket (root-only).
+    #[arg(long, default_value = status::DEFAULT_SOCKET)]
+    pub status_socket: PathBuf,
+    /// One daemon per host: held locked while running.
+    #[arg(long, default_value = "/run/linkpilot/linkpilot.lock")]
+    pub lock: PathBuf,
+    /// RDMA devices' sysfs (their ports' netdevs and congestion counters).
+    #[arg(long, default_value = crate::rdma::SYSFS_ROOT)]
+    pub rdma_root: PathBuf,
+    /// rdma_cm's configfs, where the ports' default RoCE traffic class is set.
+    #[arg(long, default_value = crate::roce_tc::CONFIGFS_ROOT)]
+    pub rdma_cm_root: PathBuf,
+    /// Attach classifiers through the clsact qdisc (netlink) even where TCX exists, as on
+    /// kernels before 6.6.
+    #[arg(long, hide = true)]
+    pub netlink_tc: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum MetricsAddr {
+    Off,
+    At(SocketAddr),
+}
+
+fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
+    if s == "off" {
+        return Ok(MetricsAddr::Off);
+    }
+    s.parse().map(MetricsAddr::At).map_err(|_| {
+        format!("{s:?} is not an address: expected IP:PORT (e.g. 127.0.0.1:9464) or \"off\"")
+    })
+}
+
+/// Peer ids across the policy's links (a name shared by links is one peer).
+fn peer_table(policy: &Policy) -> anyhow::Result<PeerIds> {
+    PeerIds::assign(policy.links.iter().flat_map(|l| {
+        l.peers.iter().flat_map(|(name, nets)| nets.iter().map(move |n| (name.as_str(), *n)))
+    }))
+}
+
+/// Every interface the policy's links name, once, in order.
+fn interfaces(policy: &Policy) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for l in &policy.links {
+        for i in &l.interfaces {
+            if !names.contains(i) {
+                names.push(i.clone());
+            }
+        }
+    }
+    names
+}
+
+/// (peer id, name) rows read per interface each tick; unmatched traffic is "other".
+fn peer_rows(peers: &PeerIds) -> Vec<(u32, String)> {
+    (1..=peers.names.len() as u32)
+        .zip(peers.names.iter().cloned())
+        .chain([(PEER_OTHER, "other".to_owned())])
+        .collect()
+}
+
+fn append_line(file: &mut Option<fs::File>, line: &str) {
+    if let Some(f) = file {
+        if let Err(e) = writeln!(f, "{line}") {
+            warn!("writing a log line: {e}");
+        }
+    }
+}
+
+fn open_append(path: &Option<PathBuf>) -> anyhow::Result<Option<fs::File>> {
+    path.as_ref()
+        .map(|p| {
+            fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("opening {}", p.display()))
+        })
+        .transpose()
+}
+
+/// Holds the instance lock: a second daemon would fight over the same maps and sysctls.
+fn lock(path: &PathBuf) -> anyhow::Result<nix::fcntl::Flock<fs::File>> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let mut locked = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|(_, e)| {
+            let other = fs::read_to_string(path).unwrap_or_default();
+            anyhow::anyhow!(
+                "{}: {e}: another linkpilot is running (pid {})",
+                path.display(),
+                other.trim()
+            )
+        })?;
+    locked.set_len(0)?;
+    write!(locked, "{}", std::process::id())?;
+    Ok(locked)
+}
+
+/// What the loop owns between ticks.
+struct Daemon {
+    o: RunOptions,
+    ifaces: Vec<Iface>,
+    peers: PeerIds,
+    rows: Vec<(u32, String)>,
+    probes: Probes,
+    sensors: Sensors,
+    core: Core,
+    act: Actuators,
+    metrics: Metrics,
+    status: status::Shared,
+    watch: PolicyWatch,
+    decision_log: Option<fs::File>,
+    record: Option<fs::File>,
+    started: Instant,
+    /// (link, last decision id, its reason) for the status API.
+    last: Vec<(String, u64, String)>,
+}
+
+/// Runs the daemon until a signal (or `ticks`).
+pub async fn run(o: RunOptions) -> anyhow::Result<()> {
+    let policy = Policy::load(&o.policy)?;
+    // Checks before side effects: interfaces, privileges, tracepoints.
+    let names = interfaces(&policy);
+    let ifaces = names.iter().map(|n| Iface::resolve(n)).collect::<Result<Vec<_>, _>>()?;
+    let peers = peer_table(&policy)?;
+    kernel::check_privileges()?;
+    let has_err = kernel::check_retransmit_tracepoint()?;
+    kernel::check_probe_tracepoint()?;
+    kernel::check_sock_state_tracepoint()?;
+    let (offsets, note) = kernel::kernel_offsets(has_err);
+    if let Some(note) = note {
+        warn!("{note}");
+    }
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    let _lock = if o.dry_run { None } else { Some(lock(&o.lock)?) };
+    let metrics = Metrics::new(o.dry_run);
+    let metrics_listener = match o.metrics_addr {
+        MetricsAddr::Off => None,
+        MetricsAddr::At(a) => Some(metrics::bind(a).await?),
+    };
+    let status_listener = status::bind(&o.status_socket)?;
+    let decision_log = open_append(&o.decision_log)?;
+    let record = open_append(&o.record)?;
+
+    for iface in &ifaces {
+        let (removed, foreign) = probes::remove_stale(&iface.name);
+        for r in removed {
+            warn!("removed a stale attachment of a killed run: {r}");
+        }
+        for f in foreign {
+            warn!("{f} is attached and held by something else (a pinned link?); left alone");
+        }
+    }
+    let mut probes = Probes::load(offsets)?;
+    if o.netlink_tc {
+        probes.use_netlink_tc();
+    }
+    probes.set_peers(&peers.prefixes)?;
+    probes.sync_local_addrs(&iface::local_addrs(&ifaces).context("listing addresses")?)?;
+    for iface in &ifaces {
+        probes.watch(iface)?;
+    }
+    probes.attach_tracepoints()?;
+
+    let tick = Duration::from_nanos(policy.tick.0);
+    let act = Actuators {
+        sysctls: if o.dry_run {
+            None
+        } else {
+            Some(Sysctls::open(&o.sysctl_root, &o.sysctl_state)?)
+        },
+        board: if o.dry_run {
+            None
+        } else {
+            Some(BoardWriter::create(
+                &o.board,
+                tick.max(Duration::from_millis(100)),
+                monotonic_ns(),
+            )?)
+        },
+        env_file: o.env_file.clone(),
+        roce: (!o.dry_run).then(|| RoceTc::new(&o.rdma_cm_root)),
+    };
+    let status: status::Shared = Arc::new(Mutex::new(Status::default()));
+    let servers = [
+        metrics_listener.map(|l| tokio::spawn(metrics::serve(l, metrics.clone()))),
+        Some(tokio::spawn(status::serve(status_listener, status.clone()))),
+    ];
+    info!(ifaces = ?names, dry_run = o.dry_run, "linkpilot running; SIGTERM or Ctrl-C to stop, SIGHUP reloads");
+    let mut d = Daemon {
+        rows: peer_rows(&peers),
+        sensors: Sensors::new(Duration::from_nanos(policy.estimator.window.0)),
+        core: Core::new(policy),
+        watch: PolicyWatch::new(&o.policy),
+        o,
+        ifaces,
+        peers,
+        probes,
+        act,
+        metrics,
+        status,
+        decision_log,
+        record,
+        started: Instant::now(),
+        last: Vec::new(),
+    };
+
+    let mut ticker = tokio::time::interval(tick);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut n = 0u64;
+    let result: anyhow::Result<()> = async {
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = sigterm.recv() => return Ok(()),
+                _ = sigint.recv() => return Ok(()),
+                _ = sighup.recv() => {
+                    info!("SIGHUP: reloading {}", d.o.policy.display());
+                    d.watch.mark_seen();
+                    if let Some(t) = d.reload()? {
+                        ticker = tokio::time::interval(t);
+                        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                    }
+                    continue;
+                }
+            }
+            if d.watch.changed() {
+                info!("{} changed: reloading", d.o.policy.display());
+                if let Some(t) = d.reload()? {
+                    ticker = tokio::time::interval(t);
+                    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                }
+            }
+            d.tick()?;
+            n += 1;
+            if d.o.ticks.is_some_and(|t| n >= t) {
+                return Ok(());
+            }
+        }
+    }
+    .await;
+    for s in servers.into_iter().flatten() {
+        s.abort();
+    }
+    let _ = fs::remove_file(&d.o.status_socket);
+    // Roll back whatever happened above.
+    d.act.restore();
+    drop(d.probes);
+    info!("detached; sysctls restored");
+    result
+}
+
+impl Daemon {
+    /// One tick: read, decide, apply, report.
+    fn tick(&mut self) -> anyhow::Result<()> {
+        let work = Instant::now();
+        let kernel_ns = monotonic_ns();
+        let ports = rdma::discover(&self.o.rdma_root).unwrap_or_else(|e| {
+            warn!("{e}");
+            Vec::new()
+        });
+        let mut readings =
+            Readings { kernel_ns, flows: self.probes.flows()?, ..Readings::default() };
+        for iface in &self.ifaces {
+            for (id, name) in &self.rows {
+                let stats = self.probes.peer_stats(iface.ifindex, *id)?;
+                readings.peers.push((iface.name.clone(), name.clone(), *id, stats));
+            }
+            let on: Vec<_> = rdma::ports_of(&ports, &iface.name).cloned().collect();
+            readings.nic.push((iface.name.clone(), on));
+        }
+        let flows = readings.flows.len() as u64;
+        let snap = self.sensors.tick(self.started.elapsed(), &readings);
+        if self.record.is_some() {
+            append_line(&mut self.record, &serde_json::to_string(&snap)?);
+        }
+        let decisions = self.core.step(&snap);
+        for d in &decisions {
+            info!(id = d.id, link = %d.link, state = %d.state, changes = ?d.changes, reason = %d.reason, "decision");
+            append_line(&mut self.decision_log, &serde_json::to_string(d)?);
+            self.metrics.decision(&d.link, &d.state);
+            match self.last.iter_mut().find(|(l, _, _)| *l == d.link) {
+                Some(e) => *e = (d.link.clone(), d.id, d.reason.clone()),
+                None => self.last.push((d.link.clone(), d.id, d.reason.clone())),
+            }
+        }
+        if !self.o.dry_run {
+            if decisions.is_empty() {
+                self.act.heartbeat();
+            } else {
+                self.act.apply(
+                    &self.core,
+                    &decisions,
+                    &self.peers,
+                    &mut self.probes,
+                    &ports,
+                    &self.metrics,
+                );
+            }
+        }
+        self.report(&snap, flows, work.elapsed());
+        Ok(())
+    }
+
+    /// Metrics and the status API after a tick.
+    fn report(&mut self, snap: &Snapshot, flows: u64, work: Duration) {
+        let m = &self.metrics;
+        let states: Vec<String> =
+            self.core.policy().states.iter().map(|s| s.name.clone()).collect();
+        let signals = self.core.signals();
+        let mut links = Vec::new();
+        for (link, state, k) in self.core.current() {
+            let s = signals.iter().find(|(l, _)| *l == link).map(|(_, s)| *s).unwrap_or_default();
+            m.link(link, &states, state, &k, &s);
+            let (id, reason) = self
+                .last
+                .iter()
+                .find(|(l, _, _)| l == link)
+                .map(|(_, id, r)| (*id, r.clone()))
+                .unwrap_or_default();
+            links.push(LinkStatus {
+                link: link.to_owned(),
+                state: state.to_owned(),
+                knobs: k,
+                signals: s,
+                decision_id: id,
+                reason,
+            });
+        }
+        m.snapshot(snap);
+        m.map("flows", flows, u64::from(MAX_FLOWS));
+        m.map("peers", self.peers.names.len() as u64, u64::from(MAX_PEERS));
+        m.ticks.inc();
+        m.tick_duration.observe(work.as_secs_f64());
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        m.last_tick.set(now.as_secs_f64());
+        let reload = |r: &str| {
+            m.reloads.get(&vec![("result".to_owned(), r.to_owned())]).map_or(0, |c| c.get())
+        };
+        let Ok(mut st) = self.status.lock() else { return };
+        let last_reload_error = st.last_reload_error.take();
+        *st = Status {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            pid: std::process::id(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            policy: self.o.policy.display().to_string(),
+            dry_run: self.o.dry_run,
+            interfaces: self.ifaces.iter().map(|i| i.name.clone()).collect(),
+            tick_ms: self.core.policy().tick.0 as f64 / 1e6,
+            ticks: m.ticks.get(),
+            last_tick_work_ms: work.as_secs_f64() * 1e3,
+            reloads_applied: reload("applied"),
+            reloads_rejected: reload("rejected"),
+            last_reload_error,
+            flows,
+            flows_capacity: u64::from(MAX_FLOWS),
+            sysctls_released: self
+                .act
+                .sysctls
+                .as_ref()
+                .map(|s| s.released().to_vec())
+                .unwrap_or_default(),
+            links,
+            peers: snap
+                .peers
+                .iter()
+                .map(|p| PeerStatus {
+                    interface: p.link.clone(),
+                    peer: p.peer.clone(),
+                    srtt_ms: p.rtt.srtt_ms,
+                    p99_ms: p.rtt.p99_ms,
+                    rx_bps: p.rx_bps,
+                    tx_bps: p.tx_bps,
+                    ce_fraction: p.ce_fraction,
+                    retrans_per_s: p.retrans_per_s,
+                    flows: p.flows,
+                })
+                .collect(),
+        };
+    }
+
+    /// Loads the policy file again. An invalid one (or one that changes the interfaces, which
+    /// needs a restart to re-attach) is rejected: logged with its errors, counted, and the
+    /// running policy stays. Returns the new tick if it changed.
+    fn reload(&mut self) -> anyhow::Result<Option<Duration>> {
+        let rejected = |d: &mut Self, why: String| {
+            error!("policy reload rejected, keeping the running policy:\n{why}");
+            Metrics::count(&d.metrics.reloads, "result", "rejected");
+            if let Ok(mut st) = d.status.lock() {
+                st.last_reload_error = Some(why);
+            }
+            Ok(None)
+        };
+        let policy = match Policy::load(&self.o.policy) {
+            Ok(p) => p,
+            Err(e) => return rejected(self, format!("{e:#}")),
+        };
+        let (old, new) = (interfaces(self.core.policy()), interfaces(&policy));
+        if old != new {
+            return rejected(
+                self,
+                format!(
+                    "{}: interfaces {new:?} differ from the running {old:?}; restart linkpilot \
+                     to watch other interfaces",
+                    self.o.policy.display()
+                ),
+            );
+        }
+        let peers = match peer_table(&policy) {
+            Ok(p) => p,
+            Err(e) => return rejected(self, format!("{}: {e:#}", self.o.policy.display())),
+        };
+        if peers.prefixes != self.peers.prefixes {
+            self.probes.set_peers(&peers.prefixes)?;
+            // Peer ids may now name other peers: rates start again from the next reading.
+            self.sensors = Sensors::new(Duration::from_nanos(policy.estimator.window.0));
+            self.rows = peer_rows(&peers);
+            self.peers = peers;
+        }
+        let old_tick = self.core.policy().tick;
+        let tick = (policy.tick != old_tick).then(|| Duration::from_nanos(policy.tick.0));
+        self.core.reload(policy);
+        Metrics::count(&self.metrics.reloads, "result", "applied");
+        info!("policy reloaded from {}", self.o.policy.display());
+        Ok(tick)
+    }
+}

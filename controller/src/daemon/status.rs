@@ -1,0 +1,243 @@
+//! The status API: a Unix socket (default /run/linkpilot/status.sock, mode 0600) that answers
+//! one request line with one JSON line. Only root (or the daemon's own user) may ask: the
+//! socket's mode keeps others out and the peer's credentials are checked as well, since the
+//! directory's permissions are not ours to trust. `linkpilot status` is the client.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    os::unix::{fs::PermissionsExt, net::UnixStream as StdUnixStream},
+    path::Path,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncWriteExt, BufReader as TokioBufReader},
+    net::UnixListener,
+};
+use tracing::{debug, warn};
+
+use crate::control::{estimator::Signals, knobs::bytes, Knobs};
+
+pub const DEFAULT_SOCKET: &str = "/run/linkpilot/status.sock";
+
+/// What `linkpilot status` shows.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Status {
+    pub version: String,
+    pub pid: u32,
+    pub uptime_s: f64,
+    pub policy: String,
+    pub dry_run: bool,
+    pub interfaces: Vec<String>,
+    pub tick_ms: f64,
+    pub ticks: u64,
+    /// Work of the last tick (reading maps, sensors, core, actuators).
+    pub last_tick_work_ms: f64,
+    pub reloads_applied: u64,
+    pub reloads_rejected: u64,
+    pub last_reload_error: Option<String>,
+    pub flows: u64,
+    pub flows_capacity: u64,
+    /// Sysctls an administrator changed under us, no longer managed.
+    pub sysctls_released: Vec<String>,
+    pub links: Vec<LinkStatus>,
+    pub peers: Vec<PeerStatus>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LinkStatus {
+    pub link: String,
+    pub state: String,
+    pub knobs: Knobs,
+    pub signals: Signals,
+    pub decision_id: u64,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct PeerStatus {
+    pub interface: String,
+    pub peer: String,
+    pub srtt_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub rx_bps: f64,
+    pub tx_bps: f64,
+    pub ce_fraction: f64,
+    pub retrans_per_s: f64,
+    pub flows: usize,
+}
+
+pub type Shared = Arc<Mutex<Status>>;
+
+/// Creates the socket (replacing a stale one), readable and writable by the owner only.
+pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("removing the stale {}", path.display())),
+    }
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("restricting {}", path.display()))?;
+    Ok(listener)
+}
+
+/// Answers requests until the task is dropped. "status" (or an empty line) gets the status;
+/// anything else an error object.
+pub async fn serve(listener: UnixListener, shared: Shared) {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let allowed = stream.peer_cred().is_ok_and(|c| c.uid() == 0 || c.uid() == me);
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let (r, mut w) = stream.into_split();
+            let reply = if !allowed {
+                warn!("status: refused a client that is not root");
+                "{\"error\":\"permission denied: the status API is root-only\"}".to_owned()
+            } else {
+                let mut line = String::new();
+                let read = tokio::time::timeout(
+                    Duration::from_secs(2),
+                    TokioBufReader::new(r).read_line(&mut line),
+                )
+                .await;
+                match (read, line.trim()) {
+                    (Ok(Ok(_)), "" | "status") => {
+                        let s = shared.lock().map(|s| s.clone()).unwrap_or_default();
+                        serde_json::to_string(&s).unwrap_or_default()
+                    }
+                    (Ok(Ok(_)), other) => serde_json::json!({
+                        "error": format!("unknown request {other:?}: the API answers \"status\"")
+                    })
+                    .to_string(),
+                    _ => return,
+                }
+            };
+            if let Err(e) = w.write_all(format!("{reply}\n").as_bytes()).await {
+                debug!("status reply: {e}");
+            }
+        });
+    }
+}
+
+/// Asks a running daemon (blocking; the CLI's side).
+pub fn query(path: &Path) -> anyhow::Result<Status> {
+    let mut s = StdUnixStream::connect(path).map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+                "is `linkpilot run` running?"
+            }
+            std::io::ErrorKind::PermissionDenied => "the status API is root-only",
+            _ => "",
+        };
+        anyhow::anyhow!("{}: {e} ({hint})", path.display())
+    })?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(b"status\n")?;
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line).context("reading the status reply")?;
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+        if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+            anyhow::bail!("{}: {e}", path.display());
+        }
+    }
+    serde_json::from_str(&line).with_context(|| format!("{}: not a status reply", path.display()))
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.1}ms"))
+}
+
+/// The table `linkpilot status` prints.
+pub fn render(s: &Status) -> String {
+    let mut out = format!(
+        "linkpilot {} pid {} up {:.0}s{}  policy {}  tick {:.0}ms ({} run, last {:.2}ms)\n",
+        s.version,
+        s.pid,
+        s.uptime_s,
+        if s.dry_run { " DRY RUN" } else { "" },
+        s.policy,
+        s.tick_ms,
+        s.ticks,
+        s.last_tick_work_ms,
+    );
+    out += &format!(
+        "interfaces {}  flows {}/{}  reloads {} applied, {} rejected\n",
+        s.interfaces.join(","),
+        s.flows,
+        s.flows_capacity,
+        s.reloads_applied,
+        s.reloads_rejected
+    );
+    if let Some(e) = &s.last_reload_error {
+        out += &format!("last rejected reload: {}\n", e.lines().next().unwrap_or(""));
+    }
+    if !s.sysctls_released.is_empty() {
+        out +=
+            &format!("released (changed by an administrator): {}\n", s.sysctls_released.join(", "));
+    }
+    out += &format!(
+        "\n{:<12} {:<10} {:>9} {:>9} {:>7} {:>7} {:>8} {:>6} {:>4} {:>3} {:>4} {:>8}\n",
+        "LINK",
+        "STATE",
+        "RTT",
+        "P99",
+        "CE",
+        "RETX",
+        "COMPRESS",
+        "CHUNK",
+        "IBTO",
+        "TC",
+        "WDOG",
+        "TCPBUF"
+    );
+    for l in &s.links {
+        let (k, g) = (&l.knobs, &l.signals);
+        out += &format!(
+            "{:<12} {:<10} {:>9} {:>9} {:>6.2}% {:>6.2}% {:>8} {:>6} {:>4} {:>3} {:>4} {:>8}\n",
+            l.link,
+            l.state,
+            ms(g.rtt_ms),
+            ms(g.rtt_p99_ms),
+            g.ce_fraction * 100.0,
+            g.retrans * 100.0,
+            k.compression.to_string(),
+            bytes(k.chunk_bytes),
+            k.nccl_ib_timeout,
+            k.roce_traffic_class,
+            k.watchdog_s,
+            bytes(k.tcp_buffer_bytes),
+        );
+    }
+    for l in &s.links {
+        out += &format!("  {} #{}: {}\n", l.link, l.decision_id, l.reason);
+    }
+    out += &format!(
+        "\n{:<12} {:<12} {:>9} {:>9} {:>11} {:>11} {:>7} {:>8} {:>6}\n",
+        "INTERFACE", "PEER", "SRTT", "P99", "RX", "TX", "CE", "RETX/s", "FLOWS"
+    );
+    for p in &s.peers {
+        out += &format!(
+            "{:<12} {:<12} {:>9} {:>9} {:>6.1}Mb/s {:>6.1}Mb/s {:>6.2}% {:>8.1} {:>6}\n",
+            p.interface,
+            p.peer,
+            ms(p.srtt_ms),
+            ms(p.p99_ms),
+            p.rx_bps / 1e6,
+            p.tx_bps / 1e6,
+            p.ce_fraction * 100.0,
+            p.retrans_per_s,
+            p.flows
+        );
+    }
+    out
+}
