@@ -93,8 +93,13 @@ pub fn run(flows: u32, peers: u32, ticks: u32) -> anyhow::Result<()> {
         for (_, f) in &mut table {
             f.last_ns = kernel_ns; // as if the tracepoint had just updated every flow
         }
-        let readings =
-            Readings { peers: peer_rows.clone(), flows: table, nic: Vec::new(), kernel_ns };
+        let readings = Readings {
+            peers: peer_rows.clone(),
+            flows: table,
+            nic: Vec::new(),
+            kernel_ns,
+            flows_skipped: false,
+        };
         let t = Instant::now();
         let snap = sensors.tick(Duration::from_millis(100 * u64::from(tick)), &readings);
         compute.push(t.elapsed());

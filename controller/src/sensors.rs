@@ -24,6 +24,9 @@ pub struct Readings {
     pub kernel_ns: u64,
     /// (link name, the RDMA ports whose netdev it is) for every watched link.
     pub nic: Vec<(String, Vec<RdmaPort>)>,
+    /// The flow table was not read this tick (a large one is read less often than the
+    /// counters): RTT samples wait for the next reading, flow counts repeat the last one.
+    pub flows_skipped: bool,
 }
 
 /// RTT over the estimator window, milliseconds.
@@ -114,6 +117,8 @@ pub struct Snapshot {
 struct PeerState {
     prev: Option<PeerStats>,
     rtt: RttWindow,
+    /// Flows with a fresh sample at the last flow-table reading.
+    flows: usize,
 }
 
 /// Turns readings into snapshots.
@@ -158,20 +163,23 @@ impl Sensors {
 
         // Fresh RTT samples: flows the tracepoint updated since the last reading.
         let mut fresh: HashMap<u32, Vec<u32>> = HashMap::new();
-        for (_, f) in &r.flows {
-            if f.last_ns > self.last_kernel_ns && f.srtt_us > 0 && f.rtt_samples > 0 {
-                fresh.entry(f.peer).or_default().push(f.srtt_us);
+        if !r.flows_skipped {
+            for (_, f) in &r.flows {
+                if f.last_ns > self.last_kernel_ns && f.srtt_us > 0 && f.rtt_samples > 0 {
+                    fresh.entry(f.peer).or_default().push(f.srtt_us);
+                }
             }
+            self.last_kernel_ns = r.kernel_ns;
         }
-        self.last_kernel_ns = r.kernel_ns;
 
         let mut out = Vec::with_capacity(r.peers.len());
         for (link, peer, id, stats) in &r.peers {
             let window = self.window;
-            let state = self
-                .peers
-                .entry((link.clone(), *id))
-                .or_insert_with(|| PeerState { prev: None, rtt: RttWindow::new(window) });
+            let state = self.peers.entry((link.clone(), *id)).or_insert_with(|| PeerState {
+                prev: None,
+                rtt: RttWindow::new(window),
+                flows: 0,
+            });
             let prev = state.prev.unwrap_or(*stats);
             let d = |f: fn(&PeerStats) -> u64| delta(f(&prev), f(stats));
             let rx_ect = d(|s| s.rx.ecn[1]) + d(|s| s.rx.ecn[2]) + d(|s| s.rx.ecn[3]);
@@ -179,6 +187,9 @@ impl Sensors {
             let tx_pkts = d(|s| s.tx.packets);
             let retrans = d(|s| s.retrans_segs);
             let samples = fresh.remove(id).unwrap_or_default();
+            if !r.flows_skipped {
+                state.flows = samples.len();
+            }
             let srtt_ms = (!samples.is_empty()).then(|| {
                 samples.iter().map(|&us| f64::from(us)).sum::<f64>() / samples.len() as f64 / 1e3
             });
@@ -211,7 +222,7 @@ impl Sensors {
                     p99_ms: state.rtt.quantile_ms(0.99),
                     samples: state.rtt.samples() as usize,
                 },
-                flows: samples.len(),
+                flows: state.flows,
                 opens_per_s: per_s(d(|s| s.flows.active_opens) + d(|s| s.flows.passive_opens)),
                 closes_per_s: per_s(d(|s| s.flows.closes)),
                 failed_opens_per_s: per_s(d(|s| s.flows.failed_opens)),
@@ -278,7 +289,12 @@ mod tests {
 
     /// A reading whose kernel clock is `kernel_ns`.
     fn readings_at(s: PeerStats, flows: Vec<(FlowKey, FlowState)>, kernel_ns: u64) -> Readings {
-        Readings { peers: vec![("eth0".into(), "us".into(), 1, s)], flows, nic: vec![], kernel_ns }
+        Readings {
+            peers: vec![("eth0".into(), "us".into(), 1, s)],
+            flows,
+            kernel_ns,
+            ..Readings::default()
+        }
     }
 
     fn readings(s: PeerStats, flows: Vec<(FlowKey, FlowState)>) -> Readings {
@@ -334,8 +350,21 @@ mod tests {
         let snap = s.tick(2 * S, &readings_at(base, flows, 300));
         assert_eq!((snap.peers[0].rtt.srtt_ms, snap.peers[0].rtt.samples), (None, 100));
         assert_eq!(snap.peers[0].flows, 0);
+        // A tick that skips the table keeps the freshness mark: samples updated at 350 are
+        // fresh at the next real reading, and the flow count repeats the last one meanwhile.
+        let later: Vec<_> = (0..10).map(|i| flow(i, 200_000, 350)).collect();
+        let skipped = Readings { flows_skipped: true, ..readings_at(base, vec![], 360) };
+        let snap = s.tick(2 * S + S / 2, &skipped);
+        assert_eq!((snap.peers[0].rtt.srtt_ms, snap.peers[0].flows), (None, 0));
+        let snap = s.tick(3 * S, &readings_at(base, later, 370));
+        assert_eq!((snap.peers[0].rtt.srtt_ms, snap.peers[0].flows), (Some(200.0), 10));
+        let snap = s.tick(
+            3 * S + S / 2,
+            &Readings { flows_skipped: true, ..readings_at(base, vec![], 380) },
+        );
+        assert_eq!(snap.peers[0].flows, 10);
         // Past the window they are gone.
-        let snap = s.tick(5 * S, &readings_at(base, vec![], 400));
+        let snap = s.tick(15 * S, &readings_at(base, vec![], 400));
         assert_eq!(snap.peers[0].rtt, RttSnapshot::default());
     }
 

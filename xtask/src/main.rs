@@ -1,6 +1,8 @@
-//! Project automation: `cargo xtask setup | build-ebpf | test`.
+//! Project automation: `cargo xtask setup | build-ebpf | test | demo | bench-daemon`.
 
+mod bench_daemon;
 mod build_ebpf;
+mod demo;
 mod run;
 mod setup;
 mod test;
@@ -24,6 +26,21 @@ enum Command {
         #[arg(long)]
         release: bool,
     },
+    /// The main job on a built-in default: the WAN lab plays hk-us-day, the daemon tunes the
+    /// Hong Kong side with policies/hk-us.toml under real TCP traffic (as root).
+    Demo {
+        /// Stop after this many seconds instead of one pass of the scenario.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(10..))]
+        seconds: Option<u64>,
+    },
+    /// The daemon's CPU and RSS at its 10 Hz tick, idle and with many active TCP flows (as root).
+    BenchDaemon {
+        #[arg(long, default_value_t = 10_000)]
+        flows: u32,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+    },
     /// Setup, then fmt check, clippy, unit tests and (as root) the privileged tests.
     Test {
         /// Skip the privileged tests (they need root: namespaces, eBPF).
@@ -41,5 +58,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Test { no_privileged } => test::run(!no_privileged),
+        Command::Demo { seconds } => demo::run(seconds),
+        Command::BenchDaemon { flows, seconds } => bench_daemon::run(flows, seconds),
     }
 }

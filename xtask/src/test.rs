@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use anyhow::bail;
+use anyhow::{bail, Context as _};
 
 use crate::{
     build_ebpf,
@@ -77,5 +77,9 @@ pub fn run(privileged: bool) -> anyhow::Result<()> {
             .args(["test", "--package", "linkpilot-tests", "--", "--test-threads=1"])
             .env("LINKPILOT_BIN", target.join("linkpilot"))
             .env("LINKPILOT_LAB_BIN", target.join("linkpilot-lab")),
-    )
+    )?;
+    // The README's main command, cut short: it fails unless the daemon decided and the
+    // timeline was drawn.
+    eprintln!("test: cargo xtask demo --seconds 30");
+    crate::demo::run(Some(30)).context("the demo")
 }

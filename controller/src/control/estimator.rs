@@ -94,8 +94,12 @@ pub struct Estimator {
     peer_names: HashSet<String>,
     last: Option<Duration>,
     rtt: Ewma,
-    ce: Ewma,
-    retrans: Ewma,
+    /// Shares are ratios of EWMAs (marked over all packets), so each packet weighs the same
+    /// however the ticks slice them.
+    ce_pps: Ewma,
+    rx_pps: Ewma,
+    retrans_pps: Ewma,
+    tx_pps: Ewma,
     cnp: Ewma,
     goodput: Ewma,
     /// Negated RTT minima: a windowed max of -min is the windowed min.
@@ -119,8 +123,10 @@ impl Estimator {
             link,
             last: None,
             rtt: e(),
-            ce: e(),
-            retrans: e(),
+            ce_pps: e(),
+            rx_pps: e(),
+            retrans_pps: e(),
+            tx_pps: e(),
             cnp: e(),
             goodput: e(),
             baseline: WindowedMax::default(),
@@ -159,14 +165,18 @@ impl Estimator {
         let now = Duration::from_millis(at_ms);
         let dt = self.last.map_or(0.0, |l| now.saturating_sub(l).as_secs_f64());
         self.last = Some(now);
-        // Shares weighted by the packets they are of.
-        let ce = if a.rx_pps > 0.0 { a.ce_pps / a.rx_pps } else { 0.0 };
-        let retrans = if a.tx_pps > 0.0 { a.retrans_per_s / a.tx_pps } else { 0.0 };
+        // Shares weighted by the packets they are of, unmeasured (0) below the minimum rate.
+        let min = self.cfg.min_packet_rate;
+        let share =
+            |part: f64, all: f64| if all >= min && all > 0.0 { (part / all).min(1.0) } else { 0.0 };
+        let (ce, rx) = (self.ce_pps.update(a.ce_pps, dt), self.rx_pps.update(a.rx_pps, dt));
+        let (re, tx) =
+            (self.retrans_pps.update(a.retrans_per_s, dt), self.tx_pps.update(a.tx_pps, dt));
         let s = &mut self.signals;
         s.at_ms = at_ms;
         s.active = a.tx_pps > 0.0 || a.rx_pps > 0.0;
-        s.ce_fraction = self.ce.update(ce, dt);
-        s.retrans = self.retrans.update(retrans.min(1.0), dt);
+        s.ce_fraction = share(ce, rx);
+        s.retrans = share(re, tx);
         s.cnp_per_s = self.cnp.update(a.cnp_per_s, dt);
         s.goodput_bps = self.goodput.update(a.goodput_bps, dt);
         s.goodput_fraction = s.goodput_bps / self.link.capacity_bps;
@@ -268,6 +278,7 @@ mod tests {
             window: Nanos(10_000_000_000),
             ewma_half_life: Nanos(1_000_000_000),
             peak_window: Nanos(60_000_000_000),
+            min_packet_rate: 100.0,
         }
     }
 
@@ -327,5 +338,22 @@ mod tests {
         let s = e.update(&snap(10, 180.0, 0.1));
         assert!((s.ce_fraction - 0.1 * (1.0 - 0.5f64.powi(10))).abs() < 1e-12);
         assert_eq!(s.goodput_fraction, 0.5);
+    }
+
+    #[test]
+    fn shares_weigh_packets_and_a_trickle_is_unmeasured() {
+        let mut e = Estimator::new(cfg(), link());
+        let mut trickle = snap(0, 180.0, 0.5);
+        trickle.peers[0].rx_pps = 20.0; // a handshake's worth, half of it marked
+        assert_eq!(e.update(&trickle).ce_fraction, 0.0, "below min_packet_rate");
+        // 1,000 packets/s with none marked, then a tick of 10,000 with 10% marked: the share is
+        // of all packets in the EWMA, not the mean of two per-tick shares.
+        let mut e = Estimator::new(cfg(), link());
+        e.update(&snap(0, 180.0, 0.0));
+        let mut burst = snap(1, 180.0, 0.1);
+        burst.peers[0].rx_pps = 10_000.0;
+        let s = e.update(&burst);
+        // EWMAs after one half-life: marked 500/s, all 5,500/s.
+        assert!((s.ce_fraction - 500.0 / 5500.0).abs() < 1e-12, "{}", s.ce_fraction);
     }
 }

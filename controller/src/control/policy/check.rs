@@ -34,6 +34,7 @@ pub(super) fn check(raw: RawPolicy, e: &mut Errors) -> Policy {
         window: est.window,
         ewma_half_life: est.ewma_half_life,
         peak_window: est.peak_window,
+        min_packet_rate: est.min_packet_rate.0,
     };
     let h = raw.hysteresis;
     let hysteresis =

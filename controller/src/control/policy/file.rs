@@ -58,6 +58,9 @@ pub(super) struct RawEstimator {
     pub(super) ewma_half_life: Nanos,
     /// Peak RTT p99 the watchdog is sized from, over this (long) window.
     pub(super) peak_window: Nanos,
+    /// Packet rate below which CE and retransmitted shares count as unmeasured: a handful of
+    /// packets (a connection's handshake) says nothing about the path.
+    pub(super) min_packet_rate: PerSecond,
 }
 
 impl Default for RawEstimator {
@@ -67,6 +70,7 @@ impl Default for RawEstimator {
             window: Nanos(10_000_000_000),
             ewma_half_life: Nanos(500_000_000),
             peak_window: Nanos(600_000_000_000),
+            min_packet_rate: PerSecond(100.0),
         }
     }
 }

@@ -78,6 +78,8 @@ pub struct EstimatorConfig {
     pub window: Nanos,
     pub ewma_half_life: Nanos,
     pub peak_window: Nanos,
+    /// Packets per second below which shares (CE, retransmitted) are unmeasured.
+    pub min_packet_rate: f64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
