@@ -3,8 +3,8 @@
 //! sysctls back while the board goes stale.
 
 use std::{
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    path::Path,
+    process::{Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
@@ -15,7 +15,10 @@ use linkpilot_lab::{
     lab::{Lab, LabConfig, Site},
     scenario::{Direction, Scenario},
 };
-use linkpilot_tests::linkpilot_bin;
+use linkpilot_tests::{
+    daemon::{sample, scrape, status_json, tcp_rmem_max, wait_for, Daemon},
+    linkpilot_bin,
+};
 use nix::{sys::signal::Signal, unistd::Pid};
 
 const POLICY: &str = r#"
@@ -50,64 +53,6 @@ dscp = 10
 roce_traffic_class = 42
 "#;
 
-fn tcp_rmem_max(netns: &str) -> String {
-    let out =
-        linkpilot_tests::sh(&["ip", "netns", "exec", netns, "cat", "/proc/sys/net/ipv4/tcp_rmem"]);
-    out.split_whitespace().last().unwrap_or_default().to_owned()
-}
-
-fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < limit, "{what} did not happen within {limit:?}");
-        thread::sleep(Duration::from_millis(50));
-    }
-}
-
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl Daemon {
-    fn start(netns: &str, dir: &Path) -> Self {
-        Self::start_with(netns, dir, &[])
-    }
-
-    fn start_with(netns: &str, dir: &Path, extra: &[&str]) -> Self {
-        std::fs::create_dir_all(dir).expect("dir");
-        if !dir.join("policy.toml").exists() {
-            std::fs::write(dir.join("policy.toml"), POLICY).expect("policy");
-        }
-        let p = |f: &str| dir.join(f).display().to_string();
-        let child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{netns}"))
-            .arg(linkpilot_bin())
-            .args(["run", "--policy", &p("policy.toml"), "--board", &p("knobs")])
-            .args(["--env-file", &p("nccl.env"), "--sysctl-state", &p("sysctl.json")])
-            .args(["--decision-log", &p("decisions.jsonl"), "--record", &p("trace.jsonl")])
-            .args(["--status-socket", &p("status.sock"), "--lock", &p("lock")])
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("log")).expect("log"))
-            .spawn()
-            .expect("linkpilot run");
-        Self { child, dir: dir.to_owned() }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
     let toml = "name = \"ecn\"\n[[phase]]\nname = \"only\"\nduration = \"10min\"\n[phase.link]\n\
@@ -122,7 +67,7 @@ fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
     }
     let rmem_before = tcp_rmem_max(&hk.netns);
     let dir = std::env::temp_dir().join(format!("lp-daemon-{}", std::process::id()));
-    let mut d = Daemon::start(&hk.netns, &dir);
+    let mut d = Daemon::start(&hk.netns, &dir, POLICY);
     wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
     wait_for("the first decision", Duration::from_secs(5), || {
@@ -200,15 +145,25 @@ fn sigkill_then_restart_leaves_one_set_of_attachments_and_the_original_sysctls()
     };
     let baseline = ours(&linkpilot_tests::oracle::links());
     let dir = std::env::temp_dir().join(format!("lp-daemon-kill-{}", std::process::id()));
-    let mut first = Daemon::start(&hk.netns, &dir);
+    let mut first = Daemon::start(&hk.netns, &dir, POLICY);
     wait_for("the first run's sysctls", Duration::from_secs(20), || {
         tcp_rmem_max(&hk.netns) != rmem_before
     });
     let one_set = ours(&linkpilot_tests::oracle::links()) - baseline;
     assert_eq!(one_set, 5, "2 TCX + 3 tracepoint links: {:?}", linkpilot_tests::oracle::links());
     // SIGKILL: no rollback; the state file and the changed sysctl stay behind.
+    let board = BoardReader::open(&dir.join("knobs")).expect("board");
+    assert!(!is_stale(&board.read(100).expect("read"), linkpilot::probes::monotonic_ns()));
     first.child.kill().expect("SIGKILL");
+    let killed = linkpilot::probes::monotonic_ns();
     first.child.wait().expect("exit");
+    // A reader sees the death within two heartbeats (100 ms each) of it, plus one tick of
+    // slack for where in its period the heartbeat was.
+    wait_for("the board to go stale", Duration::from_secs(1), || {
+        board.read(100).is_ok_and(|b| is_stale(&b, linkpilot::probes::monotonic_ns()))
+    });
+    let seen = linkpilot::probes::monotonic_ns() - killed;
+    assert!(seen <= 300_000_000, "stale {} ms after SIGKILL", seen / 1_000_000);
     assert!(dir.join("sysctl.json").exists());
     assert_ne!(tcp_rmem_max(&hk.netns), rmem_before);
     // fd-owned links die with the process.
@@ -216,7 +171,7 @@ fn sigkill_then_restart_leaves_one_set_of_attachments_and_the_original_sysctls()
         ours(&linkpilot_tests::oracle::links()) == baseline
     });
     std::fs::remove_file(dir.join("knobs")).expect("the old board");
-    let mut second = Daemon::start(&hk.netns, &dir);
+    let mut second = Daemon::start(&hk.netns, &dir, POLICY);
     wait_for("the second run's board", Duration::from_secs(20), || dir.join("knobs").exists());
     thread::sleep(Duration::from_millis(500));
     assert_eq!(ours(&linkpilot_tests::oracle::links()) - baseline, one_set, "exactly one set");
@@ -229,34 +184,6 @@ fn sigkill_then_restart_leaves_one_set_of_attachments_and_the_original_sysctls()
     assert!(!dir.join("sysctl.json").exists());
     assert_eq!(ours(&linkpilot_tests::oracle::links()), baseline);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// The daemon's metrics, fetched from inside its namespace as a local Prometheus would.
-fn scrape(netns: &str) -> String {
-    linkpilot_tests::sh(&[
-        "nsenter",
-        &format!("--net=/run/netns/{netns}"),
-        "curl",
-        "-sf",
-        "http://127.0.0.1:9464/metrics",
-    ])
-}
-
-/// The value of the sample line that starts with `series` (name and labels).
-fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
-}
-
-fn status_json(dir: &Path) -> serde_json::Value {
-    let out = linkpilot_tests::run(&[
-        &linkpilot_bin().display().to_string(),
-        "status",
-        "--json",
-        "--socket",
-        &dir.join("status.sock").display().to_string(),
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("status JSON")
 }
 
 #[test]
@@ -283,7 +210,7 @@ fn reload_metrics_and_status() {
     std::fs::write(&tos, "0\n").expect("tos");
     let arg = |p: &Path| p.display().to_string();
     let extra = ["--rdma-root", &arg(&sysfs), "--rdma-cm-root", &arg(&dir.join("rdma_cm"))];
-    let mut d = Daemon::start_with(&hk.netns, &dir, &extra);
+    let mut d = Daemon::start_with(&hk.netns, &dir, POLICY, &extra);
     wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
     wait_for("the first decision", Duration::from_secs(5), || {
@@ -444,7 +371,8 @@ fn a_restart_removes_the_clsact_filters_a_killed_run_left() {
     .expect("u32 filter");
     let dir = std::env::temp_dir().join(format!("lp-daemon-stale-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut first = Daemon::start_with(&hk.netns, &dir, &["--netlink-tc", "--metrics-addr", "off"]);
+    let mut first =
+        Daemon::start_with(&hk.netns, &dir, POLICY, &["--netlink-tc", "--metrics-addr", "off"]);
     wait_for("the first run's filters", Duration::from_secs(20), || {
         filters("ingress").is_ok_and(|f| f.contains("lp_tc_ingress"))
             && filters("egress").is_ok_and(|f| f.contains("lp_tc_egress"))
@@ -454,7 +382,7 @@ fn a_restart_removes_the_clsact_filters_a_killed_run_left() {
     thread::sleep(Duration::from_millis(300));
     // Netlink filters outlive their process (TCX links would not).
     assert!(filters("ingress").expect("tc").contains("lp_tc_ingress"));
-    let mut second = Daemon::start_with(&hk.netns, &dir, &["--metrics-addr", "off"]);
+    let mut second = Daemon::start_with(&hk.netns, &dir, POLICY, &["--metrics-addr", "off"]);
     wait_for("the second run's board", Duration::from_secs(20), || {
         second.log().contains("linkpilot running")
     });

@@ -1,0 +1,97 @@
+//! `linkpilot run` driven as an operator would: in a lab host's namespace, every path in one
+//! directory, its log kept; and what tests read back from it (metrics, status, sysctls).
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use crate::linkpilot_bin;
+
+pub fn tcp_rmem_max(netns: &str) -> String {
+    let out = crate::sh(&["ip", "netns", "exec", netns, "cat", "/proc/sys/net/ipv4/tcp_rmem"]);
+    out.split_whitespace().last().unwrap_or_default().to_owned()
+}
+
+pub fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < limit, "{what} did not happen within {limit:?}");
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub struct Daemon {
+    pub child: Child,
+    pub dir: PathBuf,
+}
+
+impl Daemon {
+    /// Starts with `policy` written to DIR/policy.toml (unless one is there already).
+    pub fn start(netns: &str, dir: &Path, policy: &str) -> Self {
+        Self::start_with(netns, dir, policy, &[])
+    }
+
+    pub fn start_with(netns: &str, dir: &Path, policy: &str, extra: &[&str]) -> Self {
+        std::fs::create_dir_all(dir).expect("dir");
+        if !dir.join("policy.toml").exists() {
+            std::fs::write(dir.join("policy.toml"), policy).expect("policy");
+        }
+        let p = |f: &str| dir.join(f).display().to_string();
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{netns}"))
+            .arg(linkpilot_bin())
+            .args(["run", "--policy", &p("policy.toml"), "--board", &p("knobs")])
+            .args(["--env-file", &p("nccl.env"), "--sysctl-state", &p("sysctl.json")])
+            .args(["--decision-log", &p("decisions.jsonl"), "--record", &p("trace.jsonl")])
+            .args(["--status-socket", &p("status.sock"), "--lock", &p("lock")])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("log")).expect("log"))
+            .spawn()
+            .expect("linkpilot run");
+        Self { child, dir: dir.to_owned() }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The daemon's metrics, fetched from inside its namespace as a local Prometheus would.
+pub fn scrape(netns: &str) -> String {
+    crate::sh(&[
+        "nsenter",
+        &format!("--net=/run/netns/{netns}"),
+        "curl",
+        "-sf",
+        "http://127.0.0.1:9464/metrics",
+    ])
+}
+
+/// The value of the sample line that starts with `series` (name and labels).
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+}
+
+pub fn status_json(dir: &Path) -> serde_json::Value {
+    let out = crate::run(&[
+        &linkpilot_bin().display().to_string(),
+        "status",
+        "--json",
+        "--socket",
+        &dir.join("status.sock").display().to_string(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("status JSON")
+}
