@@ -19,6 +19,54 @@ pub enum IfaceError {
     UnsupportedLinkType { name: String, arphrd: u32 },
     #[error("listing interfaces: {0}")]
     List(#[source] std::io::Error),
+    #[error(
+        "the policy watches \"{DEFAULT_ROUTE}\", but this network namespace has no default route \
+         (see `ip route`); name the interface in the policy instead"
+    )]
+    NoDefaultRoute,
+}
+
+/// An interface name a policy may use for "whichever device the default route leaves by", so
+/// that one policy fits hosts whose WAN interface is named differently.
+pub const DEFAULT_ROUTE: &str = "@default-route";
+
+/// The device of the IPv4 default route, else of the IPv6 one, in this network namespace.
+pub fn default_route_device() -> Result<String, IfaceError> {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    default_v4(&read("/proc/net/route"))
+        .or_else(|| default_v6(&read("/proc/net/ipv6_route")))
+        .ok_or(IfaceError::NoDefaultRoute)
+}
+
+/// `/proc/net/route`: Iface Destination Gateway Flags RefCnt Use Metric Mask...; the default
+/// route has destination and mask 0 (the lowest metric wins, as in the kernel).
+fn default_v4(table: &str) -> Option<String> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let up = u32::from_str_radix(f.get(3)?, 16).ok()? & 1 == 1;
+            (up && f.get(1)? == &"00000000" && f.get(7)? == &"00000000")
+                .then(|| Some((f.get(6)?.parse::<u32>().ok()?, f[0].to_owned())))?
+        })
+        .min()
+        .map(|(_, dev)| dev)
+}
+
+/// `/proc/net/ipv6_route`: dest plen src plen nexthop metric refcnt use flags device; the
+/// default route is ::/0 and is not the unreachable one on `lo`.
+fn default_v6(table: &str) -> Option<String> {
+    table
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let dev = *f.get(9)?;
+            (f.first()?.bytes().all(|b| b == b'0') && f.get(1)? == &"00" && dev != "lo")
+                .then(|| Some((u32::from_str_radix(f.get(5)?, 16).ok()?, dev.to_owned())))?
+        })
+        .min()
+        .map(|(_, dev)| dev)
 }
 
 /// An interface to watch, resolved once at startup.
@@ -114,6 +162,22 @@ pub fn local_addr_key(ip: IpAddr) -> LocalAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_route_devices_from_proc_net() {
+        let v4 =
+            "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+                  eth1\t0000A8C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
+                  wan0\t00000000\t0101A8C0\t0003\t0\t0\t200\t00000000\t0\t0\t0\n\
+                  eth0\t00000000\t0101A8C0\t0003\t0\t0\t100\t00000000\t0\t0\t0\n";
+        assert_eq!(default_v4(v4).as_deref(), Some("eth0"), "the lowest metric");
+        assert_eq!(default_v4("Iface\tDestination\n"), None);
+        let v6 = "00000000000000000000000000000000 00 00000000000000000000000000000000 00 \
+                  fe800000000000000000000000000001 00000400 00000001 00000000 00000003 ens5\n\
+                  00000000000000000000000000000000 00 00000000000000000000000000000000 00 \
+                  00000000000000000000000000000000 ffffffff 00000001 00000000 00200200 lo\n";
+        assert_eq!(default_v6(v6).as_deref(), Some("ens5"), "not the unreachable route on lo");
+    }
 
     #[test]
     fn names_are_checked_before_lookup() {

@@ -335,10 +335,25 @@ fn replay(
     json: bool,
 ) -> anyhow::Result<()> {
     use linkpilot::control::{replay, Policy};
-    let policy = Policy::load(policy)?;
+    let mut policy = Policy::load(policy)?;
     let file = std::fs::File::open(trace)
         .with_context(|| format!("opening the trace {}", trace.display()))?;
     let snaps = replay::read_trace(std::io::BufReader::new(file), &trace.display().to_string())?;
+    // `@default-route` meant the recording host's WAN interface: the trace's only one.
+    let default = linkpilot::iface::DEFAULT_ROUTE;
+    if policy.names_interface(default) {
+        let mut links: Vec<&str> =
+            snaps.iter().flat_map(|s| s.peers.iter().map(|p| p.link.as_str())).collect();
+        links.sort_unstable();
+        links.dedup();
+        match links.as_slice() {
+            [one] => policy.rename_interface(default, one),
+            _ => anyhow::bail!(
+                "the policy watches {default:?} and the trace has interfaces {links:?}: name \
+                 the interface in the policy"
+            ),
+        }
+    }
     let r = replay::run(&policy, &snaps);
     for d in &r.decisions {
         if json {

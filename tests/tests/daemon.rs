@@ -396,3 +396,38 @@ fn a_restart_removes_the_clsact_filters_a_killed_run_left() {
     assert!(second.child.wait().expect("exit").success(), "{}", second.log());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_default_policy_runs_unedited_on_the_default_route_device() {
+    let toml = "name = \"calm\"\n[[phase]]\nname = \"only\"\nduration = \"10min\"\n[phase.link]\n\
+                delay = \"5ms\"\n";
+    let scenario = Scenario::parse(toml, "<test>", None).expect("scenario");
+    let lab = Lab::start(LabConfig { name: "ddef".into(), ..LabConfig::default() }, scenario)
+        .expect("lab");
+    let hk = lab.host(Site::Hk, 0).clone();
+    let policy = concat!(env!("CARGO_MANIFEST_DIR"), "/../policies/default.toml");
+    let dir = std::env::temp_dir().join(format!("lp-daemon-default-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let socket = dir.join("status.sock").display().to_string();
+    let run = |netns: &str| {
+        std::process::Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{netns}"))
+            .arg(linkpilot_bin())
+            .args(["run", "--policy", policy, "--dry-run", "--ticks", "20"])
+            .args(["--metrics-addr", "off", "--status-socket", &socket])
+            .output()
+            .expect("linkpilot run")
+    };
+    let out = run(&hk.netns);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("@default-route is eth0") && log.contains("start in healthy"), "{log}");
+    // A namespace without a default route: a clear error, nothing attached.
+    let bare = linkpilot_tests::netns::Netns::new("noroute");
+    let baseline = linkpilot_tests::oracle::links().len();
+    let out = run(&bare.name);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("has no default route"), "{err}");
+    assert_eq!(linkpilot_tests::oracle::links().len(), baseline);
+    let _ = std::fs::remove_dir_all(&dir);
+}

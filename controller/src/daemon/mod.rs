@@ -110,6 +110,17 @@ fn peer_table(policy: &Policy) -> anyhow::Result<PeerIds> {
     }))
 }
 
+/// Loads the policy and resolves `@default-route` to this namespace's default-route device.
+fn load_policy(path: &std::path::Path) -> anyhow::Result<Policy> {
+    let mut policy = Policy::load(path)?;
+    if policy.names_interface(iface::DEFAULT_ROUTE) {
+        let dev = iface::default_route_device()?;
+        info!("{}: {} is {dev}", path.display(), iface::DEFAULT_ROUTE);
+        policy.rename_interface(iface::DEFAULT_ROUTE, &dev);
+    }
+    Ok(policy)
+}
+
 /// Every interface the policy's links name, once, in order.
 fn interfaces(policy: &Policy) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
@@ -207,7 +218,7 @@ fn flow_read_due(last: Option<(Instant, Duration)>, tick: Duration) -> bool {
 
 /// Runs the daemon until a signal (or `ticks`).
 pub async fn run(o: RunOptions) -> anyhow::Result<()> {
-    let policy = Policy::load(&o.policy)?;
+    let policy = load_policy(&o.policy)?;
     // Checks before side effects: interfaces, privileges, tracepoints.
     let names = interfaces(&policy);
     let ifaces = names.iter().map(|n| Iface::resolve(n)).collect::<Result<Vec<_>, _>>()?;
@@ -492,7 +503,7 @@ impl Daemon {
             }
             Ok(None)
         };
-        let policy = match Policy::load(&self.o.policy) {
+        let policy = match load_policy(&self.o.policy) {
             Ok(p) => p,
             Err(e) => return rejected(self, format!("{e:#}")),
         };

@@ -245,6 +245,22 @@ impl Policy {
         }
     }
 
+    /// Replaces the interface name `from` (e.g. `@default-route`) in every link by `to`.
+    pub fn rename_interface(&mut self, from: &str, to: &str) {
+        for l in &mut self.links {
+            for i in &mut l.interfaces {
+                if i == from {
+                    *i = to.to_owned();
+                }
+            }
+        }
+    }
+
+    /// Whether any link names the interface `name`.
+    pub fn names_interface(&self, name: &str) -> bool {
+        self.links.iter().any(|l| l.interfaces.iter().any(|i| i == name))
+    }
+
     /// Reads and parses a policy file.
     pub fn load(path: &std::path::Path) -> Result<Policy, PolicyErrors> {
         let file = path.display().to_string();
