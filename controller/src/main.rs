@@ -446,14 +446,7 @@ async fn watch(
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    kernel::check_privileges()?;
-    let has_err = kernel::check_retransmit_tracepoint()?;
-    kernel::check_probe_tracepoint()?;
-    kernel::check_sock_state_tracepoint()?;
-    let (offsets, note) = kernel::kernel_offsets(has_err);
-    if let Some(note) = note {
-        warn!("{note}");
-    }
+    let offsets = kernel::preflight()?;
     // Signal handlers first, so a Ctrl-C during attach still detaches cleanly.
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;

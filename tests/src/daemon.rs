@@ -8,7 +8,33 @@ use std::{
     time::{Duration, Instant},
 };
 
+use linkpilot_lab::{
+    lab::{Host, Lab, LabConfig},
+    scenario::Scenario,
+};
+
 use crate::linkpilot_bin;
+
+/// A lab whose link is `link` (the `[phase.link]` body of a one-phase scenario) for 10 minutes.
+pub fn lab_with(name: &str, link: &str) -> Lab {
+    let toml = format!(
+        "name = \"t\"\n[[phase]]\nname = \"only\"\nduration = \"10min\"\n[phase.link]\n{link}\n"
+    );
+    let scenario = Scenario::parse(&toml, "<test>", None).expect("scenario");
+    Lab::start(LabConfig { name: name.into(), ..LabConfig::default() }, scenario).expect("lab")
+}
+
+/// An iperf3 server on `host`'s IPv4 address for one test (`-1`), running.
+pub fn iperf3_server(host: &Host) -> std::process::Child {
+    let child = host
+        .command("iperf3")
+        .args(["-s", "-1", "-B", &host.ipv4.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("iperf3 -s");
+    thread::sleep(Duration::from_millis(300));
+    child
+}
 
 pub fn tcp_rmem_max(netns: &str) -> String {
     let out = crate::sh(&["ip", "netns", "exec", netns, "cat", "/proc/sys/net/ipv4/tcp_rmem"]);

@@ -11,12 +11,11 @@ use std::{
 
 use linkpilot::board::{is_stale, name, BoardReader};
 use linkpilot_common::board::compression;
-use linkpilot_lab::{
-    lab::{Lab, LabConfig, Site},
-    scenario::{Direction, Scenario},
-};
+use linkpilot_lab::{lab::Site, scenario::Direction};
 use linkpilot_tests::{
-    daemon::{sample, scrape, status_json, tcp_rmem_max, wait_for, Daemon},
+    daemon::{
+        iperf3_server, lab_with, sample, scrape, status_json, tcp_rmem_max, wait_for, Daemon,
+    },
     linkpilot_bin,
 };
 use nix::{sys::signal::Signal, unistd::Pid};
@@ -55,12 +54,7 @@ roce_traffic_class = 42
 
 #[test]
 fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
-    let toml = "name = \"ecn\"\n[[phase]]\nname = \"only\"\nduration = \"10min\"\n[phase.link]\n\
-                delay = \"10ms\"\nrate = \"50Mbit/s\"\nqueue = \"2MiB\"\n\
-                ecn = { mode = \"step\", threshold = \"5ms\" }\n";
-    let scenario = Scenario::parse(toml, "<test>", None).expect("scenario");
-    let lab = Lab::start(LabConfig { name: "drun".into(), ..LabConfig::default() }, scenario)
-        .expect("lab");
+    let lab = lab_with("drun", "delay = \"10ms\"\nrate = \"50Mbit/s\"\nqueue = \"2MiB\"\necn = { mode = \"step\", threshold = \"5ms\" }");
     let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
     for h in [&hk, &us] {
         h.exec(&["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]).expect("sysctl");
@@ -79,13 +73,7 @@ fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
         ("healthy".into(), compression::NONE)
     );
 
-    let mut server = us
-        .command("iperf3")
-        .args(["-s", "-1", "-B", &us.ipv4.to_string()])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("iperf3 -s");
-    thread::sleep(Duration::from_millis(300));
+    let mut server = iperf3_server(&us);
     let onset = Instant::now();
     let mut client = hk
         .command("iperf3")
@@ -133,11 +121,7 @@ fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
 
 #[test]
 fn sigkill_then_restart_leaves_one_set_of_attachments_and_the_original_sysctls() {
-    let toml = "name = \"calm\"\n[[phase]]\nname = \"only\"\nduration = \"10min\"\n[phase.link]\n\
-                delay = \"5ms\"\n";
-    let scenario = Scenario::parse(toml, "<test>", None).expect("scenario");
-    let lab = Lab::start(LabConfig { name: "dkill".into(), ..LabConfig::default() }, scenario)
-        .expect("lab");
+    let lab = lab_with("dkill", "delay = \"5ms\"");
     let hk = lab.host(Site::Hk, 0).clone();
     let rmem_before = tcp_rmem_max(&hk.netns);
     let ours = |links: &[(String, String)]| -> usize {
@@ -188,11 +172,7 @@ fn sigkill_then_restart_leaves_one_set_of_attachments_and_the_original_sysctls()
 
 #[test]
 fn reload_metrics_and_status() {
-    let toml = "name = \"calm\"\n[[phase]]\nname = \"only\"\nduration = \"10min\"\n[phase.link]\n\
-                delay = \"5ms\"\n";
-    let scenario = Scenario::parse(toml, "<test>", None).expect("scenario");
-    let lab = Lab::start(LabConfig { name: "drel".into(), ..LabConfig::default() }, scenario)
-        .expect("lab");
+    let lab = lab_with("drel", "delay = \"5ms\"");
     let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
     let dir = std::env::temp_dir().join(format!("lp-daemon-reload-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -221,13 +201,7 @@ fn reload_metrics_and_status() {
     // The RDMA port on eth0 got the healthy state's RoCE traffic class.
     assert_eq!(std::fs::read_to_string(&tos).expect("tos").trim(), "106");
     // A second of TCP so that RTT series exist.
-    let mut server = us
-        .command("iperf3")
-        .args(["-s", "-1", "-B", &us.ipv4.to_string()])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("iperf3 -s");
-    thread::sleep(Duration::from_millis(300));
+    let mut server = iperf3_server(&us);
     let client = hk
         .command("iperf3")
         .args(["-c", &us.ipv4.to_string(), "-t", "1", "-b", "20M"])
@@ -355,11 +329,7 @@ fn reload_metrics_and_status() {
 
 #[test]
 fn a_restart_removes_the_clsact_filters_a_killed_run_left() {
-    let toml = "name = \"calm\"\n[[phase]]\nname = \"only\"\nduration = \"10min\"\n[phase.link]\n\
-                delay = \"5ms\"\n";
-    let scenario = Scenario::parse(toml, "<test>", None).expect("scenario");
-    let lab = Lab::start(LabConfig { name: "dstale".into(), ..LabConfig::default() }, scenario)
-        .expect("lab");
+    let lab = lab_with("dstale", "delay = \"5ms\"");
     let hk = lab.host(Site::Hk, 0).clone();
     let filters = |dir: &str| hk.exec(&["tc", "filter", "show", "dev", "eth0", dir]);
     // A filter that is not ours, which must survive.
@@ -399,11 +369,7 @@ fn a_restart_removes_the_clsact_filters_a_killed_run_left() {
 
 #[test]
 fn the_default_policy_runs_unedited_on_the_default_route_device() {
-    let toml = "name = \"calm\"\n[[phase]]\nname = \"only\"\nduration = \"10min\"\n[phase.link]\n\
-                delay = \"5ms\"\n";
-    let scenario = Scenario::parse(toml, "<test>", None).expect("scenario");
-    let lab = Lab::start(LabConfig { name: "ddef".into(), ..LabConfig::default() }, scenario)
-        .expect("lab");
+    let lab = lab_with("ddef", "delay = \"5ms\"");
     let hk = lab.host(Site::Hk, 0).clone();
     let policy = concat!(env!("CARGO_MANIFEST_DIR"), "/../policies/default.toml");
     let dir = std::env::temp_dir().join(format!("lp-daemon-default-{}", std::process::id()));

@@ -14,7 +14,7 @@ use linkpilot_lab::{
     lab::{Lab, LabConfig, Site},
     scenario::{Direction, Scenario},
 };
-use linkpilot_tests::daemon::{wait_for, Daemon};
+use linkpilot_tests::daemon::{iperf3_server, lab_with, wait_for, Daemon};
 
 const ECN_POLICY: &str = r#"
 [daemon]
@@ -48,12 +48,7 @@ roce_traffic_class = 106
 
 #[test]
 fn congested_within_a_second_of_the_first_ce_mark_and_healthy_only_after_the_exit_window() {
-    let toml = "name = \"ecn\"\n[[phase]]\nname = \"only\"\nduration = \"10min\"\n[phase.link]\n\
-                delay = \"10ms\"\nrate = \"50Mbit/s\"\nqueue = \"2MiB\"\n\
-                ecn = { mode = \"step\", threshold = \"5ms\" }\n";
-    let scenario = Scenario::parse(toml, "<test>", None).expect("scenario");
-    let lab = Lab::start(LabConfig { name: "ctlecn".into(), ..LabConfig::default() }, scenario)
-        .expect("lab");
+    let lab = lab_with("ctlecn", "delay = \"10ms\"\nrate = \"50Mbit/s\"\nqueue = \"2MiB\"\necn = { mode = \"step\", threshold = \"5ms\" }");
     let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
     for h in [&hk, &us] {
         h.exec(&["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]).expect("sysctl");
@@ -69,13 +64,7 @@ fn congested_within_a_second_of_the_first_ce_mark_and_healthy_only_after_the_exi
     let state = || board.read(100).map(|b| name(&b.links[0].state)).unwrap_or_default();
     assert_eq!(state(), "healthy");
 
-    let mut server = us
-        .command("iperf3")
-        .args(["-s", "-1", "-B", &us.ipv4.to_string()])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("iperf3 -s");
-    thread::sleep(Duration::from_millis(300));
+    let mut server = iperf3_server(&us);
     let mut client = hk
         .command("iperf3")
         .args(["-c", &us.ipv4.to_string(), "-C", "cubic", "-t", "5"])
@@ -170,13 +159,7 @@ fn timeouts_cover_a_delay_spike_before_the_spike_is_over() {
     wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
     // A steady sender, so that every ACK carries an RTT sample.
-    let mut server = us
-        .command("iperf3")
-        .args(["-s", "-1", "-B", &us.ipv4.to_string()])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("iperf3 -s");
-    thread::sleep(Duration::from_millis(300));
+    let mut server = iperf3_server(&us);
     let mut client = hk
         .command("iperf3")
         .args(["-c", &us.ipv4.to_string(), "-b", "5M", "-t", "14"])

@@ -12,6 +12,7 @@ use linkpilot_lab::{
     scenario::{Direction, Scenario},
     selftest,
 };
+use linkpilot_tests::daemon::lab_with;
 use linkpilot_tests::watcher::{peer, Watcher};
 use nix::sys::signal::Signal;
 
@@ -138,14 +139,6 @@ fn dscp_rewrite_seen_by_tshark_with_ecn_intact_and_valid_checksums() {
         peer(s, "us").tx_dscp
     );
     assert!(s.totals.tx_dscp_rewritten > 0);
-}
-
-fn lab_with(name: &str, link: &str) -> Lab {
-    let toml = format!(
-        "name = \"t\"\n[[phase]]\nname = \"only\"\nduration = \"10min\"\n[phase.link]\n{link}\n"
-    );
-    let scenario = Scenario::parse(&toml, "<test>", None).expect("scenario");
-    Lab::start(LabConfig { name: name.into(), ..LabConfig::default() }, scenario).expect("lab")
 }
 
 /// `rtt:180.5/0.3` of the connection to `dst`:5201 carrying data, from `ss -tin`.

@@ -223,14 +223,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let names = interfaces(&policy);
     let ifaces = names.iter().map(|n| Iface::resolve(n)).collect::<Result<Vec<_>, _>>()?;
     let peers = peer_table(&policy)?;
-    kernel::check_privileges()?;
-    let has_err = kernel::check_retransmit_tracepoint()?;
-    kernel::check_probe_tracepoint()?;
-    kernel::check_sock_state_tracepoint()?;
-    let (offsets, note) = kernel::kernel_offsets(has_err);
-    if let Some(note) = note {
-        warn!("{note}");
-    }
+    let offsets = kernel::preflight()?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
