@@ -87,9 +87,12 @@ fn netns() -> anyhow::Result<Namespaces> {
 /// (user + system CPU seconds, resident bytes, peak resident bytes) of `pid`.
 fn usage(pid: u32) -> anyhow::Result<(f64, u64, u64)> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let rest = &stat[stat.rfind(')').context("/proc/pid/stat")? + 2..];
+    let rest = stat.get(stat.rfind(')').context("/proc/pid/stat")? + 2..).unwrap_or_default();
     let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
+    let field = |i: usize| -> anyhow::Result<f64> {
+        Ok(f.get(i).context("/proc/pid/stat is short")?.parse::<f64>()?)
+    };
+    let ticks = field(11)? + field(12)?;
     let st = fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kib = |key: &str| -> u64 {
         st.lines()

@@ -327,7 +327,7 @@ pub fn process_figures() -> Option<(u64, f64)> {
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     // Fields after the command name, which may itself hold spaces and parentheses.
-    let rest = &stat[stat.rfind(')')? + 2..];
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
     Some((pages * page, ticks / hz))

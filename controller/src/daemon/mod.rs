@@ -211,9 +211,14 @@ struct Daemon {
 }
 
 /// Reading the flow table costs ~0.5 us per flow: a big table is read less often than the
-/// counters, keeping that cost near 1% of a core, but at least every 2 s so RTT stays fresh.
+/// counters, keeping that cost near 1% of a core, but at least every 2 s (or every tick, if
+/// ticks are longer) so RTT stays fresh.
+fn flow_read_interval(cost: Duration, tick: Duration) -> Duration {
+    (cost * 100).min(Duration::from_secs(2)).max(tick)
+}
+
 fn flow_read_due(last: Option<(Instant, Duration)>, tick: Duration) -> bool {
-    last.is_none_or(|(at, cost)| at.elapsed() >= (cost * 100).clamp(tick, Duration::from_secs(2)))
+    last.is_none_or(|(at, cost)| at.elapsed() >= flow_read_interval(cost, tick))
 }
 
 /// Runs the daemon until a signal (or `ticks`).
@@ -528,5 +533,19 @@ impl Daemon {
         Metrics::count(&self.metrics.reloads, "result", "applied");
         info!("policy reloaded from {}", self.o.policy.display());
         Ok(tick)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn big_flow_tables_are_read_less_often_but_at_least_every_two_seconds_or_tick() {
+        let ms = Duration::from_millis;
+        assert_eq!(flow_read_interval(ms(0), ms(100)), ms(100), "small tables every tick");
+        assert_eq!(flow_read_interval(ms(5), ms(100)), ms(500), "1% of a core");
+        assert_eq!(flow_read_interval(ms(60), ms(100)), ms(2000), "at least every 2 s");
+        assert_eq!(flow_read_interval(ms(60), ms(5000)), ms(5000), "never more than once a tick");
     }
 }
