@@ -198,7 +198,8 @@ fn reload_metrics_and_status() {
     });
     let before = board.read(100).expect("read");
     assert_eq!(before.links[0].dscp, 26);
-    // The RDMA port on eth0 got the healthy state's RoCE traffic class.
+    // The RDMA port on eth0 got the healthy state's RoCE traffic class (before the board, which
+    // the daemon updates last).
     assert_eq!(std::fs::read_to_string(&tos).expect("tos").trim(), "106");
     // A second of TCP so that RTT series exist.
     let mut server = iperf3_server(&us);

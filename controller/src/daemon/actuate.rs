@@ -70,7 +70,7 @@ impl Actuators {
     }
 
     /// Applies the core's current knobs after `decisions`. `ports` are the RDMA ports seen
-    /// this tick.
+    /// this tick. Order: DSCP, env file, sysctls, RoCE class, then the board.
     pub fn apply(
         &mut self,
         core: &Core,
@@ -87,22 +87,6 @@ impl Actuators {
         );
         let current = core.current();
         let latest = decisions.iter().map(|d| d.id).max().unwrap_or(0);
-        if let Some(b) = &mut self.board {
-            let links: Vec<_> = current
-                .iter()
-                .map(|(link, state, k)| {
-                    let idx = core.policy().states.iter().position(|s| s.name == *state);
-                    let id = decisions
-                        .iter()
-                        .filter(|d| d.link == *link)
-                        .map(|d| d.id)
-                        .max()
-                        .unwrap_or(latest);
-                    board_link(link, state, idx.unwrap_or(0) as u32, k, id)
-                })
-                .collect();
-            b.publish(&links, monotonic_ns());
-        }
         if let Some((link, state, k)) = current.first() {
             let r = envfile::write_atomic(&self.env_file, &envfile::render(link, state, k, latest))
                 .with_context(|| format!("writing {}", self.env_file.display()));
@@ -135,6 +119,23 @@ impl Actuators {
                     }
                 }
             }
+        }
+        // The board last: when it shows a decision, everything else of it is in place.
+        if let Some(b) = &mut self.board {
+            let links: Vec<_> = current
+                .iter()
+                .map(|(link, state, k)| {
+                    let idx = core.policy().states.iter().position(|s| s.name == *state);
+                    let id = decisions
+                        .iter()
+                        .filter(|d| d.link == *link)
+                        .map(|d| d.id)
+                        .max()
+                        .unwrap_or(latest);
+                    board_link(link, state, idx.unwrap_or(0) as u32, k, id)
+                })
+                .collect();
+            b.publish(&links, monotonic_ns());
         }
     }
 
