@@ -5,7 +5,7 @@ use aya_ebpf::{
     macros::map,
     maps::{lpm_trie::Key, Array, LpmTrie, PerCpuArray},
 };
-use linkpilot_common::{PeerCacheEntry, MAX_PEERS, PEER_CACHE_SLOTS, PEER_OTHER};
+use linkpilot_common::{peer_cache_slot, PeerCacheEntry, MAX_PEERS, PEER_CACHE_SLOTS, PEER_OTHER};
 
 /// BPF_F_NO_PREALLOC, which LPM tries require.
 const NO_PREALLOC: u32 = 1;
@@ -28,26 +28,30 @@ fn words(a: &[u8; 16]) -> [u64; 2] {
     [u64::from_ne_bytes(lo), u64::from_ne_bytes(hi)]
 }
 
-/// The peer id of `addr` (IPv4-mapped for IPv4), [`PEER_OTHER`] if no prefix covers it.
+/// The peer id of `addr` (IPv4-mapped for IPv4), [`PEER_OTHER`] if no prefix covers it,
+/// through the per-CPU cache. For the TC programs only: they run in softirq, so nothing on
+/// this CPU interleaves with their use of the cache. Tracepoints can fire in process context
+/// with BH enabled, where a TC program could interrupt a half-written entry: they use
+/// [`peer_of_uncached`].
 #[inline(always)]
 pub(crate) fn peer_of(addr: &[u8; 16]) -> u32 {
     let generation = PEER_GENERATION.get(0).copied().unwrap_or(0);
     let w = words(addr);
-    // Fold the low bits of both words: IPv4-mapped addresses differ only in the second.
-    let x = w[0] ^ w[1];
-    let slot = ((x ^ (x >> 32) ^ (x >> 16)) as u32) & (PEER_CACHE_SLOTS - 1);
-    let Some(e) = PEER_CACHE.get_ptr_mut(slot) else { return lookup(addr) };
-    // SAFETY: a per-CPU value, used only by programs on this CPU with BH disabled.
+    let slot = peer_cache_slot(w);
+    let Some(e) = PEER_CACHE.get_ptr_mut(slot) else { return peer_of_uncached(addr) };
+    // SAFETY: a per-CPU value, used only by the TC programs (softirq) on this CPU.
     let e = unsafe { &mut *e };
-    // One join point for hit and miss keeps the verifier's path count (and the egress
-    // program's DSCP rule scan after it) from doubling.
     let hit = generation != 0 && e.generation == generation && e.addr == w;
-    let peer = if hit { e.peer } else { lookup(addr) };
+    if hit {
+        return e.peer;
+    }
+    let peer = peer_of_uncached(addr);
     *e = PeerCacheEntry { addr: w, peer, generation };
     peer
 }
 
+/// The peer id of `addr` from the LPM trie itself.
 #[inline(always)]
-fn lookup(addr: &[u8; 16]) -> u32 {
+pub(crate) fn peer_of_uncached(addr: &[u8; 16]) -> u32 {
     PEERS.get(Key::new(128, *addr)).copied().unwrap_or(PEER_OTHER)
 }

@@ -75,7 +75,7 @@ fn attribute(
     local: [u8; 16],
     remote: [u8; 16],
 ) -> Result<(), i64> {
-    let peer = crate::peers::peer_of(&remote);
+    let peer = crate::peers::peer_of_uncached(&remote);
     if let Some(ps) = PEER_STATS.get_ptr_mut(PeerKey { ifindex, peer }) {
         // SAFETY: a per-CPU value.
         unsafe { (*ps).retrans_segs += segs };

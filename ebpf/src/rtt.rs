@@ -96,7 +96,7 @@ fn try_probe(ctx: &TracePointContext) -> Result<(), i64> {
     };
     // SAFETY: the controller writes this map only with whole values.
     let Some(&ifindex) = (unsafe { LOCAL_ADDRS.get(local_key) }) else { return Ok(()) };
-    let peer = crate::peers::peer_of(&remote);
+    let peer = crate::peers::peer_of_uncached(&remote);
     if let Some(ps) = PEER_STATS.get_ptr_mut(PeerKey { ifindex, peer }) {
         // SAFETY: a per-CPU value.
         let rtt = unsafe { &mut (*ps).rtt };
