@@ -169,6 +169,13 @@ impl BoardWriter {
         self.write();
     }
 
+    /// Changes the heartbeat interval readers judge staleness by (a reloaded policy's tick).
+    pub fn set_heartbeat_interval(&mut self, heartbeat: Duration, now_ns: u64) {
+        self.board.header.heartbeat_interval_ms =
+            heartbeat.as_millis().min(u128::from(u32::MAX)) as u32;
+        self.heartbeat(now_ns);
+    }
+
     /// Tells readers the daemon is alive.
     pub fn heartbeat(&mut self, now_ns: u64) {
         self.board.header.heartbeat_ns = now_ns;

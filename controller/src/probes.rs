@@ -80,6 +80,8 @@ pub struct Probes {
     peer_generation: Array<MapData, u32>,
     /// Peer ids in use, besides PEER_OTHER.
     peer_ids: Vec<u32>,
+    /// The prefixes in the trie.
+    prefixes: Vec<IpNet>,
     /// Interfaces with counters (watched, or set up for test runs).
     counted: Vec<u32>,
     watched: Vec<Iface>,
@@ -119,14 +121,16 @@ impl Probes {
             peers,
             peer_stats,
             peer_ids: Vec::new(),
+            prefixes: Vec::new(),
             counted: Vec::new(),
             watched: Vec::new(),
             netlink_tc: false,
         })
     }
 
-    /// Maps `prefixes` to peer ids (1..=MAX_PEERS). Call before [`Probes::watch`], which creates
-    /// the per-peer counters of each interface.
+    /// Maps `prefixes` to peer ids (1..=MAX_PEERS), replacing the previous set: prefixes no
+    /// longer given leave the trie. Call before [`Probes::watch`], which creates the per-peer
+    /// counters of each interface.
     pub fn set_peers(&mut self, prefixes: &[(u32, IpNet)]) -> Result<(), ProbeError> {
         if let Some(&(id, _)) = prefixes.iter().find(|(id, _)| *id == PEER_OTHER || *id > MAX_PEERS)
         {
@@ -141,17 +145,32 @@ impl Probes {
                 self.peer_ids.push(id);
             }
         }
-        for &(id, net) in prefixes {
+        let inserted = prefixes.iter().try_for_each(|&(id, net)| {
             let (len, addr) = mapped(net);
-            self.peers
-                .insert(&LpmKey::new(len, addr), id, 0)
-                .map_err(|e| map_error(MAP_PEERS, e))?;
+            self.peers.insert(&LpmKey::new(len, addr), id, 0).map_err(|e| map_error(MAP_PEERS, e))
+        });
+        let removed = inserted.and_then(|()| {
+            let gone: Vec<IpNet> = self
+                .prefixes
+                .iter()
+                .copied()
+                .filter(|n| !prefixes.iter().any(|(_, p)| p == n))
+                .collect();
+            gone.into_iter().try_for_each(|net| {
+                let (len, addr) = mapped(net);
+                self.peers.remove(&LpmKey::new(len, addr)).map_err(|e| map_error(MAP_PEERS, e))
+            })
+        });
+        if removed.is_ok() {
+            self.prefixes = prefixes.iter().map(|(_, n)| *n).collect();
         }
-        // The programs' address -> peer caches hold answers of the old trie: invalidate them.
+        // The programs' address -> peer caches hold answers of the old trie: invalidate them,
+        // also when the update stopped half way.
         let generation =
             self.peer_generation.get(&0, 0).map_err(|e| map_error(MAP_PEER_GENERATION, e))?;
         let next = generation.wrapping_add(1).max(1);
-        self.peer_generation.set(0, next, 0).map_err(|e| map_error(MAP_PEER_GENERATION, e))
+        self.peer_generation.set(0, next, 0).map_err(|e| map_error(MAP_PEER_GENERATION, e))?;
+        removed
     }
 
     /// Creates zeroed counters of (`ifindex`, `peer`); with [`NO_EXIST`], keeps existing ones.

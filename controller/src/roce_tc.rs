@@ -79,16 +79,30 @@ impl RoceTc {
         Ok(Some(format!("{device}/{port} default_roce_tos {now} -> {tos}")))
     }
 
-    /// Puts every original back and removes the directories we created.
+    /// Puts every original back and removes the directories we created. A failure does not
+    /// stop the rest; what failed is kept for another try, and the first error returned.
     pub fn restore(&mut self) -> Result<(), RoceTcError> {
-        for (file, value) in self.originals.drain(..) {
-            fs::write(&file, value.to_string()).map_err(io_err(&file))?;
-        }
-        for dir in self.created.drain(..).rev() {
-            // configfs removes the subtree it made with the directory.
-            fs::remove_dir(&dir).or_else(|_| fs::remove_dir_all(&dir)).map_err(io_err(&dir))?;
-        }
-        Ok(())
+        let mut first = None;
+        self.originals.retain(|(file, value)| match fs::write(file, value.to_string()) {
+            Ok(()) => false,
+            Err(e) => {
+                first.get_or_insert(io_err(file)(e));
+                true
+            }
+        });
+        let mut created = std::mem::take(&mut self.created);
+        created.reverse();
+        // configfs removes the subtree it made with the directory.
+        created.retain(|dir| match fs::remove_dir(dir).or_else(|_| fs::remove_dir_all(dir)) {
+            Ok(()) => false,
+            Err(e) => {
+                first.get_or_insert(io_err(dir)(e));
+                true
+            }
+        });
+        created.reverse();
+        self.created = created;
+        first.map_or(Ok(()), Err)
     }
 }
 
@@ -127,6 +141,8 @@ mod tests {
         let mut tc = RoceTc::new(&root);
         let err = tc.set("mlx5_0", 1, 106).unwrap_err().to_string();
         assert!(err.contains("default_roce_tos") && err.contains("not a TOS"), "{err}");
+        let tos = root.join("mlx5_0/ports/1/default_roce_tos");
+        assert_eq!(fs::read_to_string(&tos).unwrap(), "lots\n", "left as it was");
         // A device configfs does not know: the directory made to ask is removed at once.
         let err = tc.set("mlx5_9", 1, 106).unwrap_err().to_string();
         assert!(err.contains("mlx5_9/ports/1/default_roce_tos"), "{err}");

@@ -178,14 +178,25 @@ impl Sysctls {
     }
 
     /// Puts every original back (those still ours) and removes the state file.
+    /// A failure does not stop the rest: what failed stays in the state file for the next start.
     pub fn restore(&mut self) -> Result<(), SysctlError> {
+        let mut failed = Originals::default();
+        let mut first = None;
         for (key, value) in &self.originals.values {
-            let path = self.path(key);
-            write(&path, value)?;
-            info!(sysctl = %key, to = %value, "restored");
+            match write(&self.path(key), value) {
+                Ok(()) => info!(sysctl = %key, to = %value, "restored"),
+                Err(e) => {
+                    failed.values.insert(key.clone(), value.clone());
+                    first.get_or_insert(e);
+                }
+            }
         }
-        self.originals.values.clear();
+        self.originals = failed;
         self.written.clear();
+        if let Some(e) = first {
+            self.save()?;
+            return Err(e);
+        }
         match fs::remove_file(&self.state) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => {
                 Err(SysctlError::Io { path: self.state.display().to_string(), source: e })

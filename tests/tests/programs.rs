@@ -243,8 +243,8 @@ fn peer_changes_invalidate_the_address_cache() {
     let mut probes = Probes::load(offsets).expect("load");
     probes.set_peers(&[(1, "198.18.7.0/24".parse().unwrap())]).expect("peers");
     probes.count_on(&Iface::resolve("lo").expect("lo")).expect("count on lo");
-    let pkt = cat(&[eth(0x0800), ipv4(5, 2, 6, 0), tcp(5, 0x10)]); // to 198.18.2.10
-                                                                   // Repeated runs hit the cache: still "other", as the trie says.
+    // To 198.18.2.10. Repeated runs hit the cache: still "other", as the trie says.
+    let pkt = cat(&[eth(0x0800), ipv4(5, 2, 6, 0), tcp(5, 0x10)]);
     for _ in 0..3 {
         probes.run_classifier(true, &pkt, 1).expect("run");
     }
@@ -254,4 +254,13 @@ fn peer_changes_invalidate_the_address_cache() {
     probes.run_classifier(true, &pkt, 1).expect("run");
     assert_eq!(probes.peer_stats(1, 2).expect("peer 2").tx.packets, 1, "a stale cache answer");
     assert_eq!(probes.peer_stats(1, 0).expect("other").tx.packets, 3);
+    // A prefix left out of the next set leaves the trie (a reloaded policy dropped the peer).
+    probes.set_peers(&[(1, "198.18.7.0/24".parse().unwrap())]).expect("peers");
+    probes.run_classifier(true, &pkt, 1).expect("run");
+    assert_eq!(
+        probes.peer_stats(1, 0).expect("other").tx.packets,
+        4,
+        "a dropped prefix still matched"
+    );
+    assert_eq!(probes.peer_stats(1, 2).expect("peer 2").tx.packets, 1);
 }

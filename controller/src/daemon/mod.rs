@@ -208,6 +208,9 @@ struct Daemon {
     /// When the flow table was last read and what reading it cost.
     flows_read: Option<(Instant, Duration)>,
     flows_seen: u64,
+    /// When the interfaces' addresses were last synced to the programs (retransmissions are
+    /// attributed by local address, and addresses change: DHCP, failover).
+    addrs_synced: Instant,
 }
 
 /// Reading the flow table costs ~0.5 us per flow: a big table is read less often than the
@@ -232,7 +235,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
-    let _lock = if o.dry_run { None } else { Some(lock(&o.lock)?) };
+    let instance_lock = if o.dry_run { None } else { Some(lock(&o.lock)?) };
     let metrics = Metrics::new(o.dry_run);
     let metrics_listener = match o.metrics_addr {
         MetricsAddr::Off => None,
@@ -242,7 +245,8 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let decision_log = open_append(&o.decision_log)?;
     let record = open_append(&o.record)?;
 
-    for iface in &ifaces {
+    // Only with the lock held: a dry run must not touch what a running daemon attached.
+    for iface in ifaces.iter().filter(|_| instance_lock.is_some()) {
         let (removed, foreign) = probes::remove_stale(&iface.name);
         for r in removed {
             warn!("removed a stale attachment of a killed run: {r}");
@@ -305,6 +309,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         last: Vec::new(),
         flows_read: None,
         flows_seen: 0,
+        addrs_synced: Instant::now(),
     };
 
     let mut ticker = tokio::time::interval(tick);
@@ -319,7 +324,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                 _ = sighup.recv() => {
                     info!("SIGHUP: reloading {}", d.o.policy.display());
                     d.watch.mark_seen();
-                    if let Some(t) = d.reload()? {
+                    if let Some(t) = d.reload() {
                         ticker = tokio::time::interval(t);
                         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
                     }
@@ -328,7 +333,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
             }
             if d.watch.changed() {
                 info!("{} changed: reloading", d.o.policy.display());
-                if let Some(t) = d.reload()? {
+                if let Some(t) = d.reload() {
                     ticker = tokio::time::interval(t);
                     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
                 }
@@ -356,6 +361,11 @@ impl Daemon {
     /// One tick: read, decide, apply, report.
     fn tick(&mut self) -> anyhow::Result<()> {
         let work = Instant::now();
+        if self.addrs_synced.elapsed() >= Duration::from_secs(1) {
+            self.addrs_synced = Instant::now();
+            let addrs = iface::local_addrs(&self.ifaces).context("listing addresses")?;
+            self.probes.sync_local_addrs(&addrs)?;
+        }
         let kernel_ns = monotonic_ns();
         let ports = rdma::discover(&self.o.rdma_root).unwrap_or_else(|e| {
             warn!("{e}");
@@ -492,14 +502,14 @@ impl Daemon {
     /// Loads the policy file again. An invalid one (or one that changes the interfaces, which
     /// needs a restart to re-attach) is rejected: logged with its errors, counted, and the
     /// running policy stays. Returns the new tick if it changed.
-    fn reload(&mut self) -> anyhow::Result<Option<Duration>> {
+    fn reload(&mut self) -> Option<Duration> {
         let rejected = |d: &mut Self, why: String| {
             error!("policy reload rejected, keeping the running policy:\n{why}");
             Metrics::count(&d.metrics.reloads, "result", "rejected");
             if let Ok(mut st) = d.status.lock() {
                 st.last_reload_error = Some(why);
             }
-            Ok(None)
+            None
         };
         let policy = match load_policy(&self.o.policy) {
             Ok(p) => p,
@@ -520,19 +530,31 @@ impl Daemon {
             Ok(p) => p,
             Err(e) => return rejected(self, format!("{}: {e:#}", self.o.policy.display())),
         };
-        if peers.prefixes != self.peers.prefixes {
-            self.probes.set_peers(&peers.prefixes)?;
-            // Peer ids may now name other peers: rates start again from the next reading.
-            self.sensors = Sensors::new(Duration::from_nanos(policy.estimator.window.0));
+        let new_peers = peers.prefixes != self.peers.prefixes;
+        if new_peers {
+            if let Err(e) = self.probes.set_peers(&peers.prefixes) {
+                // The trie may be half updated: put the running peers back.
+                let back = self.probes.set_peers(&self.peers.prefixes);
+                return rejected(self, format!("setting the peers: {e}; restoring them: {back:?}"));
+            }
             self.rows = peer_rows(&peers);
             self.peers = peers;
         }
-        let old_tick = self.core.policy().tick;
-        let tick = (policy.tick != old_tick).then(|| Duration::from_nanos(policy.tick.0));
+        // Peer ids may now name other peers, or the window changed: rates and RTT windows
+        // start again from the next reading.
+        if new_peers || policy.estimator.window != self.core.policy().estimator.window {
+            self.sensors = Sensors::new(Duration::from_nanos(policy.estimator.window.0));
+        }
+        let tick =
+            (policy.tick != self.core.policy().tick).then(|| Duration::from_nanos(policy.tick.0));
+        if let (Some(t), Some(b)) = (tick, &mut self.act.board) {
+            // Readers judge staleness by the interval on the board.
+            b.set_heartbeat_interval(t.max(Duration::from_millis(100)), monotonic_ns());
+        }
         self.core.reload(policy);
         Metrics::count(&self.metrics.reloads, "result", "applied");
         info!("policy reloaded from {}", self.o.policy.display());
-        Ok(tick)
+        tick
     }
 }
 

@@ -72,10 +72,15 @@ pub struct PeerStatus {
 
 pub type Shared = Arc<Mutex<Status>>;
 
-/// Creates the socket (replacing a stale one), readable and writable by the owner only.
+/// Creates the socket (replacing a stale one, never a live one), readable and writable by the
+/// owner only.
 pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    // A socket someone answers on is a running daemon's (a dry run takes no lock).
+    if StdUnixStream::connect(path).is_ok() {
+        anyhow::bail!("{}: another linkpilot answers there; pass --status-socket", path.display());
     }
     match std::fs::remove_file(path) {
         Ok(()) => {}
