@@ -358,18 +358,23 @@ impl Core {
             lc.exit_since = None;
         }
         let prev_knobs = lc.knobs;
-        let target = knobs_for(p, lc.state, &s, prev_knobs.as_ref(), None);
+        let capacity = lc.estimator.link().capacity_bps;
+        let target = knobs_for(p, capacity, lc.state, &s, prev_knobs.as_ref(), None);
         let knobs = match lc.knobs {
             None => target,
             Some(prev) => pace(prev, target, state_changed, now, dwell, &mut lc.knob_changed),
         };
-        let changes = lc.knobs.map(|k| k.changes(&knobs)).unwrap_or_default();
+        // Formatting the differences costs a dozen strings: only when there are any.
+        let changes = match lc.knobs {
+            Some(k) if k != knobs => k.changes(&knobs),
+            _ => Vec::new(),
+        };
         let first = lc.knobs.is_none();
         let reloaded = std::mem::take(&mut lc.reloaded);
         if !first && !state_changed && !reloaded && changes.is_empty() {
             return None;
         }
-        knobs_for(p, lc.state, &s, prev_knobs.as_ref(), Some(&mut reasons));
+        knobs_for(p, capacity, lc.state, &s, prev_knobs.as_ref(), Some(&mut reasons));
         if first {
             reasons.insert(0, format!("start in {}", p.states[lc.state].name));
         }
@@ -402,6 +407,8 @@ impl Core {
 /// What the state and the signals ask for, within bounds (step limits apply against `prev`).
 fn knobs_for(
     p: &Policy,
+    // This link's nominal capacity.
+    capacity: f64,
     state: usize,
     s: &Signals,
     prev: Option<&Knobs>,
@@ -410,7 +417,6 @@ fn knobs_for(
 ) -> Knobs {
     let b = &p.bounds;
     let k = &p.states[state].knobs;
-    let capacity = p.links.iter().map(|l| l.capacity_bps).fold(0.0, f64::max);
     let chunk = match k.chunk {
         Setting::Fixed(c) => c,
         Setting::Auto => match s.baseline_ms {

@@ -115,6 +115,12 @@ fn load_policy(path: &std::path::Path) -> anyhow::Result<Policy> {
     let mut policy = Policy::load(path)?;
     if policy.names_interface(iface::DEFAULT_ROUTE) {
         let dev = iface::default_route_device()?;
+        anyhow::ensure!(
+            !policy.names_interface(&dev),
+            "{}: {} is {dev}, which another link names too: a link per interface",
+            path.display(),
+            iface::DEFAULT_ROUTE
+        );
         info!("{}: {} is {dev}", path.display(), iface::DEFAULT_ROUTE);
         policy.rename_interface(iface::DEFAULT_ROUTE, &dev);
     }

@@ -2,7 +2,7 @@
 //! location; any problem means no policy.
 
 use ipnet::IpNet;
-use linkpilot_common::units::Bytes;
+use linkpilot_common::{board::BOARD_MAX_LINKS, units::Bytes, MAX_DSCP_RULES, MAX_PEERS};
 use toml::Spanned;
 
 use super::{
@@ -28,7 +28,28 @@ pub(super) fn check(raw: RawPolicy, e: &mut Errors) -> Policy {
     if tick.0 < 10_000_000 || tick.0 > 10_000_000_000 {
         e.at(raw.daemon.tick.span(), format!("tick {tick} must be between 10ms and 10s"));
     }
-    let est = raw.estimator;
+    let est_span = raw.estimator.span();
+    let est = raw.estimator.into_inner();
+    for (name, v) in [
+        ("baseline_window", est.baseline_window),
+        ("window", est.window),
+        ("ewma_half_life", est.ewma_half_life),
+        ("peak_window", est.peak_window),
+    ] {
+        if v.0 == 0 {
+            e.at(est_span.clone(), format!("estimator {name} must be above 0"));
+        }
+    }
+    // The RTT percentile window keeps ~6.5 KB per second of it for every (interface, peer).
+    if est.window.0 > 60_000_000_000 {
+        e.at(
+            est_span.clone(),
+            format!("estimator window {}s must be at most 60s", est.window.0 as f64 / 1e9),
+        );
+    }
+    if !(est.min_packet_rate.0 >= 0.0 && est.min_packet_rate.0.is_finite()) {
+        e.at(est_span.clone(), "estimator min_packet_rate must be a rate of 0/s or more");
+    }
     let estimator = EstimatorConfig {
         baseline_window: est.baseline_window,
         window: est.window,
@@ -43,12 +64,27 @@ pub(super) fn check(raw: RawPolicy, e: &mut Errors) -> Policy {
     if raw.links.is_empty() {
         e.at(0..0, "no [[link]]: a policy needs at least one link (name, interfaces, capacity)");
     }
+    if raw.links.len() > BOARD_MAX_LINKS {
+        let span = raw.links[BOARD_MAX_LINKS].span();
+        e.at(span, format!("at most {BOARD_MAX_LINKS} links: the knob board holds that many"));
+    }
     let mut links: Vec<Link> = Vec::new();
     for l in &raw.links {
         let span = l.span();
         let l = l.get_ref();
         if links.iter().any(|o| o.name == l.name) {
             e.at(span.clone(), format!("link name {:?} is used twice", l.name));
+        }
+        for i in &l.interfaces {
+            if let Some(o) = links.iter().find(|o| o.interfaces.contains(i)) {
+                e.at(
+                    span.clone(),
+                    format!(
+                        "interface {i:?} is already on link {:?}: a link per interface",
+                        o.name
+                    ),
+                );
+            }
         }
         if let Some(why) = bad_name(&l.name) {
             e.at(span.clone(), format!("link name {:?} {why}", l.name));
@@ -86,6 +122,21 @@ pub(super) fn check(raw: RawPolicy, e: &mut Errors) -> Policy {
             peers,
         });
     }
+    let mut names: Vec<&str> =
+        links.iter().flat_map(|l| l.peers.iter().map(|(n, _)| n.as_str())).collect();
+    names.sort_unstable();
+    names.dedup();
+    if names.len() > MAX_PEERS as usize {
+        e.at(0..0, format!("{} peers named; the programs count at most {MAX_PEERS}", names.len()));
+    }
+    // One egress DSCP rule per (link, peer), or one for a link that names no peer.
+    let rules: usize = links.iter().map(|l| l.peers.len().max(1)).sum();
+    if rules > MAX_DSCP_RULES as usize {
+        e.at(
+            0..0,
+            format!("{rules} DSCP rules needed (a link's peers, or 1 for a link without); at most {MAX_DSCP_RULES} fit"),
+        );
+    }
     let states = check_states(&raw.states, &bounds, e);
     Policy { tick, estimator, hysteresis, bounds, links, states }
 }
@@ -114,7 +165,14 @@ fn check_bounds(b: &RawBounds, e: &mut Errors) -> Bounds {
             format!("tcp_buffers bounds: min {} must be above 0 and at most max {}", t.min, t.max),
         );
     }
-    if t.bdp_factor <= 0.0 {
+    // The kernel's buffer sysctls are C ints.
+    if t.max.0 > i32::MAX as u64 {
+        e.at(
+            b.tcp_buffers.span(),
+            format!("tcp_buffers max {} must be below 2GiB (a C int)", t.max),
+        );
+    }
+    if !(t.bdp_factor > 0.0 && t.bdp_factor.is_finite()) {
         e.at(b.tcp_buffers.span(), "tcp_buffers bdp_factor must be above 0");
     }
     let i = b.nccl_ib_timeout.get_ref();
@@ -127,7 +185,7 @@ fn check_bounds(b: &RawBounds, e: &mut Errors) -> Bounds {
             ),
         );
     }
-    if i.k <= 0.0 {
+    if !(i.k > 0.0 && i.k.is_finite()) {
         e.at(b.nccl_ib_timeout.span(), "nccl_ib_timeout k must be above 0");
     }
     let w = b.watchdog.get_ref();
@@ -137,7 +195,7 @@ fn check_bounds(b: &RawBounds, e: &mut Errors) -> Bounds {
             format!("watchdog bounds: min {} must be at least 1s and at most max {}", w.min, w.max),
         );
     }
-    if w.rtt_multiple <= 0.0 {
+    if !(w.rtt_multiple > 0.0 && w.rtt_multiple.is_finite()) {
         e.at(b.watchdog.span(), "watchdog rtt_multiple must be above 0");
     }
     for (span, step) in [

@@ -12,8 +12,8 @@ use crate::control::knobs::Compression;
 pub(super) struct RawPolicy {
     #[serde(default)]
     pub(super) daemon: RawDaemon,
-    #[serde(default)]
-    pub(super) estimator: RawEstimator,
+    #[serde(default = "d_estimator")]
+    pub(super) estimator: Spanned<RawEstimator>,
     #[serde(default)]
     pub(super) hysteresis: RawHysteresis,
     #[serde(default)]
@@ -33,6 +33,10 @@ pub(super) struct RawDaemon {
 
 pub(super) fn d_tick() -> Spanned<Nanos> {
     unspanned(Nanos(100_000_000))
+}
+
+pub(super) fn d_estimator() -> Spanned<RawEstimator> {
+    unspanned(RawEstimator::default())
 }
 
 /// A default value: errors about it point at the start of the file.

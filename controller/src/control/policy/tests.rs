@@ -81,3 +81,36 @@ fn golden_errors() {
         assert_eq!(errors(&extra), want, "for:\n{extra}");
     }
 }
+
+#[test]
+fn limits_the_programs_and_the_board_have_are_checked() {
+    // Appended TOML lands in the last table; start new ones where needed.
+    let link = |i: usize| {
+        format!("\n[[link]]\nname = \"l{i}\"\ninterfaces = [\"e{i}\"]\ncapacity = \"1Gbit/s\"\n")
+    };
+    let nine: String = (1..=8).map(link).collect();
+    assert!(errors(&nine).contains("at most 8 links: the knob board holds that many"));
+    let same_iface =
+        "\n[[link]]\nname = \"lan\"\ninterfaces = [\"eth0\"]\ncapacity = \"1Gbit/s\"\n";
+    let e = errors(same_iface);
+    assert!(e.contains("interface \"eth0\" is already on link \"wan\""), "{e}");
+    let peers: String = (0..17)
+        .map(|i| format!("[[link.peer]]\nname = \"p{i}\"\ncidrs = [\"10.0.{i}.0/24\"]\n"))
+        .collect();
+    let e = errors(&format!(
+        "\n[[link]]\nname = \"many\"\ninterfaces = [\"e1\"]\ncapacity = \"1Gbit/s\"\n{peers}"
+    ));
+    assert!(e.contains("18 DSCP rules needed") && e.contains("at most 16 fit"), "{e}");
+    let e = errors("\n[bounds]\ntcp_buffers = { min = \"4MiB\", max = \"4GiB\" }\n");
+    assert!(e.contains("tcp_buffers max 4GiB must be below 2GiB"), "{e}");
+    for bad in ["k = nan", "k = inf", "k = -1.0"] {
+        let e = errors(&format!("\n[bounds]\nnccl_ib_timeout = {{ {bad}, min = 14, max = 24 }}\n"));
+        assert!(e.contains("nccl_ib_timeout k must be above 0"), "{bad}: {e}");
+    }
+    let e = errors("\n[estimator]\nwindow = \"10min\"\newma_half_life = \"0ms\"\n");
+    assert!(
+        e.contains("p.toml:") && e.contains("estimator window 600s must be at most 60s"),
+        "{e}"
+    );
+    assert!(e.contains("estimator ewma_half_life must be above 0"), "{e}");
+}
