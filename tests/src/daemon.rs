@@ -24,7 +24,7 @@ pub fn lab_with(name: &str, link: &str) -> Lab {
     Lab::start(LabConfig { name: name.into(), ..LabConfig::default() }, scenario).expect("lab")
 }
 
-/// An iperf3 server on `host`'s IPv4 address for one test (`-1`), running.
+/// An iperf3 server on `host`'s IPv4 address for one test (`-1`), listening.
 pub fn iperf3_server(host: &Host) -> std::process::Child {
     let child = host
         .command("iperf3")
@@ -32,7 +32,10 @@ pub fn iperf3_server(host: &Host) -> std::process::Child {
         .stdout(Stdio::null())
         .spawn()
         .expect("iperf3 -s");
-    thread::sleep(Duration::from_millis(300));
+    // Listening, as ss sees it (a fixed sleep loses the race on a loaded machine).
+    wait_for("iperf3 -s listening", Duration::from_secs(5), || {
+        host.exec(&["ss", "-Hltn", "sport = :5201"]).is_ok_and(|o| !o.trim().is_empty())
+    });
     child
 }
 

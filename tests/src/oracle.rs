@@ -7,7 +7,12 @@ use crate::{netns::Netns, sh};
 /// Absolute values of the kernel's SNMP counters in `ns`, read with `nstat -asz` (which neither
 /// uses nor updates nstat's history file).
 pub fn nstat(ns: &Netns, counters: &[&str]) -> Vec<u64> {
-    let out = ns.exec(&[&["nstat", "-asz"], counters].concat());
+    nstat_in(&ns.name, counters)
+}
+
+/// [`nstat`] in the named network namespace (a lab host's, say).
+pub fn nstat_in(netns: &str, counters: &[&str]) -> Vec<u64> {
+    let out = crate::sh(&[&["ip", "netns", "exec", netns, "nstat", "-asz"], counters].concat());
     counters
         .iter()
         .map(|c| {

@@ -144,9 +144,9 @@ fn ib_timeout(t: u8) -> Duration {
 
 #[test]
 fn timeouts_cover_a_delay_spike_before_the_spike_is_over() {
-    // 8 s at 20 ms RTT, then spikes of +200 ms each way (RTT ~420 ms) for 2 s of every 5 s.
+    // 14 s at 20 ms RTT (the daemon starts within it, however slow loading is), then spikes of +200 ms each way (RTT ~420 ms) for 2 s of every 5 s.
     let toml = "name = \"spikes\"\n\
-                [[phase]]\nname = \"calm\"\nduration = \"8s\"\n[phase.link]\ndelay = \"10ms\"\n\
+                [[phase]]\nname = \"calm\"\nduration = \"14s\"\n[phase.link]\ndelay = \"10ms\"\n\
                 [[phase]]\nname = \"spiky\"\nduration = \"10min\"\n[phase.link]\ndelay = \"10ms\"\n\
                 spikes = { extra = \"200ms\", every = \"5s\", length = \"2s\" }\n";
     let scenario = Scenario::parse(toml, "<test>", None).expect("scenario");
@@ -162,11 +162,11 @@ fn timeouts_cover_a_delay_spike_before_the_spike_is_over() {
     let mut server = iperf3_server(&us);
     let mut client = hk
         .command("iperf3")
-        .args(["-c", &us.ipv4.to_string(), "-b", "5M", "-t", "14"])
+        .args(["-c", &us.ipv4.to_string(), "-b", "5M", "-t", "20"])
         .stdout(Stdio::null())
         .spawn()
         .expect("iperf3 -c");
-    let spike_at = Duration::from_secs(8);
+    let spike_at = Duration::from_secs(14);
     assert!(lab.elapsed() < spike_at - Duration::from_secs(2), "the calm phase is too short");
     while lab.elapsed() < spike_at - Duration::from_millis(200) {
         thread::sleep(Duration::from_millis(20));

@@ -1,29 +1,16 @@
 //! Sensing on the WAN lab: what linkpilot counts per peer against what the lab did and what
 //! tshark saw.
 
-use std::{
-    process::{Child, Stdio},
-    thread,
-    time::Duration,
-};
+use std::{process::Stdio, thread, time::Duration};
 
 use linkpilot_lab::{
-    lab::{Host, Lab, LabConfig, Site},
+    lab::{Lab, LabConfig, Site},
     scenario::{Direction, Scenario},
     selftest,
 };
-use linkpilot_tests::daemon::lab_with;
+use linkpilot_tests::daemon::{iperf3_server, lab_with};
 use linkpilot_tests::watcher::{peer, Watcher};
 use nix::sys::signal::Signal;
-
-/// `iperf3 -s -1` on `us`, bound to its address; give it ~300 ms to listen.
-fn iperf3_server(us: &Host) -> Child {
-    us.command("iperf3")
-        .args(["-s", "-1", "-B", &us.ipv4.to_string()])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("iperf3 -s")
-}
 
 fn ecn_lab(name: &str) -> Lab {
     let toml = "name = \"ecn\"\n[[phase]]\nname = \"only\"\nduration = \"10min\"\n[phase.link]\n\
@@ -43,7 +30,6 @@ fn ce_marks_per_peer_equal_the_labs_count() {
     // Watch the receiving host's NIC, with the sending site as a named peer.
     let watcher = Watcher::start_in(&us.netns, &["eth0"], &["--peer", "hk=198.18.1.0/24"]);
     let mut server = iperf3_server(&us);
-    thread::sleep(Duration::from_millis(300));
     hk.exec(&["iperf3", "-c", &us.ipv4.to_string(), "-t", "4"]).expect("iperf3 -c");
     server.wait().expect("iperf3 server");
     thread::sleep(Duration::from_millis(300));
@@ -82,7 +68,6 @@ fn dscp_rewrite_seen_by_tshark_with_ecn_intact_and_valid_checksums() {
     let dump = selftest::start_capture(&us, &format!("src host {} and tcp", hk.ipv4), &pcap_s)
         .expect("tcpdump");
     let mut server = iperf3_server(&us);
-    thread::sleep(Duration::from_millis(300));
     hk.exec(&["iperf3", "-c", &us.ipv4.to_string(), "-t", "3"]).expect("iperf3 -c");
     server.wait().expect("iperf3 server");
     thread::sleep(Duration::from_millis(300));
@@ -167,7 +152,6 @@ fn flow_rtt_matches_the_lab_and_ss() {
     let watcher =
         Watcher::start_in(&hk.netns, &["eth0"], &["--peer", "us=198.18.2.0/24", "--flows"]);
     let mut server = iperf3_server(&us);
-    thread::sleep(Duration::from_millis(300));
     let mut client = hk
         .command("iperf3")
         .args(["-c", &us.ipv4.to_string(), "-b", "10M", "-t", "6"])
@@ -198,13 +182,12 @@ fn retransmissions_per_peer_equal_nstat_under_loss() {
     let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
     let watcher = Watcher::start_in(&hk.netns, &["eth0"], &["--peer", "us=198.18.2.0/24"]);
     let names = ["TcpRetransSegs", "TcpExtTCPRetransFail"];
-    let before = nstat(&hk.netns, &names);
+    let before = linkpilot_tests::oracle::nstat_in(&hk.netns, &names);
     let mut server = iperf3_server(&us);
-    thread::sleep(Duration::from_millis(300));
     hk.exec(&["iperf3", "-c", &us.ipv4.to_string(), "-b", "50M", "-t", "4"]).expect("iperf3 -c");
     server.wait().expect("iperf3 server");
     thread::sleep(Duration::from_millis(500));
-    let after = nstat(&hk.netns, &names);
+    let after = linkpilot_tests::oracle::nstat_in(&hk.netns, &names);
     let last = watcher.stop_with(Signal::SIGINT);
     let s = last.iter().find(|s| s.iface == "eth0").expect("sample");
     let (segs, failed) = (after[0] - before[0], after[1] - before[1]);
@@ -224,7 +207,6 @@ fn snapshots_carry_rtt_percentiles_and_rates() {
     let watcher =
         Watcher::start_in(&hk.netns, &["eth0"], &["--peer", "us=198.18.2.0/24", "--snapshots"]);
     let mut server = iperf3_server(&us);
-    thread::sleep(Duration::from_millis(300));
     hk.exec(&["iperf3", "-c", &us.ipv4.to_string(), "-b", "10M", "-t", "4"]).expect("iperf3 -c");
     server.wait().expect("iperf3 server");
     let (lines, log) = watcher.stop_lines(Signal::SIGINT);
@@ -257,21 +239,6 @@ fn snapshots_carry_rtt_percentiles_and_rates() {
 }
 
 /// `nstat -asz` counters of a namespace, by name.
-fn nstat(netns: &str, names: &[&str]) -> Vec<u64> {
-    let mut args = vec!["ip", "netns", "exec", netns, "nstat", "-asz"];
-    args.extend_from_slice(names);
-    let out = linkpilot_tests::sh(&args);
-    names
-        .iter()
-        .map(|k| {
-            out.lines()
-                .find_map(|l| l.strip_prefix(k)?.strip_prefix(' ')?.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        })
-        .collect()
-}
-
 #[test]
 fn flow_opens_and_closes_equal_nstat() {
     let lab = lab_with("sflow", "delay = \"5ms\"\nrate = \"200Mbit/s\"\nqueue = \"5MiB\"");
@@ -282,7 +249,7 @@ fn flow_opens_and_closes_equal_nstat() {
         &["--peer", "us=198.18.2.0/24", "--peer", "us=2001:db8:2::/64", "--flows"],
     );
     let names = ["TcpActiveOpens", "TcpPassiveOpens", "TcpAttemptFails", "TcpCurrEstab"];
-    let before = nstat(&hk.netns, &names);
+    let before = linkpilot_tests::oracle::nstat_in(&hk.netns, &names);
     // Active opens: iperf3's control connection plus 3 streams, over IPv4 and over IPv6.
     for dst in [us.ipv4.to_string(), us.ipv6.to_string()] {
         let mut server =
@@ -301,12 +268,13 @@ fn flow_opens_and_closes_equal_nstat() {
     let refused = hk.exec(&["iperf3", "-c", &us.ipv4.to_string(), "-p", "9", "-t", "1"]);
     assert!(refused.is_err(), "port 9 accepted a connection");
     thread::sleep(Duration::from_millis(500)); // the last FIN/ACK exchanges (10 ms RTT)
-    let after = nstat(&hk.netns, &names);
+    let after = linkpilot_tests::oracle::nstat_in(&hk.netns, &names);
     let last = watcher.stop_with(Signal::SIGINT);
     let s = last.iter().find(|s| s.iface == "eth0").expect("sample");
     let f = peer(s, "us").flows;
     let d: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
     eprintln!("nstat {names:?} deltas {d:?}; linkpilot {f:?}");
+    assert_eq!(d[2], 1, "the refused connection is one TcpAttemptFails");
     assert_eq!(f.failed_opens, d[2], "failed opens vs TcpAttemptFails");
     assert_eq!(f.active_opens, d[0] - d[2], "active opens vs TcpActiveOpens - TcpAttemptFails");
     assert_eq!(f.passive_opens, d[1], "passive opens vs TcpPassiveOpens");

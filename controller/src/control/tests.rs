@@ -141,6 +141,25 @@ fn noise_around_a_threshold_changes_state_at_most_once_per_dwell() {
 }
 
 #[test]
+fn a_second_escalation_waits_for_the_dwell() {
+    // CE 5% from 5 s (congested), 20% from 5.4 s (severe's 10% holds from ~5.5 s): severe's
+    // enter_after is met long before the 1 s dwell since the first change is over.
+    let ds = run(policy(), 120, |t| {
+        let ce = match t {
+            0..50 => 0.0,
+            50..54 => 0.05,
+            _ => 0.20,
+        };
+        snap(t * 100, 180.0, 185.0, ce, 0.0)
+    });
+    let changes = state_changes(&ds);
+    let at = |s: &str| changes.iter().find(|(_, st)| st == s).map(|(t, _)| *t);
+    let (congested, severe) = (at("congested").expect("congested"), at("severe").expect("severe"));
+    assert!(severe - congested >= 1000, "severe {} ms after congested", severe - congested);
+    assert!(severe - congested <= 1100, "held back past the dwell: {changes:?}");
+}
+
+#[test]
 fn a_one_tick_spike_does_not_escalate_but_a_sustained_one_does() {
     let spike = |from: u64, len: u64| {
         move |t: u64| {
@@ -242,8 +261,9 @@ fn timeouts_follow_rtt_p99_and_rise_at_once() {
 fn a_reload_keeps_the_state_and_baseline_and_explains_the_new_knobs() {
     let mut core = Core::new(policy());
     let mut ds = Vec::new();
+    // A 150 ms baseline before the reload, 180 ms after: a fresh estimator would say 180.
     for t in 0..30 {
-        ds.extend(core.step(&snap(t * 100, 180.0, 185.0, 0.05, 0.0)));
+        ds.extend(core.step(&snap(t * 100, 150.0, 185.0, 0.05, 0.0)));
     }
     assert_eq!(ds.last().map(|d| d.state.as_str()), Some("congested"));
     let last_id = ds.last().map_or(0, |d| d.id);
@@ -259,9 +279,8 @@ fn a_reload_keeps_the_state_and_baseline_and_explains_the_new_knobs() {
     assert_eq!((d[0].id, d[0].state.as_str(), d[0].knobs.dscp), (last_id + 1, "congested", 34));
     assert!(d[0].reason.starts_with("policy reloaded, in congested"), "{}", d[0].reason);
     assert_eq!(d[0].changes, vec!["dscp 26 -> 34".to_owned()]);
-    // The estimator was kept: the baseline is still there (a fresh one would have none yet
-    // only if no RTT came in, so compare with what it learnt before).
-    assert_eq!(d[0].signals.baseline_ms, Some(180.0));
+    // The estimator was kept: the baseline is what it learnt before the reload.
+    assert_eq!(d[0].signals.baseline_ms, Some(150.0));
     // Nothing more to say on the tick after.
     assert!(core.step(&snap(3100, 180.0, 185.0, 0.05, 0.0)).is_empty());
 
