@@ -14,11 +14,7 @@ use crate::{
 
 /// Resident set size of this process, bytes.
 fn rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok())
-        .map_or(0, |kb: u64| kb * 1024)
+    crate::daemon::metrics::process_figures().map_or(0, |(rss, _)| rss)
 }
 
 fn median_ms(mut v: Vec<Duration>) -> f64 {

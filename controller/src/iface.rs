@@ -33,8 +33,8 @@ pub const DEFAULT_ROUTE: &str = "@default-route";
 /// The device of the IPv4 default route, else of the IPv6 one, in this network namespace.
 pub fn default_route_device() -> Result<String, IfaceError> {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    default_v4(&read("/proc/net/route"))
-        .or_else(|| default_v6(&read("/proc/net/ipv6_route")))
+    default_v4(&read(crate::paths::PROC_NET_ROUTE))
+        .or_else(|| default_v6(&read(crate::paths::PROC_NET_IPV6_ROUTE)))
         .ok_or(IfaceError::NoDefaultRoute)
 }
 

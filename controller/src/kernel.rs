@@ -207,8 +207,6 @@ fn check_retransmit_layout(format: &str) -> Result<bool, KernelError> {
     }
 }
 
-/// Offsets of kernel structure fields, from the kernel's BTF. A kernel without BTF, or whose
-/// layout we cannot find, yields zero offsets: retransmissions are then counted per skb, and the
 /// Everything `watch` and `run` need from the kernel, checked before anything is loaded:
 /// privileges, the three tracepoints' layouts, and the structure offsets (a note is logged when
 /// BTF is missing and skbs are counted instead of segments).
@@ -224,6 +222,8 @@ pub fn preflight() -> Result<KernelOffsets, KernelError> {
     Ok(offsets)
 }
 
+/// Offsets of kernel structure fields, from the kernel's BTF. A kernel without BTF, or whose
+/// layout we cannot find, yields zero offsets: retransmissions are then counted per skb, and the
 /// returned note says so.
 pub fn kernel_offsets(retransmit_has_err: bool) -> (KernelOffsets, Option<String>) {
     let mut offsets =

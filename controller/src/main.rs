@@ -16,7 +16,7 @@ use linkpilot::{
     sensors::{Readings, Sensors},
     watch::{peer_row, rates, table_header, table_row, FlowSample, PeerTotals, Sample, Totals},
 };
-use linkpilot_common::{DscpRule, ANY_PEER, PEER_OTHER};
+use linkpilot_common::{DscpRule, ANY_PEER};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, warn};
 
@@ -424,15 +424,14 @@ async fn watch(
     count: Option<u64>,
 ) -> anyhow::Result<()> {
     let ifaces = names.iter().map(|n| Iface::resolve(n)).collect::<Result<Vec<_>, _>>()?;
-    let PeerIds { names: peer_names, prefixes } =
-        PeerIds::assign(peers.iter().map(|(n, net)| (n.as_str(), *net)))?;
+    let peer_ids = PeerIds::assign(peers.iter().map(|(n, net)| (n.as_str(), *net)))?;
     let rules = dscp
         .iter()
         .map(|d| {
             let peer = match &d.peer {
                 None => ANY_PEER,
-                Some(name) => match peer_names.iter().position(|n| n == name) {
-                    Some(i) => i as u32 + 1,
+                Some(name) => match peer_ids.id(name) {
+                    Some(id) => id,
                     None => anyhow::bail!("--dscp names peer {name:?}, which no --peer defines"),
                 },
             };
@@ -452,7 +451,7 @@ async fn watch(
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
 
     let mut probes = Probes::load(offsets)?;
-    probes.set_peers(&prefixes)?;
+    probes.set_peers(&peer_ids.prefixes)?;
     probes.set_dscp_rules(&rules)?;
     probes
         .sync_local_addrs(&iface::local_addrs(&ifaces).context("listing interface addresses")?)?;
@@ -464,13 +463,10 @@ async fn watch(
 
     let mut prev: Vec<Totals> = vec![Totals::default(); ifaces.len()];
     // Peer rows: configured peers by id, then "other" (id 0).
-    let peer_list: Vec<(u32, &str)> = (1..=peer_names.len() as u32)
-        .zip(peer_names.iter().map(String::as_str))
-        .chain([(PEER_OTHER, "other")])
-        .collect();
+    let peer_rows = peer_ids.rows();
     let mut prev_peers: Vec<Vec<PeerTotals>> = ifaces
         .iter()
-        .map(|_| peer_list.iter().map(|(_, n)| PeerTotals::new(n, &Default::default())).collect())
+        .map(|_| peer_rows.iter().map(|(_, n)| PeerTotals::new(n, &Default::default())).collect())
         .collect();
     let mut last_read = Instant::now();
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
@@ -505,14 +501,7 @@ async fn watch(
                 warn!("{e}");
                 Vec::new()
             });
-            for iface in &ifaces {
-                let mine = linkpilot::rdma::ports_of(&ports, &iface.name).cloned().collect();
-                readings.nic.push((iface.name.clone(), mine));
-                for (id, name) in &peer_list {
-                    let stats = probes.peer_stats(iface.ifindex, *id)?;
-                    readings.peers.push((iface.name.clone(), (*name).to_owned(), *id, stats));
-                }
-            }
+            probes.read_rows(&ifaces, &peer_rows, &ports, &mut readings)?;
             println!("{}", serde_json::to_string(&sensors.tick(started.elapsed(), &readings))?);
             if last {
                 break;
@@ -526,7 +515,7 @@ async fn watch(
             let totals = Totals::from(probes.stats(iface.ifindex)?);
             let r = rates(&prev[i], &totals, elapsed);
             prev[i] = totals;
-            let peers = peer_list
+            let peers = peer_rows
                 .iter()
                 .map(|(id, name)| {
                     Ok(PeerTotals::new(name, &probes.peer_stats(iface.ifindex, *id)?))

@@ -1,4 +1,5 @@
-//! Every filesystem path linkpilot reads, in one place.
+//! The kernel's files linkpilot reads, in one place (its own files' defaults live with the
+//! modules that write them).
 
 /// Where tracefs is normally mounted.
 pub const TRACEFS: &str = "/sys/kernel/tracing";
@@ -8,3 +9,9 @@ pub const TRACEFS_LEGACY: &str = "/sys/kernel/debug/tracing";
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 /// Our process status (effective capabilities).
 pub const PROC_SELF_STATUS: &str = "/proc/self/status";
+/// Our process's memory (RSS) and CPU time.
+pub const PROC_SELF_STATM: &str = "/proc/self/statm";
+pub const PROC_SELF_STAT: &str = "/proc/self/stat";
+/// The routing tables, for `@default-route`.
+pub const PROC_NET_ROUTE: &str = "/proc/net/route";
+pub const PROC_NET_IPV6_ROUTE: &str = "/proc/net/ipv6_route";

@@ -35,6 +35,14 @@ impl PeerIds {
     pub fn id(&self, name: &str) -> Option<u32> {
         self.names.iter().position(|n| n == name).map(|i| i as u32 + 1)
     }
+
+    /// (id, name) of every named peer, then (PEER_OTHER, "other"): the rows read per interface.
+    pub fn rows(&self) -> Vec<(u32, String)> {
+        (1..=self.names.len() as u32)
+            .zip(self.names.iter().cloned())
+            .chain([(linkpilot_common::PEER_OTHER, "other".to_owned())])
+            .collect()
+    }
 }
 
 #[cfg(test)]

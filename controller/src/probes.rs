@@ -253,6 +253,26 @@ impl Probes {
         Ok(())
     }
 
+    /// Adds to `r` every watched interface's counters per peer row (`rows`: id, name) and the
+    /// RDMA ports whose netdev it is: the sensors' readings, as `watch` and `run` take them.
+    pub fn read_rows(
+        &self,
+        ifaces: &[Iface],
+        rows: &[(u32, String)],
+        ports: &[crate::rdma::RdmaPort],
+        r: &mut crate::sensors::Readings,
+    ) -> Result<(), ProbeError> {
+        for iface in ifaces {
+            for (id, name) in rows {
+                let stats = self.peer_stats(iface.ifindex, *id)?;
+                r.peers.push((iface.name.clone(), name.clone(), *id, stats));
+            }
+            let on = crate::rdma::ports_of(ports, &iface.name).cloned().collect();
+            r.nic.push((iface.name.clone(), on));
+        }
+        Ok(())
+    }
+
     /// Attaches the TCP tracepoints: retransmissions, RTT (`tcp:tcp_probe`) and connection
     /// state (`sock:inet_sock_set_state`).
     pub fn attach_tracepoints(&mut self) -> Result<(), ProbeError> {

@@ -320,12 +320,12 @@ impl Metrics {
 
 /// (resident bytes, CPU seconds) of this process, from /proc/self.
 pub fn process_figures() -> Option<(u64, f64)> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let statm = std::fs::read_to_string(crate::paths::PROC_SELF_STATM).ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let stat = std::fs::read_to_string(crate::paths::PROC_SELF_STAT).ok()?;
     // Fields after the command name, which may itself hold spaces and parentheses.
     let rest = stat.get(stat.rfind(')')? + 2..)?;
     let f: Vec<&str> = rest.split_whitespace().collect();

@@ -18,7 +18,7 @@ use std::{
 };
 
 use anyhow::Context;
-use linkpilot_common::{MAX_FLOWS, MAX_PEERS, PEER_OTHER};
+use linkpilot_common::{MAX_FLOWS, MAX_PEERS};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info, warn};
 
@@ -138,14 +138,6 @@ fn interfaces(policy: &Policy) -> Vec<String> {
         }
     }
     names
-}
-
-/// (peer id, name) rows read per interface each tick; unmatched traffic is "other".
-fn peer_rows(peers: &PeerIds) -> Vec<(u32, String)> {
-    (1..=peers.names.len() as u32)
-        .zip(peers.names.iter().cloned())
-        .chain([(PEER_OTHER, "other".to_owned())])
-        .collect()
 }
 
 fn append_line(file: &mut Option<fs::File>, line: &str) {
@@ -298,7 +290,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     ];
     info!(ifaces = ?names, dry_run = o.dry_run, "linkpilot running; SIGTERM or Ctrl-C to stop, SIGHUP reloads");
     let mut d = Daemon {
-        rows: peer_rows(&peers),
+        rows: peers.rows(),
         sensors: Sensors::new(Duration::from_nanos(policy.estimator.window.0)),
         core: Core::new(policy),
         watch: PolicyWatch::new(&o.policy),
@@ -387,14 +379,7 @@ impl Daemon {
         } else {
             readings.flows_skipped = true;
         }
-        for iface in &self.ifaces {
-            for (id, name) in &self.rows {
-                let stats = self.probes.peer_stats(iface.ifindex, *id)?;
-                readings.peers.push((iface.name.clone(), name.clone(), *id, stats));
-            }
-            let on: Vec<_> = rdma::ports_of(&ports, &iface.name).cloned().collect();
-            readings.nic.push((iface.name.clone(), on));
-        }
+        self.probes.read_rows(&self.ifaces, &self.rows, &ports, &mut readings)?;
         let flows = self.flows_seen;
         let snap = self.sensors.tick(self.started.elapsed(), &readings);
         if self.record.is_some() {
@@ -543,7 +528,7 @@ impl Daemon {
                 let back = self.probes.set_peers(&self.peers.prefixes);
                 return rejected(self, format!("setting the peers: {e}; restoring them: {back:?}"));
             }
-            self.rows = peer_rows(&peers);
+            self.rows = peers.rows();
             self.peers = peers;
         }
         // Peer ids may now name other peers, or the window changed: rates and RTT windows
