@@ -132,6 +132,24 @@ fn read_port(device: &str, port: u32, dir: &Path) -> RdmaPort {
     out
 }
 
+/// Re-reads what changes tick to tick, the state and the signal counters, of ports found
+/// by [`discover`] (a few files per port, where `discover` reads every counter and GID).
+pub fn refresh(root: &Path, ports: &mut [RdmaPort]) {
+    for p in ports {
+        let dir = root.join(&p.device).join("ports").join(p.port.to_string());
+        if let Some(s) = read_trimmed(&dir.join("state")) {
+            p.state = s.split_once(':').map_or(s.clone(), |(_, w)| w.trim().to_owned());
+        }
+        for (name, value) in &mut p.signals {
+            if let Some(v) =
+                read_trimmed(&dir.join("hw_counters").join(name)).and_then(|v| v.parse().ok())
+            {
+                *value = v;
+            }
+        }
+    }
+}
+
 /// The ports whose netdev is `iface`, e.g. to attach NIC counters to a watched link.
 pub fn ports_of<'a>(ports: &'a [RdmaPort], iface: &'a str) -> impl Iterator<Item = &'a RdmaPort> {
     ports.iter().filter(move |p| p.netdevs.iter().any(|n| n == iface))
@@ -165,6 +183,22 @@ mod tests {
         assert_eq!((ib.link_layer.as_str(), ib.netdevs.len()), ("InfiniBand", 0));
         assert_eq!(ib.unreadable.len(), 1, "{:?}", ib.unreadable);
         assert_eq!(ports_of(&ports, "eth3").map(|p| p.port).collect::<Vec<_>>(), vec![2]);
+    }
+
+    #[test]
+    fn refresh_rereads_state_and_signal_counters() {
+        let root = std::env::temp_dir().join(format!("lp-rdma-refresh-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let out = std::process::Command::new("cp").arg("-r").arg(fixture()).arg(&root).status();
+        assert!(out.is_ok_and(|s| s.success()));
+        let mut ports = discover(&root).unwrap();
+        let dir = root.join("mlx5_0/ports/1");
+        fs::write(dir.join("hw_counters/rp_cnp_handled"), "6121\n").unwrap();
+        fs::write(dir.join("state"), "1: DOWN\n").unwrap();
+        refresh(&root, &mut ports);
+        let _ = fs::remove_dir_all(&root);
+        assert_eq!((ports[0].signals["rp_cnp_handled"], ports[0].state.as_str()), (6121, "DOWN"));
+        assert_eq!(ports[0].signals["out_of_sequence"], 37);
     }
 
     #[test]

@@ -69,11 +69,12 @@ fn ip(args: &[&str]) -> anyhow::Result<()> {
 }
 
 fn netns() -> anyhow::Result<Namespaces> {
+    // The guard first: whatever fails below, the namespaces go.
+    let guard = Namespaces;
     for ns in NS {
         let _ = Command::new("ip").args(["netns", "del", ns]).stderr(Stdio::null()).status();
         ip(&["netns", "add", ns])?;
     }
-    let guard = Namespaces;
     ip(&["-n", NS[0], "link", "add", "veth0", "type", "veth", "peer", "name", "veth1"])?;
     ip(&["-n", NS[0], "link", "set", "veth1", "netns", NS[1]])?;
     for (i, (ns, dev)) in NS.iter().zip(["veth0", "veth1"]).enumerate() {
@@ -122,7 +123,7 @@ fn measure(pid: u32, bin: &Path, socket: &Path, secs: u64) -> anyhow::Result<(u6
     thread::sleep(Duration::from_secs(secs));
     let (c1, rss, hwm) = usage(pid)?;
     let s = status_json(bin, socket).context("status")?;
-    let ticks = s["ticks"].as_u64().unwrap_or(0) - ticks0;
+    let ticks = s["ticks"].as_u64().unwrap_or(0).saturating_sub(ticks0);
     let flows = s["flows"].as_u64().unwrap_or(0);
     let wall = t0.elapsed().as_secs_f64();
     println!(

@@ -87,6 +87,11 @@ pub fn run(seconds: Option<u64>) -> anyhow::Result<()> {
         bail!("the demo builds network namespaces and loads eBPF programs: run it as root");
     }
     crate::setup::run()?;
+    for tool in ["iperf3", "nsenter", "ip", "sysctl"] {
+        if !crate::run::succeeds(Command::new("sh").args(["-c", &format!("command -v {tool}")])) {
+            bail!("the demo needs {tool}, which is not installed (cargo xtask setup installs it)");
+        }
+    }
     status(
         "build",
         Command::new(env!("CARGO")).args(["build", "-p", "linkpilot", "-p", "linkpilot-lab"]),
@@ -400,8 +405,13 @@ fn summary(out: &Path, policy: &Path) -> anyhow::Result<()> {
     println!("  timeline      {}", svg.display());
     println!("  decisions     {}", out.join("decisions.jsonl").display());
     println!("  trace         {} (linkpilot replay reads it)", trace.display());
-    if decisions.is_empty() {
-        bail!("the daemon made no decision; see {}", out.join("daemon.log").display());
+    // The first decision ("start in ...") needs no traffic; one made from measurements does.
+    if !decisions.iter().any(|d| !d["reason"].as_str().unwrap_or("").starts_with("start in")) {
+        bail!(
+            "the daemon decided nothing from measurements: did traffic flow? see {} and {}",
+            out.join("daemon.log").display(),
+            out.join("iperf3.log").display()
+        );
     }
     Ok(())
 }

@@ -209,6 +209,9 @@ struct Daemon {
     /// When the interfaces' addresses were last synced to the programs (retransmissions are
     /// attributed by local address, and addresses change: DHCP, failover).
     addrs_synced: Instant,
+    /// RDMA ports on the watched interfaces, and when they were last discovered.
+    ports: Vec<rdma::RdmaPort>,
+    ports_found: Option<Instant>,
 }
 
 /// Reading the flow table costs ~0.5 us per flow: a big table is read less often than the
@@ -308,6 +311,8 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         flows_read: None,
         flows_seen: 0,
         addrs_synced: Instant::now(),
+        ports: Vec::new(),
+        ports_found: None,
     };
 
     let mut ticker = tokio::time::interval(tick);
@@ -365,10 +370,23 @@ impl Daemon {
             self.probes.sync_local_addrs(&addrs)?;
         }
         let kernel_ns = monotonic_ns();
-        let ports = rdma::discover(&self.o.rdma_root).unwrap_or_else(|e| {
-            warn!("{e}");
-            Vec::new()
-        });
+        // The RDMA ports on the watched interfaces: found every 10 s (devices come and go),
+        // their state and signal counters re-read every tick.
+        if self.ports_found.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+            let all = rdma::discover(&self.o.rdma_root).unwrap_or_else(|e| {
+                warn!("{e}");
+                Vec::new()
+            });
+            self.ports = all
+                .into_iter()
+                .filter(|p| self.ifaces.iter().any(|i| p.netdevs.contains(&i.name)))
+                .map(|p| rdma::RdmaPort { other: Default::default(), ..p })
+                .collect();
+            self.ports_found = Some(Instant::now());
+        } else {
+            rdma::refresh(&self.o.rdma_root, &mut self.ports);
+        }
+        let ports = &self.ports;
         let tick = Duration::from_nanos(self.core.policy().tick.0);
         let mut readings = Readings { kernel_ns, ..Readings::default() };
         if flow_read_due(self.flows_read, tick) {
@@ -379,7 +397,7 @@ impl Daemon {
         } else {
             readings.flows_skipped = true;
         }
-        self.probes.read_rows(&self.ifaces, &self.rows, &ports, &mut readings)?;
+        self.probes.read_rows(&self.ifaces, &self.rows, ports, &mut readings)?;
         let flows = self.flows_seen;
         let snap = self.sensors.tick(self.started.elapsed(), &readings);
         if self.record.is_some() {
@@ -404,7 +422,7 @@ impl Daemon {
                     &decisions,
                     &self.peers,
                     &mut self.probes,
-                    &ports,
+                    ports,
                     &self.metrics,
                 );
             }
