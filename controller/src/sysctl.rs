@@ -62,6 +62,11 @@ fn write(path: &Path, value: &str) -> Result<(), SysctlError> {
         .map_err(|source| SysctlError::Io { path: path.display().to_string(), source })
 }
 
+/// The maximum of a single number or of a `min default max` triple.
+fn max_of(value: &str) -> Option<u64> {
+    value.split(' ').next_back()?.parse().ok()
+}
+
 /// `value` with its maximum set to `bytes`: the whole value for a single number, the third
 /// field of a `min default max` triple.
 fn with_max(path: &Path, value: &str, bytes: u64) -> Result<String, SysctlError> {
@@ -104,8 +109,9 @@ impl Sysctls {
         self.root.join(key)
     }
 
-    /// Sets every managed sysctl's maximum to `bytes`. Originals are saved (state file first)
-    /// before the first change of each.
+    /// Sets every managed sysctl's maximum to `bytes`, never below its original maximum: the
+    /// host's own setting is a floor for everything else on it. Originals are saved (state
+    /// file first) before the first change of each.
     pub fn apply(&mut self, bytes: u64) -> Result<Vec<String>, SysctlError> {
         // Read and check everything first: a value we cannot interpret changes nothing.
         let mut plan = Vec::new();
@@ -124,7 +130,9 @@ impl Sysctls {
                 }
                 Err(e) => return Err(e),
             };
-            let want = with_max(&path, &now, bytes)?;
+            let original = self.originals.values.get(key).unwrap_or(&now);
+            let floor = max_of(original).unwrap_or(0);
+            let want = with_max(&path, &now, bytes.max(floor))?;
             plan.push((key, path, now, want));
         }
         let mut changed = Vec::new();
@@ -246,6 +254,22 @@ mod tests {
         assert_eq!(get(&root, "net/core/rmem_max"), "212992");
         assert_eq!(get(&root, "net/ipv4/tcp_rmem"), "4096 131072 6291456");
         assert!(!state.exists());
+        let _ = fs::remove_dir_all(root.parent().unwrap());
+    }
+
+    #[test]
+    fn the_hosts_own_maximum_is_a_floor() {
+        let (root, state) = tree("floor");
+        let mut s = Sysctls::open(&root, &state).unwrap();
+        // 1 MiB is above rmem_max (208 KiB) but below tcp_rmem's 6 MiB: only raises happen.
+        s.apply(1 << 20).unwrap();
+        assert_eq!(get(&root, "net/core/rmem_max"), "1048576");
+        assert_eq!(get(&root, "net/ipv4/tcp_rmem"), "4096 131072 6291456", "never lowered");
+        s.apply(128 << 20).unwrap();
+        s.apply(1 << 20).unwrap();
+        assert_eq!(get(&root, "net/ipv4/tcp_rmem"), "4096 131072 6291456", "back to the floor");
+        s.restore().unwrap();
+        assert_eq!(get(&root, "net/core/rmem_max"), "212992");
         let _ = fs::remove_dir_all(root.parent().unwrap());
     }
 
