@@ -331,6 +331,7 @@ pub mod probe_record {
     pub const SND_UNA: usize = 84;
     pub const SND_CWND: usize = 88;
     pub const SRTT: usize = 100;
+    pub const SKADDR: usize = 128;
 }
 
 /// TCP connections of one (interface, peer), from `sock:inet_sock_set_state`.
@@ -360,6 +361,7 @@ impl FlowEvents {
 /// Offsets in the `sock:inet_sock_set_state` record that the program reads (checked against
 /// tracefs).
 pub mod sock_state_record {
+    pub const SKADDR: usize = 8;
     pub const OLDSTATE: usize = 16;
     pub const NEWSTATE: usize = 20;
     pub const SPORT: usize = 24;
@@ -497,8 +499,9 @@ pub struct LocalAddr {
     pub addr: [u8; 16],
 }
 
-/// Byte offsets inside kernel structures that the tracepoint program reads. Zero in
-/// `tcp_gso_segs` means "unknown": each retransmitted skb then counts as one segment.
+/// Byte offsets inside kernel structures that the tracepoint programs read, and the network
+/// namespace they count for. Zero in `tcp_gso_segs` means "unknown": each retransmitted skb then
+/// counts as one segment.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelOffsets {
@@ -508,12 +511,23 @@ pub struct KernelOffsets {
     /// Non-zero when the tracepoint record has the `err` field (Linux 6.13 and later); older
     /// kernels fire the tracepoint only for successful retransmissions.
     pub retransmit_has_err: u32,
+    /// `offsetof(struct sock, __sk_common.skc_net)`: the socket's `struct net *`.
+    pub sock_net: u32,
+    /// `offsetof(struct net, ns.inum)`: the namespace's inode number, as `stat` shows it for
+    /// `/proc/PID/ns/net`.
+    pub net_inum: u32,
+    /// The inode number of the network namespace whose interfaces are watched. Tracepoints are
+    /// system-wide and addresses repeat across namespaces (containers, the lab), so a socket
+    /// counts only when it lives in this namespace. Zero (or a zero offset): every namespace.
+    pub netns_inum: u32,
+    pub _pad: u32,
 }
 
 /// Offsets in the `tcp:tcp_retransmit_skb` record that the program reads. The controller checks
 /// them against the running kernel's tracefs format file before loading.
 pub mod retransmit_record {
     pub const SKBADDR: usize = 8;
+    pub const SKADDR: usize = 16;
     pub const SPORT: usize = 28;
     pub const DPORT: usize = 30;
     pub const FAMILY: usize = 32;
@@ -542,7 +556,7 @@ const _: () = assert!(core::mem::size_of::<FlowKey>() == 40);
 const _: () = assert!(core::mem::size_of::<FlowState>() == 48);
 const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 8);
 const _: () = assert!(core::mem::size_of::<LocalAddr>() == 20);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 8);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 24);
 const _: () = assert!(core::mem::size_of::<PeerCacheEntry>() == 24);
 
 #[cfg(feature = "user")]

@@ -6,7 +6,7 @@ use std::{fs, path::PathBuf};
 use btf_rs::{Btf, BtfType, Type};
 use linkpilot_common::{probe_record, retransmit_record, sock_state_record, KernelOffsets};
 
-use crate::paths::{PROC_SELF_STATUS, TRACEFS, TRACEFS_LEGACY, VMLINUX_BTF};
+use crate::paths::{PROC_SELF_NS_NET, PROC_SELF_STATUS, TRACEFS, TRACEFS_LEGACY, VMLINUX_BTF};
 
 /// A kernel prerequisite that is not met.
 #[derive(Debug, thiserror::Error)]
@@ -150,6 +150,7 @@ pub fn check_probe_tracepoint() -> Result<(), KernelError> {
             ("snd_una", r::SND_UNA),
             ("snd_cwnd", r::SND_CWND),
             ("srtt", r::SRTT),
+            ("skaddr", r::SKADDR),
         ],
     )
 }
@@ -163,6 +164,7 @@ pub fn check_sock_state_tracepoint() -> Result<(), KernelError> {
         name,
         &format,
         &[
+            ("skaddr", r::SKADDR),
             ("oldstate", r::OLDSTATE),
             ("newstate", r::NEWSTATE),
             ("sport", r::SPORT),
@@ -184,6 +186,7 @@ fn check_retransmit_layout(format: &str) -> Result<bool, KernelError> {
         format,
         &[
             ("skbaddr", r::SKBADDR),
+            ("skaddr", r::SKADDR),
             ("sport", r::SPORT),
             ("dport", r::DPORT),
             ("family", r::FAMILY),
@@ -215,28 +218,59 @@ pub fn preflight() -> Result<KernelOffsets, KernelError> {
     let has_err = check_retransmit_tracepoint()?;
     check_probe_tracepoint()?;
     check_sock_state_tracepoint()?;
-    let (offsets, note) = kernel_offsets(has_err);
-    if let Some(note) = note {
+    let (offsets, notes) = kernel_offsets(has_err);
+    for note in notes {
         tracing::warn!("{note}");
     }
     Ok(offsets)
 }
 
-/// Offsets of kernel structure fields, from the kernel's BTF. A kernel without BTF, or whose
-/// layout we cannot find, yields zero offsets: retransmissions are then counted per skb, and the
-/// returned note says so.
-pub fn kernel_offsets(retransmit_has_err: bool) -> (KernelOffsets, Option<String>) {
-    let mut offsets =
-        KernelOffsets { skb_tcp_gso_segs: 0, retransmit_has_err: u32::from(retransmit_has_err) };
+/// Offsets of kernel structure fields, from the kernel's BTF, and the network namespace this
+/// process runs in (the one whose interfaces it watches). A kernel without BTF, or whose layout we
+/// cannot find, yields zero offsets: retransmissions are then counted per skb, or sockets of
+/// every namespace whose addresses match are counted; the returned notes say so.
+pub fn kernel_offsets(retransmit_has_err: bool) -> (KernelOffsets, Vec<String>) {
+    let mut offsets = KernelOffsets {
+        retransmit_has_err: u32::from(retransmit_has_err),
+        ..KernelOffsets::default()
+    };
+    let mut notes = Vec::new();
     match skb_tcp_gso_segs_offset() {
-        Ok(off) => {
-            offsets.skb_tcp_gso_segs = off;
-            (offsets, None)
-        }
+        Ok(off) => offsets.skb_tcp_gso_segs = off,
         Err(why) => {
-            (offsets, Some(format!("retransmissions are counted per skb, not per segment: {why}")))
+            notes.push(format!("retransmissions are counted per skb, not per segment: {why}"))
         }
     }
+    match netns_offsets().and_then(|o| Ok((o, own_netns_inum()?))) {
+        Ok(((sock_net, net_inum), inum)) => {
+            offsets.sock_net = sock_net;
+            offsets.net_inum = net_inum;
+            offsets.netns_inum = inum;
+        }
+        Err(why) => notes.push(format!(
+            "TCP events of other network namespaces with the same addresses are counted too: {why}"
+        )),
+    }
+    (offsets, notes)
+}
+
+/// `offsetof(struct sock, __sk_common.skc_net)` and `offsetof(struct net, ns.inum)`.
+/// (`possible_net_t` holds the `struct net *` as its only member, at 0.)
+fn netns_offsets() -> Result<(u32, u32), String> {
+    let btf = Btf::from_file(VMLINUX_BTF).map_err(|e| format!("reading {VMLINUX_BTF}: {e}"))?;
+    let sock_net = member_offset(&btf, "sock", "__sk_common")?
+        + member_offset(&btf, "sock_common", "skc_net")?;
+    let inum = member_offset(&btf, "net", "ns")? + member_offset(&btf, "ns_common", "inum")?;
+    let cast = |v: usize| u32::try_from(v).map_err(|_| "offset out of range".to_owned());
+    Ok((cast(sock_net)?, cast(inum)?))
+}
+
+/// The inode number of this process's network namespace (what `stat -L /proc/self/ns/net`
+/// prints), which the kernel keeps in `net->ns.inum`.
+pub fn own_netns_inum() -> Result<u32, String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = fs::metadata(PROC_SELF_NS_NET).map_err(|e| format!("{PROC_SELF_NS_NET}: {e}"))?;
+    u32::try_from(meta.ino()).map_err(|_| format!("{PROC_SELF_NS_NET}: inode out of range"))
 }
 
 /// `offsetof(struct sk_buff, cb) + offsetof(struct tcp_skb_cb, tcp_gso_segs)`.
@@ -343,5 +377,22 @@ mod tests {
         assert_eq!(member_offset(&btf, "tcp_skb_cb", "tcp_gso_segs").unwrap(), 8);
         assert_eq!(member_offset(&btf, "sk_buff", "cb").unwrap(), 40);
         assert!(member_offset(&btf, "sk_buff", "no_such_member").is_err());
+        // In sock_common, skc_net follows addresses, hash, ports, family/state, the bound
+        // device, the bind node and the proto pointer; ns_common keeps inum after its type and
+        // two pointers.
+        let (sock_net, net_inum) = netns_offsets().unwrap();
+        assert_eq!(sock_net, 48);
+        assert_eq!(member_offset(&btf, "ns_common", "inum").unwrap(), 24);
+        assert!(net_inum >= 24);
+    }
+
+    #[test]
+    fn own_netns_is_what_stat_prints() {
+        let out = std::process::Command::new("stat")
+            .args(["-L", "-c", "%i", "/proc/self/ns/net"])
+            .output()
+            .unwrap();
+        let stat: u32 = String::from_utf8(out.stdout).unwrap().trim().parse().unwrap();
+        assert_eq!(own_netns_inum().unwrap(), stat);
     }
 }

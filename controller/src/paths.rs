@@ -9,6 +9,8 @@ pub const TRACEFS_LEGACY: &str = "/sys/kernel/debug/tracing";
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 /// Our process status (effective capabilities).
 pub const PROC_SELF_STATUS: &str = "/proc/self/status";
+/// Our network namespace (its inode number identifies it to the tracepoints).
+pub const PROC_SELF_NS_NET: &str = "/proc/self/ns/net";
 /// Our process's memory (RSS) and CPU time.
 pub const PROC_SELF_STATM: &str = "/proc/self/statm";
 pub const PROC_SELF_STAT: &str = "/proc/self/stat";

@@ -5,6 +5,7 @@ use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePoi
 use linkpilot_common::{sock_state_record as rec, tcp_state as st, FlowKey, FlowState, PeerKey};
 
 use crate::{
+    kernel::in_watched_netns,
     retransmit::LOCAL_ADDRS,
     rtt::{addresses, AddrOffsets, FLOWS},
     traffic::PEER_STATS,
@@ -74,6 +75,9 @@ fn try_state(ctx: &TracePointContext) -> Result<(), i64> {
     };
     // SAFETY: the controller writes this map only with whole values.
     let Some(&ifindex) = (unsafe { LOCAL_ADDRS.get(local_key) }) else { return Ok(()) };
+    if !in_watched_netns(ctx, rec::SKADDR) {
+        return Ok(());
+    }
     let peer = crate::peers::peer_of_uncached(&remote);
     if let Some(ps) = PEER_STATS.get_ptr_mut(PeerKey { ifindex, peer }) {
         // SAFETY: a per-CPU value.

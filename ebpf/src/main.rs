@@ -5,6 +5,7 @@
 #![no_main]
 
 mod flows;
+mod kernel;
 mod peers;
 mod retransmit;
 mod rtt;

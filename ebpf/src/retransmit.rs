@@ -10,13 +10,14 @@ use aya_ebpf::{
 use linkpilot_common::{
     retransmit_record::{
         DADDR as TP_DADDR, DADDR_V6 as TP_DADDR_V6, DPORT as TP_DPORT, ERR as TP_ERR,
-        FAMILY as TP_FAMILY, SADDR as TP_SADDR, SADDR_V6 as TP_SADDR_V6, SKBADDR as TP_SKBADDR,
-        SPORT as TP_SPORT,
+        FAMILY as TP_FAMILY, SADDR as TP_SADDR, SADDR_V6 as TP_SADDR_V6, SKADDR as TP_SKADDR,
+        SKBADDR as TP_SKBADDR, SPORT as TP_SPORT,
     },
-    FlowKey, KernelOffsets, LocalAddr, PeerKey, MAX_LOCAL_ADDRS,
+    FlowKey, LocalAddr, PeerKey, MAX_LOCAL_ADDRS,
 };
 
 use crate::{
+    kernel::{in_watched_netns, LP_KERNEL_OFFSETS},
     rtt::{addresses, AddrOffsets, FLOWS},
     traffic::{IFACE_STATS, PEER_STATS},
 };
@@ -24,11 +25,6 @@ use crate::{
 #[map(name = "LP_LOCAL_ADDRS")]
 pub(crate) static LOCAL_ADDRS: HashMap<LocalAddr, u32> =
     HashMap::with_max_entries(MAX_LOCAL_ADDRS, 0);
-
-/// Set by the controller at load time from the kernel's BTF.
-#[unsafe(no_mangle)]
-static LP_KERNEL_OFFSETS: KernelOffsets =
-    KernelOffsets { skb_tcp_gso_segs: 0, retransmit_has_err: 0 };
 
 #[tracepoint]
 pub fn lp_tcp_retrans(ctx: TracePointContext) -> u32 {
@@ -46,6 +42,9 @@ fn try_count(ctx: &TracePointContext) -> Result<(), i64> {
     };
     // SAFETY: the controller writes this map only with whole values.
     let Some(&ifindex) = (unsafe { LOCAL_ADDRS.get(key) }) else { return Ok(()) };
+    if !in_watched_netns(ctx, TP_SKADDR) {
+        return Ok(());
+    }
     let Some(stats) = IFACE_STATS.get_ptr_mut(ifindex) else { return Ok(()) };
     // SAFETY: a read-only global patched at load time; `err` is only read where it exists.
     let has_err = unsafe { core::ptr::read_volatile(&LP_KERNEL_OFFSETS.retransmit_has_err) };

@@ -13,7 +13,7 @@ use linkpilot_common::{
     MAX_FLOWS,
 };
 
-use crate::{retransmit::LOCAL_ADDRS, traffic::PEER_STATS};
+use crate::{kernel::in_watched_netns, retransmit::LOCAL_ADDRS, traffic::PEER_STATS};
 
 #[map(name = "LP_FLOWS")]
 pub(crate) static FLOWS: LruHashMap<FlowKey, FlowState> =
@@ -96,6 +96,9 @@ fn try_probe(ctx: &TracePointContext) -> Result<(), i64> {
     };
     // SAFETY: the controller writes this map only with whole values.
     let Some(&ifindex) = (unsafe { LOCAL_ADDRS.get(local_key) }) else { return Ok(()) };
+    if !in_watched_netns(ctx, rec::SKADDR) {
+        return Ok(());
+    }
     let peer = crate::peers::peer_of_uncached(&remote);
     if let Some(ps) = PEER_STATS.get_ptr_mut(PeerKey { ifindex, peer }) {
         // SAFETY: a per-CPU value.
