@@ -366,19 +366,25 @@ mod tests {
 }
 
 #[cfg(test)]
-mod doc_tests {
+mod python_tests {
     use super::*;
 
-    /// The Python reader in docs/knob-board.md.
-    fn documented_reader() -> String {
-        let doc = include_str!("../../docs/knob-board.md");
-        let start = doc.find("```python\n").expect("a python block") + "```python\n".len();
-        doc[start..][..doc[start..].find("```").expect("its end")].to_owned()
-    }
+    /// Reads the board at argv[1] with the Python package's reader, as JSON. Only the standard
+    /// library may be needed: the reader is for processes without torch too.
+    const READ: &str = r#"
+import dataclasses, json, sys
+from linkpilot.board import KnobBoard
+with KnobBoard(sys.argv[1]) as board:
+    snap = board.read()
+assert "torch" not in sys.modules, "linkpilot.board imported torch"
+out = dataclasses.asdict(snap)
+out["codecs"] = [k.codec for k in snap.links]
+print(json.dumps(out))
+"#;
 
     #[test]
-    fn the_documented_python_reader_agrees() {
-        let dir = std::env::temp_dir().join(format!("lp-board-doc-{}", std::process::id()));
+    fn the_python_package_reader_agrees() {
+        let dir = std::env::temp_dir().join(format!("lp-board-py-{}", std::process::id()));
         let path = dir.join("knobs");
         let now = crate::probes::monotonic_ns();
         let mut w = BoardWriter::create(&path, Duration::from_secs(60), now).unwrap();
@@ -392,27 +398,51 @@ mod doc_tests {
             roce_traffic_class: 106,
             tcp_buffer_bytes: 128 << 20,
         };
-        w.publish(&[board_link("hk-us", "severe", 3, &k, 42)], now);
-        let script = dir.join("read.py");
-        fs::write(&script, documented_reader()).unwrap();
-        let out = std::process::Command::new("python3").arg(&script).arg(&path).output().unwrap();
+        let k2 = Knobs { compression: Compression::Int4, ..k };
+        w.publish(
+            &[board_link("hk-us", "severe", 3, &k, 42), board_link("eu", "x", 1, &k2, 9)],
+            now,
+        );
+        let python = concat!(env!("CARGO_MANIFEST_DIR"), "/../python");
+        let out = std::process::Command::new("python3")
+            .env("PYTHONPATH", python)
+            .args(["-c", READ])
+            .arg(&path)
+            .output()
+            .unwrap();
         let _ = fs::remove_dir_all(&dir);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            (v["stale"].as_bool(), v["pid"].as_u64()),
+            (Some(false), Some(std::process::id().into())),
+            "{v}"
+        );
+        assert_eq!((v["decision_id"].as_u64(), v["heartbeat_ns"].as_u64()), (Some(42), Some(now)));
+        assert_eq!(v["heartbeat_interval_ms"].as_u64(), Some(60_000));
+        assert_eq!(v["codecs"], serde_json::json!(["topk:0.01", "int4"]));
         let l = &v["links"][0];
-        assert_eq!(v["stale"], false, "{v}");
         assert_eq!((l["name"].as_str(), l["state"].as_str()), (Some("hk-us"), Some("severe")));
-        assert_eq!((l["state_index"].as_u64(), l["compression"].as_u64()), (Some(3), Some(5)));
+        assert_eq!((l["state_index"].as_u64(), l["compression"].as_str()), (Some(3), Some("topk")));
         assert_eq!(l["topk_ratio"].as_f64(), Some(0.01));
         assert_eq!(
             (l["chunk_bytes"].as_u64(), l["tcp_buffer_bytes"].as_u64()),
             (Some(8 << 20), Some(128 << 20))
         );
         assert_eq!(
-            (l["watchdog_s"].as_u64(), l["nccl_ib_timeout"].as_u64()),
-            (Some(1800), Some(22))
+            (
+                l["watchdog_s"].as_u64(),
+                l["nccl_ib_timeout"].as_u64(),
+                l["nccl_ib_retry_cnt"].as_u64()
+            ),
+            (Some(1800), Some(22), Some(7))
         );
         assert_eq!((l["dscp"].as_u64(), l["roce_traffic_class"].as_u64()), (Some(26), Some(106)));
         assert_eq!(l["decision_id"].as_u64(), Some(42));
+        let e = &v["links"][1];
+        assert_eq!(
+            (e["name"].as_str(), e["state_index"].as_u64(), e["decision_id"].as_u64()),
+            (Some("eu"), Some(1), Some(9))
+        );
     }
 }

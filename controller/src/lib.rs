@@ -8,6 +8,7 @@ pub mod batch;
 pub mod bench;
 pub mod bench_sensors;
 pub mod board;
+pub mod board_feed;
 pub mod control;
 pub mod daemon;
 pub mod envfile;

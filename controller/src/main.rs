@@ -50,6 +50,11 @@ enum Command {
         #[arg(long)]
         policy: Option<std::path::PathBuf>,
     },
+    /// The knob board without a daemon: `linkpilot board feed --board PATH`.
+    Board {
+        #[command(subcommand)]
+        action: BoardAction,
+    },
     /// Policy files: `linkpilot policy check FILE...`.
     Policy {
         #[command(subcommand)]
@@ -143,6 +148,34 @@ enum Command {
 }
 
 #[derive(Subcommand)]
+enum BoardAction {
+    /// Write a knob board from JSON lines on stdin, to test training code against chosen knobs
+    /// without a daemon (the Python package's tests get their boards this way, written by the
+    /// daemon's own writer).
+    ///
+    /// Each line publishes `{"links":[{"name":"wan","state":"congested","state_index":1,
+    /// "compression":"int8","chunk_bytes":8388608,"watchdog_s":600,"decision_id":7}]}`. Every
+    /// field of docs/knob-board.md may be given (also tcp_buffer_bytes, nccl_ib_timeout,
+    /// nccl_ib_retry_cnt, dscp, roce_traffic_class, topk_ratio); omitted ones take the
+    /// reference case's starting values (healthy, index 0, none, 8 MiB chunks, 128 MiB
+    /// buffers, watchdog 600 s, IB timeout 22, retry 7, DSCP 26, TC 106), and decision_id the
+    /// line number. Compression: none, fp16, bf16, int8, int4, topk:0.01 (or topk:1%, or topk
+    /// with topk_ratio). After each publish `published ID` (the line's highest decision id) is
+    /// printed on stdout. Blank lines are skipped. A bad line stops the feed with exit code 1
+    /// and an error naming the line; nothing of it is published. At end of input the command
+    /// exits 0 and leaves the board as it is: it goes stale like a dead daemon's.
+    #[command(verbatim_doc_comment)]
+    Feed {
+        /// The board file to create (replaced if it exists; not the daemon's while it runs).
+        #[arg(long)]
+        board: std::path::PathBuf,
+        /// How often to beat; readers call the board stale after two missed beats.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+        heartbeat_ms: u64,
+    },
+}
+
+#[derive(Subcommand)]
 enum PolicyAction {
     /// Check policy files: prints OK or every error with file, line and column; exit code 1 if
     /// any file has errors.
@@ -209,6 +242,14 @@ fn main() -> ExitCode {
                 }
                 Ok(())
             })
+        }
+        Command::Board { action: BoardAction::Feed { board, heartbeat_ms } } => {
+            linkpilot::board_feed::run(
+                &board,
+                Duration::from_millis(heartbeat_ms),
+                std::io::BufReader::new(std::io::stdin()),
+                &mut std::io::stdout(),
+            )
         }
         Command::Policy { action: PolicyAction::Check { files } } => {
             return policy_check(&files);

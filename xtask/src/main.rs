@@ -3,6 +3,7 @@
 mod bench_daemon;
 mod build_ebpf;
 mod demo;
+mod python;
 mod run;
 mod setup;
 mod test;

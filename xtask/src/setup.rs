@@ -20,6 +20,7 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("ethtool", "offload settings in tests"),
     ("nftables", "loss and drop injection in tests"),
     ("python3-scapy", "crafting packets in tests"),
+    ("python3-venv", "the training side's virtualenv (torch, pytest, mypy)"),
     ("util-linux", "setpriv and unshare for privilege and mount tests"),
     ("cmake", "the ibverbs crate builds rdma-core"),
     ("pkg-config", "the ibverbs crate's build"),
@@ -37,6 +38,7 @@ pub fn run() -> anyhow::Result<()> {
     debian_packages().context("setup step 'Debian packages'")?;
     bpf_linker().context("setup step 'bpf-linker (LLVM 22)'")?;
     tracefs().context("setup step 'tracefs mounted'")?;
+    crate::python::setup().context("setup step 'Python virtualenv with torch'")?;
     eprintln!("setup: everything is in place");
     Ok(())
 }

@@ -57,6 +57,8 @@ pub fn run(privileged: bool) -> anyhow::Result<()> {
             "linkpilot-tests",
         ]),
     )?;
+    status("building linkpilot", Command::new(cargo).args(["build", "--package", "linkpilot"]))?;
+    crate::python::test(&workspace_root().join("target/debug/linkpilot"))?;
     if !privileged {
         eprintln!("test: privileged tests skipped (--no-privileged)");
         return Ok(());

@@ -32,6 +32,16 @@ impl Compression {
         }
     }
 
+    /// Top-k keeping `ratio` of the values: above 0 and below 0.5 (above that it sends more
+    /// than fp16).
+    pub fn topk(ratio: f64) -> Result<Self, String> {
+        if ratio > 0.0 && ratio < 0.5 {
+            Ok(Compression::TopK(ratio))
+        } else {
+            Err("must be above 0% and below 50% (above that it sends more than fp16)".into())
+        }
+    }
+
     /// Bytes sent per byte of fp32 gradient (top-k sends an index with each value).
     pub fn ratio(self) -> f64 {
         match self {
@@ -62,13 +72,7 @@ impl FromStr for Compression {
                 };
                 let ratio = s.strip_prefix("topk:").ok_or_else(bad)?;
                 let f: linkpilot_common::units::Fraction = ratio.parse().map_err(|_| bad())?;
-                if f.0 <= 0.0 || f.0 >= 0.5 {
-                    return Err(format!(
-                        "top-k ratio {ratio} must be above 0% and below 50% (above that it sends \
-                         more than fp16)"
-                    ));
-                }
-                Compression::TopK(f.0)
+                Compression::topk(f.0).map_err(|e| format!("top-k ratio {ratio}: {e}"))?
             }
         })
     }

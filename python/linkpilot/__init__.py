@@ -1,0 +1,21 @@
+"""Training-side client of linkpilot.
+
+- :mod:`linkpilot.board`: reads the daemon's knob board (standard library only).
+- :mod:`linkpilot.codecs`: gradient codecs (none, fp16, bf16, int8, int4, top-k) with error
+  feedback (torch).
+- :mod:`linkpilot.ddp`: a DistributedDataParallel comm hook that follows the board (torch).
+- :func:`init_process_group`: loads the daemon's NCCL env file, then initialises torch.distributed.
+"""
+
+from linkpilot.board import BoardError, BoardSnapshot, KnobBoard, LinkKnobs
+from linkpilot.envfile import EnvFileError, init_process_group, load_env_file
+
+__all__ = [
+    "BoardError",
+    "BoardSnapshot",
+    "EnvFileError",
+    "KnobBoard",
+    "LinkKnobs",
+    "init_process_group",
+    "load_env_file",
+]

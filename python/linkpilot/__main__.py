@@ -1,0 +1,83 @@
+"""``python -m linkpilot status``: the knob board as a training process sees it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from typing import Any
+
+from linkpilot.board import BoardError, BoardSnapshot, KnobBoard
+
+_COLUMNS = "{:<12} {:<16} {:<12} {:>7} {:>7} {:>6} {:>4} {:>5} {:>4} {:>3} {:>8}"
+
+
+def _bytes(n: int) -> str:
+    """The daemon's style: "8MiB", "1.5GiB"."""
+    for scale, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n >= scale:
+            return f"{n // scale}{unit}" if n % scale == 0 else f"{n / scale:.1f}{unit}"
+    return f"{n}B"
+
+
+def render(s: BoardSnapshot) -> str:
+    verdict = "STALE: the daemon missed two heartbeats, use safe defaults" if s.stale else "fresh"
+    lines = [
+        f"knob board {s.path}: pid {s.pid}, decision {s.decision_id}, heartbeat "
+        f"{s.age_ms:.1f}ms ago (every {s.heartbeat_interval_ms}ms): {verdict}",
+        _COLUMNS.format(
+            "LINK", "STATE", "CODEC", "CHUNK", "TCPBUF", "WDOG", "IBTO", "RETRY", "DSCP", "TC",
+            "DECISION",
+        ),
+    ]
+    for k in s.links:
+        lines.append(
+            _COLUMNS.format(
+                k.name, f"{k.state} ({k.state_index})", k.codec, _bytes(k.chunk_bytes),
+                _bytes(k.tcp_buffer_bytes), f"{k.watchdog_s}s", k.nccl_ib_timeout,
+                k.nccl_ib_retry_cnt, k.dscp, k.roce_traffic_class, k.decision_id,
+            )
+        )
+    if not s.links:
+        lines.append("(no links)")
+    return "\n".join(lines)
+
+
+def to_json(s: BoardSnapshot) -> dict[str, Any]:
+    out = dataclasses.asdict(s)
+    for d, k in zip(out["links"], s.links):
+        d["codec"] = k.codec
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m linkpilot", description="Training-side tools of linkpilot."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    status = commands.add_parser(
+        "status", help="print the knob board (exit 1 if it cannot be read)"
+    )
+    status.add_argument("--json", action="store_true", help="one JSON object")
+    status.add_argument(
+        "--board", help="the board file (default: $LINKPILOT_BOARD, else /run/linkpilot/knobs)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        with KnobBoard(args.board) as board:
+            snap = board.read()
+    except BoardError as e:
+        print(f"linkpilot: {e}", file=sys.stderr)
+        return 1
+    try:
+        print(json.dumps(to_json(snap), indent=2) if args.json else render(snap), flush=True)
+    except BrokenPipeError:  # `| head`: quiet, as Unix tools are
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,414 @@
+"""A DistributedDataParallel comm hook that follows the knob board.
+
+Per bucket, one collective in the hook body, in bucket order on every rank (nothing collective in
+a future's callback: on gloo that mismatches sizes or hangs with several buckets). The codec of a
+step is one all ranks agreed on without a round trip of its own: every bucket's collective also
+carries each rank's proposal (its board's codec and watchdog), so when step N ends every rank
+holds the same proposals and step N+1 uses the strongest of them. A rank whose board is stale or
+missing proposes the configured safe codec.
+
+With ``sites`` (which ranks share a site), a bucket is summed inside the site uncompressed, each
+rank of a site sends its 1/L shard compressed across to the ranks with the same position in the
+other sites, and the site gathers the reduced shards: the WAN carries one compressed bucket per
+site and direction whatever the number of ranks per site.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import GradBucket  # DDP's own type; not re-exported for mypy
+
+from linkpilot.board import BoardError, KnobBoard
+from linkpilot.codecs import CODEC_NAMES, Codec, ErrorFeedback, get_codec
+
+log = logging.getLogger("linkpilot.ddp")
+
+__all__ = ["BucketStats", "LinkpilotHook", "StepStats", "group_timeout", "hook"]
+
+# A proposal as 8 small integers (each 0..255, exact in fp16, bf16, fp32 and uint8, and unchanged
+# by a sum with zeros): codec index, top-k ratio in ppm (3 digits), watchdog seconds (3 digits),
+# and 1 when it came from a fresh board.
+_PROPOSAL = 8
+_PPM = 1_000_000
+
+
+@dataclass(frozen=True)
+class Proposal:
+    codec: str
+    watchdog_s: int = 0
+    fresh: bool = False
+
+    def encode(self) -> list[int]:
+        name, _, ratio = self.codec.partition(":")
+        ppm = min(_PPM, max(1, round(float(ratio) * _PPM))) if ratio else 0
+        wd = min(self.watchdog_s, 256**3 - 1)
+        return [CODEC_NAMES.index(name), ppm >> 16, (ppm >> 8) & 255, ppm & 255,
+                wd >> 16, (wd >> 8) & 255, wd & 255, int(self.fresh)]
+
+    @staticmethod
+    def decode(d: Sequence[int]) -> Proposal:
+        name = CODEC_NAMES[min(d[0], len(CODEC_NAMES) - 1)]
+        if name == "topk":
+            name = f"topk:{((d[1] << 16) | (d[2] << 8) | d[3]) / _PPM:g}"
+        return Proposal(name, (d[4] << 16) | (d[5] << 8) | d[6], bool(d[7]))
+
+
+def strength(codec: str) -> tuple[int, float]:
+    """Orders codecs from the least to the most compression (top-k: smaller ratio is stronger)."""
+    name, _, ratio = codec.partition(":")
+    return CODEC_NAMES.index(name), -float(ratio) if ratio else 0.0
+
+
+def agree(proposals: Sequence[Proposal]) -> Proposal:
+    """The strongest codec and the longest watchdog anyone proposed: the rank that sees the worst
+    of the link decides (the two sites' daemons each see their own side)."""
+    codec = max((p.codec for p in proposals), key=strength)
+    return Proposal(codec, max(p.watchdog_s for p in proposals), all(p.fresh for p in proposals))
+
+
+@dataclass
+class BucketStats:
+    index: int
+    numel: int
+    codec: str
+    wire_bytes: int
+    encode_s: float = 0.0
+    decode_s: float = 0.0
+
+
+@dataclass
+class StepStats:
+    """What one step sent, for the user's logs: codec, bytes per bucket, coding time, decision."""
+
+    step: int
+    codec: str
+    decision_id: int
+    board_state: str
+    buckets: list[BucketStats] = field(default_factory=list)
+
+    @property
+    def wire_bytes(self) -> int:
+        return sum(b.wire_bytes for b in self.buckets)
+
+    @property
+    def coding_s(self) -> float:
+        return sum(b.encode_s + b.decode_s for b in self.buckets)
+
+
+class LinkpilotHook:
+    """State of the hook; register with ``ddp_model.register_comm_hook(state, hook)``.
+
+    board: a KnobBoard or its path (default: LINKPILOT_BOARD or /run/linkpilot/knobs).
+    link: the board link whose codec applies (default: the worst link on the board).
+    large_bucket_bytes: buckets of at least this many fp32 bytes get the board's codec; smaller
+        ones get ``small_codec`` or the board's, whichever is lighter.
+    safe_codec: what a rank proposes when its board is missing or stale; also step 0's codec.
+    sites: ranks per site (e.g. [[0, 1], [2, 3]]), all of one size, covering the world.
+    on_step: called with each step's stats when the next step begins (its futures are done).
+    """
+
+    def __init__(
+        self,
+        board: KnobBoard | str | None = None,
+        *,
+        link: str | None = None,
+        large_bucket_bytes: int = 1 << 20,
+        small_codec: str = "fp16",
+        safe_codec: str = "none",
+        sites: Sequence[Sequence[int]] | None = None,
+        process_group: dist.ProcessGroup | None = None,
+        on_step: Callable[[StepStats], None] | None = None,
+        history: int = 1000,
+    ) -> None:
+        self.board = board if isinstance(board, KnobBoard) else KnobBoard(board)
+        self.link = link
+        self.large_bucket_bytes = large_bucket_bytes
+        self.small_codec = get_codec(small_codec).name
+        self.safe_codec = get_codec(safe_codec).name
+        self.on_step = on_step
+        self.group = _member(process_group if process_group is not None else dist.group.WORLD)
+        self.world = dist.get_world_size(self.group)
+        self.rank = dist.get_rank(self.group)
+        self.history: deque[StepStats] = deque(maxlen=history)
+        self._agreed = Proposal(self.safe_codec)
+        self._next = self._agreed
+        self._feedback: dict[int, tuple[tuple[int, ...], ErrorFeedback]] = {}
+        self._step = 0
+        self._current: StepStats | None = None
+        self._done: StepStats | None = None
+        self._proposal = Proposal(self.safe_codec)
+        self._pending: list[_Pending] = []
+        self._job_timeout = group_timeout(self.group)
+        self._timeout = self._job_timeout
+        self._sites = _Sites(sites, self.world, self.rank) if sites else None
+
+    # -- per step -----------------------------------------------------------------------------
+
+    def _begin_step(self) -> None:
+        if self._done is not None and self.on_step is not None:
+            self.on_step(self._done)  # complete now: its decode times came with its futures
+        self._done = None
+        # What the previous step's collectives agreed on: identical on every rank, and complete,
+        # since DDP waited for every bucket's future before this backward pass began.
+        self._agreed = self._next
+        self._proposal, state, decision = self._read_board()
+        self._raise_timeout(max(self._proposal.watchdog_s, self._agreed.watchdog_s))
+        self._current = StepStats(self._step, self._agreed.codec, decision, state)
+
+    def _finish_step(self) -> None:
+        assert self._current is not None
+        self.history.append(self._current)
+        self._done, self._current = self._current, None
+        self._step += 1
+
+    def _read_board(self) -> tuple[Proposal, str, int]:
+        try:
+            snap = self.board.read()
+        except BoardError as e:
+            log.debug("board unreadable, proposing %s: %s", self.safe_codec, e)
+            return Proposal(self.safe_codec), "missing", 0
+        knobs = snap.link(self.link) if self.link else snap.worst()
+        if snap.stale or knobs is None:
+            return Proposal(self.safe_codec), "stale" if snap.stale else "no-link", snap.decision_id
+        return Proposal(knobs.codec, knobs.watchdog_s, True), knobs.state, knobs.decision_id
+
+    def _raise_timeout(self, watchdog_s: int) -> None:
+        """The group's timeout follows the watchdog, never below the job's own setting; it rises
+        before the next collective is issued."""
+        want = max(self._job_timeout, datetime.timedelta(seconds=watchdog_s))
+        if want != self._timeout:
+            for group in self._groups():
+                dist.set_timeout(want, group)
+            log.info("collective timeout %s -> %s", self._timeout, want)
+            self._timeout = want
+
+    def _groups(self) -> list[dist.ProcessGroup]:
+        groups = [self.group]
+        if self._sites:
+            groups += [self._sites.site_group, self._sites.cross_group]
+        return groups
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return self._timeout
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    def reset(self) -> None:
+        """Forget every bucket's residual (e.g. after loading a checkpoint)."""
+        self._feedback.clear()
+
+    # -- per bucket ---------------------------------------------------------------------------
+
+    def _codec_for(self, numel: int) -> Codec:
+        codec = self._agreed.codec
+        if numel * 4 < self.large_bucket_bytes:
+            codec = min(codec, self.small_codec, key=strength)
+        return get_codec(codec)
+
+    def _feedback_for(self, bucket: GradBucket) -> ErrorFeedback:
+        """Residuals per bucket, dropped when DDP rebuilds its buckets (other parameters)."""
+        key = tuple(id(p) for p in bucket.parameters())
+        held = self._feedback.get(bucket.index())
+        if held is None or held[0] != key:
+            held = (key, ErrorFeedback())
+            self._feedback[bucket.index()] = held
+        return held[1]
+
+    def __call__(self, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+        if self._current is None:
+            self._begin_step()
+        assert self._current is not None
+        buf = bucket.buffer()
+        codec = self._codec_for(buf.numel())
+        feedback = self._feedback_for(bucket)
+        stats = BucketStats(bucket.index(), buf.numel(), codec.name, 0)
+        self._current.buckets.append(stats)
+        if self._sites is None:
+            fut = self._flat(buf, codec, feedback, stats)
+        else:
+            fut = self._hierarchical(buf, codec, feedback, stats)
+        if bucket.is_last():
+            self._drain()
+            self._finish_step()
+        return fut
+
+    def _flat(self, buf: torch.Tensor, codec: Codec, feedback: ErrorFeedback,
+              stats: BucketStats) -> torch.futures.Future[torch.Tensor]:
+        exchange = _Exchange(self, codec, self.group, self.world)
+        started = time.perf_counter()
+        payload = feedback.encode(codec, buf.to(torch.float32).div_(self.world))
+        stats.encode_s = time.perf_counter() - started
+        stats.wire_bytes = codec.wire_bytes(buf.numel())
+        work = exchange.issue(payload, self._proposal)
+
+        def done(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            started = time.perf_counter()
+            out = exchange.finish(fut.value(), buf.numel())
+            stats.decode_s = time.perf_counter() - started
+            return out.to(buf.dtype)
+
+        return work.then(done)
+
+    def _hierarchical(self, buf: torch.Tensor, codec: Codec, feedback: ErrorFeedback,
+                      stats: BucketStats) -> torch.futures.Future[torch.Tensor]:
+        sites = self._sites
+        assert sites is not None
+        # Inside the site, uncompressed (the local fabric is not the bottleneck), with every
+        # rank's proposal riding along so each cross-site message carries its site's strongest.
+        flat = buf.to(torch.float32)
+        local = flat.new_zeros(flat.numel() + self.world * _PROPOSAL)
+        local[: flat.numel()] = flat
+        offset = flat.numel() + self.rank * _PROPOSAL
+        local[offset : offset + _PROPOSAL] = flat.new_tensor(self._proposal.encode())
+        dist.all_reduce(local, group=sites.site_group)
+        ranks = [Proposal.decode(_ints(local[flat.numel() + r * _PROPOSAL :][:_PROPOSAL]))
+                 for r in sites.site_ranks]
+        site_proposal = agree(ranks)
+        shard_len = -(-flat.numel() // sites.per_site)
+        padded = flat.new_zeros(shard_len * sites.per_site)
+        padded[: flat.numel()] = local[: flat.numel()].div_(self.world)
+        shard = padded[sites.position * shard_len :][:shard_len]
+        exchange = _Exchange(self, codec, sites.cross_group, sites.n_sites)
+        started = time.perf_counter()
+        payload = feedback.encode(codec, shard.contiguous())
+        stats.encode_s = time.perf_counter() - started
+        stats.wire_bytes = codec.wire_bytes(shard_len)
+        work = exchange.issue(payload, site_proposal)
+        result: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        self._pending.append(_Pending(work, exchange, shard_len, flat.numel(), buf, result, stats))
+        # The site gathers an earlier bucket's shards here, in the hook body, so that the WAN
+        # exchange of that bucket overlapped the backward pass of this one.
+        while len(self._pending) > 1:
+            self._complete(self._pending.pop(0))
+        return result
+
+    def _drain(self) -> None:
+        while self._pending:
+            self._complete(self._pending.pop(0))
+
+    def _complete(self, p: _Pending) -> None:
+        sites = self._sites
+        assert sites is not None
+        gathered = p.work.wait()
+        started = time.perf_counter()
+        reduced = p.exchange.finish(gathered, p.shard_len)
+        p.stats.decode_s = time.perf_counter() - started
+        shards = [torch.empty_like(reduced) for _ in range(sites.per_site)]
+        dist.all_gather(shards, reduced, group=sites.site_group)
+        p.result.set_result(torch.cat(shards)[: p.numel].to(p.buf.dtype))
+
+    def _agreed_next(self, proposals: Sequence[Proposal]) -> None:
+        """Called at every collective's completion with the same proposals on every rank; the
+        next step uses them."""
+        self._next = agree(proposals)
+
+
+def hook(state: LinkpilotHook, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The function to register: ``model.register_comm_hook(LinkpilotHook(...), hook)``."""
+    return state(bucket)
+
+
+# DDP checks these annotations by identity; this module's are strings (PEP 563).
+hook.__annotations__ = {"state": LinkpilotHook, "bucket": GradBucket,
+                        "return": torch.futures.Future[torch.Tensor]}
+
+
+@dataclass
+class _Pending:
+    work: torch.futures.Future[list[torch.Tensor]]
+    exchange: _Exchange
+    shard_len: int
+    numel: int
+    buf: torch.Tensor
+    result: torch.futures.Future[torch.Tensor]
+    stats: BucketStats
+
+
+class _Exchange:
+    """One bucket's collective: the payload and the proposals, in one message."""
+
+    def __init__(self, state: LinkpilotHook, codec: Codec, group: dist.ProcessGroup,
+                 size: int) -> None:
+        self.state, self.codec, self.group, self.size = state, codec, group, size
+        self.me = dist.get_rank(group)
+
+    def issue(self, payload: torch.Tensor,
+              proposal: Proposal) -> torch.futures.Future[list[torch.Tensor]]:
+        digits = payload.new_tensor(proposal.encode())
+        if self.codec.collective == "all_reduce":
+            # Summed: each rank's proposal in its own slot, zeros elsewhere.
+            slots = payload.new_zeros(self.size * _PROPOSAL)
+            slots[self.me * _PROPOSAL :][:_PROPOSAL] = digits
+            msg = torch.cat([payload, slots])
+            return dist.all_reduce(msg, group=self.group, async_op=True).get_future()
+        msg = torch.cat([payload, digits])
+        out = [torch.empty_like(msg) for _ in range(self.size)]
+        return dist.all_gather(out, msg, group=self.group, async_op=True).get_future()
+
+    def finish(self, value: list[torch.Tensor], numel: int) -> torch.Tensor:
+        """Decodes the sum and hands every rank's proposal to the hook (no collective here)."""
+        n = self.codec.payload_numel(numel)
+        if self.codec.collective == "all_reduce":
+            msg = value[0]
+            proposals = [Proposal.decode(_ints(msg[n + r * _PROPOSAL :][:_PROPOSAL]))
+                         for r in range(self.size)]
+            out = self.codec.decode(msg[:n], numel)
+        else:
+            proposals = [Proposal.decode(_ints(m[n:])) for m in value]
+            out = torch.zeros(numel, dtype=torch.float32, device=value[0].device)
+            for m in value:  # rank order: the same sum, bit for bit, on every rank
+                out += self.codec.decode(m[:n], numel)
+        self.state._agreed_next(proposals)
+        return out
+
+
+def _ints(t: torch.Tensor) -> list[int]:
+    return [int(v) for v in t.to(torch.float32).round().tolist()]
+
+
+def _member(group: object) -> dist.ProcessGroup:
+    """A group this rank belongs to (torch types the others as None or a sentinel)."""
+    if not isinstance(group, dist.ProcessGroup):
+        raise ValueError(f"this rank is not in the process group ({group!r})")
+    return group
+
+
+def group_timeout(group: dist.ProcessGroup | None = None) -> datetime.timedelta:
+    """The timeout torch applies to the group's collectives (its CPU backend's option)."""
+    group = _member(group if group is not None else dist.group.WORLD)
+    backend = group._get_backend(torch.device("cpu"))
+    timeout: datetime.timedelta = backend.options._timeout
+    return timeout
+
+
+class _Sites:
+    """Process groups of the two-level exchange: one per site, and one per position in a site
+    across sites. Every rank creates every group, in the same order (torch requires it)."""
+
+    def __init__(self, sites: Sequence[Sequence[int]], world: int, rank: int) -> None:
+        sites = [list(s) for s in sites]
+        sizes = {len(s) for s in sites}
+        ranks = sorted(r for s in sites for r in s)
+        if len(sizes) != 1 or ranks != list(range(world)):
+            raise ValueError(f"sites {sites} must be equal-sized groups covering ranks 0..{world - 1}")
+        self.per_site = sizes.pop()
+        self.n_sites = len(sites)
+        # new_group is collective: every rank makes every group, then keeps its own two.
+        site_groups = [dist.new_group(s) for s in sites]
+        cross_groups = [dist.new_group([s[i] for s in sites]) for i in range(self.per_site)]
+        site = next(i for i, s in enumerate(sites) if rank in s)
+        self.site_ranks = sites[site]
+        self.position = sites[site].index(rank)
+        self.site_group = _member(site_groups[site])
+        self.cross_group = _member(cross_groups[self.position])

@@ -1,0 +1,194 @@
+"""linkpilot.board against boards written by the daemon's own writer (`linkpilot board feed`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import feed_board
+
+from linkpilot.board import (
+    BoardBusy,
+    BoardError,
+    BoardFormatError,
+    BoardMissing,
+    BoardSnapshot,
+    KnobBoard,
+    LinkKnobs,
+)
+
+# Every knob of every slot set, every codec (top-k in both spellings the feeder takes).
+LINKS: list[dict[str, Any]] = [
+    {"name": f"link-{c}", "state": f"state-{i}", "state_index": i, "compression": c,
+     "chunk_bytes": (i + 1) << 20, "tcp_buffer_bytes": (i + 64) << 20, "watchdog_s": 600 + i,
+     "nccl_ib_timeout": 14 + i, "nccl_ib_retry_cnt": i, "dscp": 40 + i,
+     "roce_traffic_class": 160 + i, "decision_id": 100 + i}
+    for i, c in enumerate(["none", "fp16", "bf16", "int8", "int4", "topk:0.01"])
+] + [
+    {"name": "wide", "state": "severe", "state_index": 9, "compression": "topk",
+     "topk_ratio": 0.125, "chunk_bytes": 1 << 40, "tcp_buffer_bytes": (1 << 64) - 1,
+     "watchdog_s": (1 << 32) - 1, "nccl_ib_timeout": 255, "nccl_ib_retry_cnt": 7, "dscp": 63,
+     "roce_traffic_class": 255, "decision_id": (1 << 64) - 1},
+]
+
+
+def expected(fed: dict[str, Any]) -> LinkKnobs:
+    codec, _, ratio = fed["compression"].partition(":")
+    knobs = {k: v for k, v in fed.items() if k != "topk_ratio"}
+    knobs["compression"] = codec
+    return LinkKnobs(topk_ratio=float(ratio or fed.get("topk_ratio", 0.0)), **knobs)
+
+
+def test_every_field_reads_as_fed(tmp_path: Path) -> None:
+    path = tmp_path / "knobs"
+    with feed_board(path) as feeder, KnobBoard(path) as board:
+        feeder.publish(LINKS)
+        snap = board.read()
+    assert snap.links == tuple(expected(fed) for fed in LINKS)
+    assert (snap.path, snap.pid, snap.heartbeat_interval_ms) == (str(path), feeder.pid, 100)
+    assert snap.decision_id == (1 << 64) - 1 and not snap.stale and 0 <= snap.age_ms < 200
+    assert [k.codec for k in snap.links] == [
+        "none", "fp16", "bf16", "int8", "int4", "topk:0.01", "topk:0.125"
+    ]
+    assert snap.link("link-int8") == expected(LINKS[3]) and snap.link("nope") is None
+    assert snap.worst() == expected(LINKS[-1])
+
+
+def test_worst_is_the_first_of_the_highest_state(tmp_path: Path) -> None:
+    path = tmp_path / "knobs"
+    with feed_board(path) as feeder, KnobBoard(path) as board:
+        feeder.publish([])
+        assert board.read().links == () and board.read().worst() is None
+        feeder.publish(
+            [{"name": n, "state_index": i} for n, i in [("a", 1), ("b", 2), ("c", 2), ("d", 0)]]
+        )
+        worst = board.read().worst()
+    assert worst is not None and worst.name == "b"
+
+
+def test_stale_within_two_intervals_after_the_feeder_ends(tmp_path: Path) -> None:
+    path, interval_ms = tmp_path / "knobs", 50
+    feeder = feed_board(path, heartbeat_ms=interval_ms)
+    board = KnobBoard(path)
+    feeder.publish([{"name": "wan"}])
+    # Without publishes the heartbeat keeps it fresh.
+    time.sleep(4 * interval_ms / 1000)
+    assert not board.read().stale
+    feeder.close()
+    ended = time.monotonic()
+    # The last beat came before the exit, so staleness comes at most 2 intervals later.
+    bound = 2 * interval_ms / 1000 + 0.1
+    while not (snap := board.read()).stale:
+        assert time.monotonic() - ended < bound, f"still fresh {bound}s after the end: {snap}"
+        time.sleep(0.002)
+    assert snap.age_ms > 2 * interval_ms and snap.links[0].name == "wan"
+    # A vanished file leaves the last mapping: stale, not an error.
+    path.unlink()
+    assert board.read().stale
+    board.close()
+
+
+def test_reopens_when_a_new_daemon_replaces_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "knobs"
+    with feed_board(path) as old, KnobBoard(path) as board:
+        old.publish([{"name": "old", "decision_id": 1}])
+        assert board.read().pid == old.pid
+        with feed_board(path) as new:
+            new.publish([{"name": "new", "decision_id": 2}])
+            snap = board.read()
+            assert (snap.pid, snap.decision_id, snap.links[0].name) == (new.pid, 2, "new")
+            # The old writer now writes to its unlinked file, which nobody reads.
+            old.publish([{"name": "old", "decision_id": 3}])
+            assert board.read().links[0].name == "new"
+
+
+def test_no_torn_reads_while_the_feeder_publishes(tmp_path: Path) -> None:
+    def links(i: int) -> list[dict[str, Any]]:
+        codec = ["none", "fp16", "bf16", "int8", "int4", f"topk:{(i % 40 + 1) / 100}"][i % 6]
+        return [
+            {"name": f"l{n}", "state": f"s{i}", "state_index": i % 5, "compression": codec,
+             "chunk_bytes": i << 12, "tcp_buffer_bytes": i << 13, "watchdog_s": i,
+             "nccl_ib_timeout": i % 32, "nccl_ib_retry_cnt": i % 8, "dscp": i % 64,
+             "roce_traffic_class": i % 256, "decision_id": i}
+            for n in range(3)
+        ]
+
+    path, n = tmp_path / "knobs", 500
+    seen: list[BoardSnapshot] = []
+    stop = threading.Event()
+    with feed_board(path) as feeder, KnobBoard(path) as board:
+
+        def reader() -> None:
+            while not stop.is_set():
+                seen.append(board.read())
+
+        t = threading.Thread(target=reader)
+        t.start()
+        try:
+            for i in range(1, n + 1):
+                feeder.publish(links(i))
+        finally:
+            stop.set()
+            t.join()
+        seen.append(board.read())  # the reader may have stopped before the last publish
+    assert len(seen) > 100, f"the reader should get many copies: {len(seen)}"
+    last = 0
+    for snap in seen:
+        i = snap.decision_id
+        assert i >= last, f"decision ids went back: {i} after {last}"
+        last = i
+        assert snap.links == (tuple(expected(l) for l in links(i)) if i else ()), snap
+    assert last == n
+
+
+@pytest.fixture
+def good_board(tmp_path: Path) -> bytes:
+    path = tmp_path / "good"
+    with feed_board(path) as feeder:
+        feeder.publish([{"name": "wan", "compression": "topk:0.01"}])
+    return path.read_bytes()
+
+
+def patched(tmp_path: Path, data: bytes, at: int, new: bytes) -> Path:
+    path = tmp_path / "bad"
+    path.write_bytes(data[:at] + new + data[at + len(new):])
+    return path
+
+
+@pytest.mark.parametrize(
+    "at, new, error, words",
+    [
+        (0, b"LPKNOBZ\0", BoardFormatError, "not a knob board"),
+        (8, (2).to_bytes(4, "little"), BoardFormatError, "layout version 2, this reader knows 1"),
+        (12, (951).to_bytes(4, "little"), BoardFormatError, "size field 951"),
+        (48, (9).to_bytes(4, "little"), BoardFormatError, "9 links"),
+        (56 + 68, (9).to_bytes(4, "little"), BoardFormatError, "unknown compression code 9"),
+        (16, (7).to_bytes(8, "little"), BoardBusy, "no stable copy in 5 tries"),
+    ],
+)
+def test_a_bad_board_is_a_clear_error(
+    tmp_path: Path, good_board: bytes, at: int, new: bytes, error: type[BoardError], words: str
+) -> None:
+    path = patched(tmp_path, good_board, at, new)
+    with KnobBoard(path, tries=5) as board, pytest.raises(error) as e:
+        board.read()
+    assert str(path) in str(e.value) and words in str(e.value), str(e.value)
+
+
+def test_a_truncated_or_missing_board_is_a_clear_error(tmp_path: Path, good_board: bytes) -> None:
+    path = tmp_path / "short"
+    path.write_bytes(good_board[:100])
+    with pytest.raises(BoardFormatError, match=f"{path}: truncated: 100 bytes, a board has 952"):
+        KnobBoard(path).read()
+    with pytest.raises(BoardMissing, match=f"{tmp_path}/none: no such file"):
+        KnobBoard(tmp_path / "none").read()
+
+
+def test_default_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LINKPILOT_BOARD", raising=False)
+    assert KnobBoard().path == "/run/linkpilot/knobs"
+    monkeypatch.setenv("LINKPILOT_BOARD", "/tmp/elsewhere")
+    assert KnobBoard().path == "/tmp/elsewhere"

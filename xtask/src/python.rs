@@ -1,0 +1,78 @@
+//! The training side's Python environment: a project-local virtualenv (`.venv`) with torch from
+//! PyPI (a CUDA build that runs gloo on CPU), pytest and mypy, and `python/` installed editable.
+
+use std::{path::PathBuf, process::Command};
+
+use crate::run::{status, succeeds, workspace_root};
+
+/// The tested torch; the package itself accepts any torch >= 2.4.
+const TORCH: &str = "torch==2.15.0";
+/// numpy only quiets torch's warning at import; pytest and mypy run the checks.
+const TOOLS: &[&str] = &["numpy", "pytest>=8", "mypy>=1.10"];
+
+pub fn venv() -> PathBuf {
+    workspace_root().join(".venv")
+}
+
+pub fn python() -> PathBuf {
+    venv().join("bin/python")
+}
+
+/// Creates the virtualenv and installs what is missing (seconds when everything is there).
+pub fn setup() -> anyhow::Result<()> {
+    let ready = python().exists()
+        && succeeds(
+            Command::new(python())
+                .args(["-c", "import torch, numpy, pytest, mypy, linkpilot.board"]),
+        );
+    if ready {
+        return Ok(());
+    }
+    if !python().exists() {
+        status(
+            "creating the Python virtualenv .venv",
+            Command::new("python3").arg("-m").arg("venv").arg(venv()),
+        )?;
+    }
+    eprintln!("setup: installing {TORCH} (about 3 GB with its CUDA libraries) and the test tools");
+    status(
+        "pip install torch and the test tools",
+        Command::new(python())
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", TORCH])
+            .args(TOOLS),
+    )?;
+    status(
+        "pip install -e python",
+        Command::new(python()).args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "-e",
+            "python",
+        ]),
+    )
+}
+
+/// mypy --strict on the package, then pytest (`linkpilot` is the binary the tests feed boards
+/// with).
+pub fn test(linkpilot: &std::path::Path) -> anyhow::Result<()> {
+    status(
+        "mypy (python/)",
+        Command::new(python()).args([
+            "-m",
+            "mypy",
+            "--config-file",
+            "python/pyproject.toml",
+            "python/linkpilot",
+        ]),
+    )?;
+    status(
+        "pytest (python/)",
+        Command::new(python())
+            .args(["-m", "pytest", "-q", "python/tests"])
+            .env("LINKPILOT_BIN", linkpilot),
+    )
+}
