@@ -7,13 +7,25 @@
 - :func:`init_process_group`: loads the daemon's NCCL env file, then initialises torch.distributed.
 """
 
-from linkpilot.board import BoardError, BoardSnapshot, KnobBoard, LinkKnobs
-from linkpilot.envfile import EnvFileError, init_process_group, load_env_file
+from linkpilot.board import (
+    BoardBusy,
+    BoardError,
+    BoardFormatError,
+    BoardMissing,
+    BoardSnapshot,
+    KnobBoard,
+    LinkKnobs,
+)
+from linkpilot.envfile import EnvFileError, EnvFileMissing, init_process_group, load_env_file
 
 __all__ = [
+    "BoardBusy",
     "BoardError",
+    "BoardFormatError",
+    "BoardMissing",
     "BoardSnapshot",
     "EnvFileError",
+    "EnvFileMissing",
     "KnobBoard",
     "LinkKnobs",
     "init_process_group",
