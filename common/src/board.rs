@@ -4,8 +4,9 @@
 
 /// First bytes of the file.
 pub const BOARD_MAGIC: [u8; 8] = *b"LPKNOBS\0";
-/// Layout version; a reader that does not know it must not interpret the rest.
-pub const BOARD_VERSION: u32 = 1;
+/// Layout version; a reader that does not know it must not interpret the rest. Version 2 added
+/// the NCCL tuner plugin's fields to each link slot (112 -> 128 bytes).
+pub const BOARD_VERSION: u32 = 2;
 /// Links the board has room for.
 pub const BOARD_MAX_LINKS: usize = 8;
 /// Bytes of a link or state name, NUL-padded (names longer than 31 bytes are cut).
@@ -20,6 +21,28 @@ pub mod compression {
     pub const INT4: u32 = 4;
     /// Top-k: the kept fraction is in [`super::BoardLink::topk_ratio`].
     pub const TOPK: u32 = 5;
+}
+
+/// Codes of [`BoardLink::nccl_algo`] and [`BoardLink::nccl_proto`]: NCCL's own numbers
+/// (`NCCL_ALGO_*`, `NCCL_PROTO_*` of nccl_tuner.h), and [`nccl::ANY`] for "NCCL's own choice".
+pub mod nccl {
+    pub const ALGO_TREE: u8 = 0;
+    pub const ALGO_RING: u8 = 1;
+    pub const ALGO_COLLNET_DIRECT: u8 = 2;
+    pub const ALGO_COLLNET_CHAIN: u8 = 3;
+    pub const ALGO_NVLS: u8 = 4;
+    pub const ALGO_NVLS_TREE: u8 = 5;
+    pub const ALGO_PAT: u8 = 6;
+    /// Algorithm names by code, as policies and the board's readers spell them.
+    pub const ALGOS: [&str; 7] =
+        ["tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat"];
+    pub const PROTO_LL: u8 = 0;
+    pub const PROTO_LL128: u8 = 1;
+    pub const PROTO_SIMPLE: u8 = 2;
+    /// Protocol names by code.
+    pub const PROTOS: [&str; 3] = ["ll", "ll128", "simple"];
+    /// No preference: NCCL's own choice.
+    pub const ANY: u8 = 255;
 }
 
 /// The header, at offset 0.
@@ -68,6 +91,18 @@ pub struct BoardLink {
     pub roce_traffic_class: u8,
     /// The decision that set these values.
     pub decision_id: u64,
+    /// Collectives of fewer bytes keep NCCL's own choices (the tuner plugin changes nothing).
+    pub nccl_min_bytes: u64,
+    /// The link's RTT baseline (windowed minimum), microseconds; 0 = not measured yet. The tuner
+    /// plugin adds half of it to NCCL's network latency when a communicator starts.
+    pub rtt_us: u32,
+    /// Preferred NCCL algorithm ([`nccl`] code), or [`nccl::ANY`].
+    pub nccl_algo: u8,
+    /// Preferred NCCL protocol ([`nccl`] code), or [`nccl::ANY`].
+    pub nccl_proto: u8,
+    /// Most channels a collective may use; 0 = NCCL's own count.
+    pub nccl_max_channels: u8,
+    pub _pad: u8,
 }
 
 impl Default for BoardLink {
@@ -86,6 +121,12 @@ impl Default for BoardLink {
             dscp: 0,
             roce_traffic_class: 0,
             decision_id: 0,
+            nccl_min_bytes: 0,
+            rtt_us: 0,
+            nccl_algo: nccl::ANY,
+            nccl_proto: nccl::ANY,
+            nccl_max_channels: 0,
+            _pad: 0,
         }
     }
 }
@@ -105,7 +146,7 @@ pub mod offsets {
     pub const HEARTBEAT_INTERVAL_MS: usize = 32;
     pub const N_LINKS: usize = 48;
     pub const LINKS: usize = 56;
-    pub const LINK_SIZE: usize = 112;
+    pub const LINK_SIZE: usize = 128;
 }
 
 const _: () = assert!(core::mem::size_of::<BoardHeader>() == offsets::LINKS);
@@ -119,5 +160,11 @@ const _: () = assert!(core::mem::offset_of!(BoardHeader, n_links) == offsets::N_
 const _: () = assert!(core::mem::offset_of!(BoardLink, chunk_bytes) == 80);
 const _: () = assert!(core::mem::offset_of!(BoardLink, watchdog_s) == 96);
 const _: () = assert!(core::mem::offset_of!(BoardLink, decision_id) == 104);
+const _: () = assert!(core::mem::offset_of!(BoardLink, nccl_min_bytes) == 112);
+const _: () = assert!(core::mem::offset_of!(BoardLink, rtt_us) == 120);
+const _: () = assert!(core::mem::offset_of!(BoardLink, nccl_algo) == 124);
+const _: () = assert!(core::mem::offset_of!(BoardLink, nccl_proto) == 125);
+const _: () = assert!(core::mem::offset_of!(BoardLink, nccl_max_channels) == 126);
 const _: () =
     assert!(core::mem::size_of::<Board>() == offsets::LINKS + BOARD_MAX_LINKS * offsets::LINK_SIZE);
+const _: () = assert!(core::mem::size_of::<Board>() == 1080);

@@ -8,6 +8,7 @@
 pub mod board;
 pub mod maps;
 pub mod packet;
+pub mod tuner;
 #[cfg(feature = "std")]
 pub mod units;
 

@@ -13,11 +13,11 @@ use std::{
 };
 
 use linkpilot_common::board::{
-    compression as code, offsets, Board, BoardHeader, BoardLink, BOARD_MAGIC, BOARD_MAX_LINKS,
-    BOARD_NAME_LEN, BOARD_VERSION,
+    compression as code, nccl, offsets, Board, BoardHeader, BoardLink, BOARD_MAGIC,
+    BOARD_MAX_LINKS, BOARD_NAME_LEN, BOARD_VERSION,
 };
 
-use crate::control::{Compression, Knobs};
+use crate::control::{policy::NcclRule, Compression, Knobs};
 
 /// Where the daemon keeps the board.
 pub const DEFAULT_PATH: &str = "/run/linkpilot/knobs";
@@ -98,9 +98,26 @@ pub fn board_link(link: &str, state: &str, state_index: u32, k: &Knobs, id: u64)
         dscp: k.dscp,
         roce_traffic_class: k.roce_traffic_class,
         decision_id: id,
+        ..BoardLink::default()
     }
 }
 
+/// Sets what the NCCL tuner plugin reads: the state's `[nccl]` rule, the policy's `min_bytes`
+/// and the link's RTT baseline (`None`: not measured yet).
+pub fn set_nccl(l: &mut BoardLink, rule: NcclRule, min_bytes: u64, rtt_ms: Option<f64>) {
+    l.nccl_algo = rule.algo.unwrap_or(nccl::ANY);
+    l.nccl_proto = rule.proto.unwrap_or(nccl::ANY);
+    l.nccl_max_channels = rule.max_channels;
+    l.nccl_min_bytes = min_bytes;
+    l.rtt_us = rtt_us(rtt_ms);
+}
+
+/// An RTT in ms as the board's microseconds (0: not measured).
+pub fn rtt_us(rtt_ms: Option<f64>) -> u32 {
+    rtt_ms
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .map_or(0, |v| (v * 1e3).round().min(u32::MAX as f64) as u32)
+}
 impl BoardWriter {
     /// Creates (or replaces) the board at `path` with no links: written whole to a temporary
     /// file and renamed into place, so a reader never maps a half-written file. Readers that
@@ -399,10 +416,14 @@ print(json.dumps(out))
             tcp_buffer_bytes: 128 << 20,
         };
         let k2 = Knobs { compression: Compression::Int4, ..k };
-        w.publish(
-            &[board_link("hk-us", "severe", 3, &k, 42), board_link("eu", "x", 1, &k2, 9)],
-            now,
-        );
+        let mut hk = board_link("hk-us", "severe", 3, &k, 42);
+        let rule = NcclRule {
+            algo: Some(nccl::ALGO_TREE),
+            proto: Some(nccl::PROTO_SIMPLE),
+            max_channels: 4,
+        };
+        set_nccl(&mut hk, rule, 1 << 20, Some(180.25));
+        w.publish(&[hk, board_link("eu", "x", 1, &k2, 9)], now);
         let python = concat!(env!("CARGO_MANIFEST_DIR"), "/../python");
         let out = std::process::Command::new("python3")
             .env("PYTHONPATH", python)
@@ -439,10 +460,23 @@ print(json.dumps(out))
         );
         assert_eq!((l["dscp"].as_u64(), l["roce_traffic_class"].as_u64()), (Some(26), Some(106)));
         assert_eq!(l["decision_id"].as_u64(), Some(42));
+        assert_eq!(
+            (l["nccl_algo"].as_str(), l["nccl_proto"].as_str(), l["nccl_max_channels"].as_u64()),
+            (Some("tree"), Some("simple"), Some(4))
+        );
+        assert_eq!(
+            (l["nccl_min_bytes"].as_u64(), l["rtt_us"].as_u64()),
+            (Some(1 << 20), Some(180_250))
+        );
         let e = &v["links"][1];
         assert_eq!(
             (e["name"].as_str(), e["state_index"].as_u64(), e["decision_id"].as_u64()),
             (Some("eu"), Some(1), Some(9))
+        );
+        // No [nccl] rule: NCCL's own choices.
+        assert_eq!(
+            (e["nccl_algo"].as_str(), e["nccl_proto"].as_str()),
+            (Some("auto"), Some("auto"))
         );
     }
 }

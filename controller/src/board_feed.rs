@@ -11,7 +11,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _};
-use linkpilot_common::board::{BoardLink, BOARD_MAX_LINKS, BOARD_NAME_LEN};
+use linkpilot_common::board::{nccl, BoardLink, BOARD_MAX_LINKS, BOARD_NAME_LEN};
 use serde::Deserialize;
 
 use crate::{
@@ -55,6 +55,16 @@ struct FeedLink {
     #[serde(default = "d_tc")]
     roce_traffic_class: u8,
     decision_id: Option<u64>,
+    #[serde(default = "d_nccl_algo")]
+    nccl_algo: String,
+    #[serde(default = "d_nccl_proto")]
+    nccl_proto: String,
+    #[serde(default)]
+    nccl_max_channels: u8,
+    #[serde(default = "d_nccl_min_bytes")]
+    nccl_min_bytes: u64,
+    #[serde(default)]
+    rtt_us: u32,
 }
 
 fn d_state() -> String {
@@ -83,6 +93,28 @@ fn d_dscp() -> u8 {
 }
 fn d_tc() -> u8 {
     106
+}
+// The reference policy's [nccl]: Tree and Simple from 1 MiB on.
+fn d_nccl_algo() -> String {
+    "tree".into()
+}
+fn d_nccl_proto() -> String {
+    "simple".into()
+}
+fn d_nccl_min_bytes() -> u64 {
+    1 << 20
+}
+
+/// An NCCL algorithm or protocol name as its board code ("auto": NCCL's own choice).
+fn nccl_code(kind: &str, name: &str, names: &[&str]) -> Result<u8, String> {
+    if name == "auto" {
+        return Ok(nccl::ANY);
+    }
+    names
+        .iter()
+        .position(|n| *n == name)
+        .map(|i| i as u8)
+        .ok_or_else(|| format!("{kind} {name:?} is not one of auto, {}", names.join(", ")))
 }
 
 /// The control core's names ("int8", "topk:1%"), plus a plain top-k fraction ("topk:0.01") and
@@ -147,7 +179,14 @@ pub fn parse_line(text: &str, default_id: u64) -> Result<Vec<BoardLink>, String>
                 tcp_buffer_bytes: l.tcp_buffer_bytes,
             };
             let id = l.decision_id.unwrap_or(default_id);
-            Ok(board_link(&l.name, &l.state, l.state_index, &k, id))
+            let mut slot = board_link(&l.name, &l.state, l.state_index, &k, id);
+            let bad = |e| format!("link {:?}: {e}", l.name);
+            slot.nccl_algo = nccl_code("nccl_algo", &l.nccl_algo, &nccl::ALGOS).map_err(bad)?;
+            slot.nccl_proto = nccl_code("nccl_proto", &l.nccl_proto, &nccl::PROTOS).map_err(bad)?;
+            slot.nccl_max_channels = l.nccl_max_channels;
+            slot.nccl_min_bytes = l.nccl_min_bytes;
+            slot.rtt_us = l.rtt_us;
+            Ok(slot)
         })
         .collect()
 }
@@ -224,6 +263,19 @@ mod tests {
         );
         assert_eq!((l.watchdog_s, l.nccl_ib_timeout, l.nccl_ib_retry_cnt), (600, 22, 7));
         assert_eq!((l.dscp, l.roce_traffic_class, l.decision_id), (26, 106, 5));
+        assert_eq!(
+            (l.nccl_algo, l.nccl_proto, l.nccl_max_channels, l.nccl_min_bytes, l.rtt_us),
+            (nccl::ALGO_TREE, nccl::PROTO_SIMPLE, 0, 1 << 20, 0)
+        );
+        let text = r#"{"links":[{"name":"wan","nccl_algo":"auto","nccl_proto":"ll128",
+            "nccl_max_channels":4,"nccl_min_bytes":0,"rtt_us":180000}]}"#;
+        let l = parse_line(&text.replace('\n', ""), 1).unwrap()[0];
+        assert_eq!(
+            (l.nccl_algo, l.nccl_proto, l.nccl_max_channels, l.nccl_min_bytes, l.rtt_us),
+            (nccl::ANY, nccl::PROTO_LL128, 4, 0, 180_000)
+        );
+        let e = parse_line(r#"{"links":[{"name":"wan","nccl_algo":"Tree"}]}"#, 1).unwrap_err();
+        assert!(e.contains("nccl_algo \"Tree\" is not one of auto, tree, ring"), "{e}");
     }
 
     #[test]

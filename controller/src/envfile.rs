@@ -13,15 +13,44 @@ use crate::control::Knobs;
 
 /// Where the daemon writes it.
 pub const DEFAULT_PATH: &str = "/run/linkpilot/nccl.env";
+/// Where the NCCL tuner plugin is installed (`libnccl-tuner-linkpilot.so`, README).
+pub const DEFAULT_TUNER: &str = "/usr/local/lib/linkpilot/libnccl-tuner-linkpilot.so";
+
+/// The tuner plugin the env file names.
+#[derive(Clone, Debug)]
+pub struct Tuner {
+    /// An absolute path (the job's working directory is not the daemon's).
+    pub plugin: std::path::PathBuf,
+    /// The policy's largest chunk: NCCL_BUFFSIZE, so that every chunk the board may ask for
+    /// fits NCCL's buffers (the plugin asks for the live one per collective).
+    pub chunk_max: u64,
+}
+
+/// The plugin at `path`, made absolute, if it is installed there (`off`: never).
+pub fn installed_tuner(path: &Path) -> Option<std::path::PathBuf> {
+    if path == Path::new("off") || !path.is_file() {
+        return None;
+    }
+    path.canonicalize().ok()
+}
 
 /// The file's text for one link's decision: `KEY=value` lines a shell can source (`set -a; .
-/// FILE`) and systemd can read (`EnvironmentFile=`).
-pub fn render(link: &str, state: &str, k: &Knobs, decision_id: u64) -> String {
-    let vars: [(&str, String); 10] = [
+/// FILE`) and systemd can read (`EnvironmentFile=`). Without the tuner plugin NCCL_BUFFSIZE is
+/// the current chunk (NCCL reads it when a communicator starts); with it, the policy's largest,
+/// and NCCL_TUNER_PLUGIN names the plugin.
+pub fn render(
+    link: &str,
+    state: &str,
+    k: &Knobs,
+    decision_id: u64,
+    tuner: Option<&Tuner>,
+) -> String {
+    let buffsize = tuner.map_or(k.chunk_bytes, |t| t.chunk_max.max(k.chunk_bytes));
+    let mut vars: Vec<(&str, String)> = vec![
         ("NCCL_IB_TIMEOUT", k.nccl_ib_timeout.to_string()),
         ("NCCL_IB_RETRY_CNT", k.nccl_ib_retry_cnt.to_string()),
         ("NCCL_IB_TC", k.roce_traffic_class.to_string()),
-        ("NCCL_BUFFSIZE", k.chunk_bytes.to_string()),
+        ("NCCL_BUFFSIZE", buffsize.to_string()),
         // Without it a timed-out collective hangs instead of failing over to a restart.
         ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1".to_owned()),
         // For the launcher: init_process_group(timeout=...), seconds.
@@ -31,6 +60,9 @@ pub fn render(link: &str, state: &str, k: &Knobs, decision_id: u64) -> String {
         ("LINKPILOT_STATE", state.to_owned()),
         ("LINKPILOT_DECISION_ID", decision_id.to_string()),
     ];
+    if let Some(t) = tuner {
+        vars.push(("NCCL_TUNER_PLUGIN", t.plugin.display().to_string()));
+    }
     let mut out = format!(
         "# Written by linkpilot for link {link} (state {state}, decision {decision_id}).\n\
          # Init-time settings: they take effect when communicators are (re)created.\n"
@@ -90,7 +122,7 @@ mod tests {
 
     #[test]
     fn the_reference_case_values() {
-        let text = render("hk-us", "congested", &knobs(), 42);
+        let text = render("hk-us", "congested", &knobs(), 42, None);
         let vars = parse(&text).unwrap();
         assert_eq!(vars["NCCL_IB_TIMEOUT"], "22");
         assert_eq!(vars["NCCL_IB_TC"], "106");
@@ -98,15 +130,29 @@ mod tests {
         assert_eq!(vars["LINKPILOT_COMPRESSION"], "int8");
         assert_eq!(vars["LINKPILOT_COLLECTIVE_TIMEOUT_S"], "1800");
         assert!(parse("NCCL_X\n").unwrap_err().contains("line 1"));
+        assert!(!vars.contains_key("NCCL_TUNER_PLUGIN"));
+    }
+
+    #[test]
+    fn with_the_tuner_plugin_buffsize_covers_the_largest_chunk() {
+        let plugin = "/opt/lp/libnccl-tuner-linkpilot.so".into();
+        let t = Tuner { plugin, chunk_max: 32 << 20 };
+        let vars = parse(&render("hk-us", "congested", &knobs(), 42, Some(&t))).unwrap();
+        assert_eq!(vars["NCCL_BUFFSIZE"], "33554432");
+        assert_eq!(vars["NCCL_TUNER_PLUGIN"], "/opt/lp/libnccl-tuner-linkpilot.so");
+        assert_eq!(installed_tuner(Path::new("off")), None);
+        assert_eq!(installed_tuner(Path::new("/nonexistent/lib.so")), None);
+        let exe = std::env::current_exe().unwrap();
+        assert_eq!(installed_tuner(&exe), Some(exe.canonicalize().unwrap()));
     }
 
     #[test]
     fn a_shell_sources_it() {
         let dir = std::env::temp_dir().join(format!("lp-env-{}", std::process::id()));
         let path = dir.join("nccl.env");
-        write_atomic(&path, &render("hk-us", "healthy", &knobs(), 1)).unwrap();
+        write_atomic(&path, &render("hk-us", "healthy", &knobs(), 1, None)).unwrap();
         // Replacing leaves no temporary file behind.
-        write_atomic(&path, &render("hk-us", "severe", &knobs(), 2)).unwrap();
+        write_atomic(&path, &render("hk-us", "severe", &knobs(), 2, None)).unwrap();
         let out = std::process::Command::new("sh")
             .arg("-c")
             .arg(format!("set -a; . '{}'; echo $NCCL_IB_TIMEOUT $LINKPILOT_STATE", path.display()))

@@ -22,5 +22,6 @@ pub mod roce_tc;
 pub mod rtt_window;
 pub mod sensors;
 pub mod sysctl;
+pub mod tuner_stats;
 pub mod verbs;
 pub mod watch;

@@ -49,6 +49,10 @@ enum Command {
         /// Print the starting values of this policy's first link instead.
         #[arg(long)]
         policy: Option<std::path::PathBuf>,
+        /// With --policy: the NCCL tuner plugin, named (NCCL_TUNER_PLUGIN, with NCCL_BUFFSIZE
+        /// the policy's largest chunk) if installed there; "off": never.
+        #[arg(long, default_value = linkpilot::envfile::DEFAULT_TUNER, requires = "policy")]
+        nccl_tuner: std::path::PathBuf,
     },
     /// The knob board without a daemon: `linkpilot board feed --board PATH`.
     Board {
@@ -156,10 +160,13 @@ enum BoardAction {
     /// Each line publishes `{"links":[{"name":"wan","state":"congested","state_index":1,
     /// "compression":"int8","chunk_bytes":8388608,"watchdog_s":600,"decision_id":7}]}`. Every
     /// field of docs/knob-board.md may be given (also tcp_buffer_bytes, nccl_ib_timeout,
-    /// nccl_ib_retry_cnt, dscp, roce_traffic_class, topk_ratio); omitted ones take the
+    /// nccl_ib_retry_cnt, dscp, roce_traffic_class, topk_ratio, and for the NCCL tuner plugin
+    /// nccl_algo, nccl_proto, nccl_max_channels, nccl_min_bytes, rtt_us); omitted ones take the
     /// reference case's starting values (healthy, index 0, none, 8 MiB chunks, 128 MiB
-    /// buffers, watchdog 600 s, IB timeout 22, retry 7, DSCP 26, TC 106), and decision_id the
-    /// line number. Compression: none, fp16, bf16, int8, int4, topk:0.01 (or topk:1%, or topk
+    /// buffers, watchdog 600 s, IB timeout 22, retry 7, DSCP 26, TC 106, NCCL tree/simple from
+    /// 1 MiB with NCCL's channels, RTT 0: not measured), and decision_id the line number.
+    /// NCCL algorithms: auto, tree, ring, collnet_direct, collnet_chain, nvls, nvls_tree, pat;
+    /// protocols: auto, ll, ll128, simple. Compression: none, fp16, bf16, int8, int4, topk:0.01 (or topk:1%, or topk
     /// with topk_ratio). After each publish `published ID` (the line's highest decision id) is
     /// printed on stdout. Blank lines are skipped. A bad line stops the feed with exit code 1
     /// and an error naming the line; nothing of it is published. At end of input the command
@@ -231,7 +238,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Rdma { root, json } => rdma(&root, json),
-        Command::Env { file, policy } => env(&file, policy.as_deref()),
+        Command::Env { file, policy, nccl_tuner } => env(&file, policy.as_deref(), &nccl_tuner),
         Command::Run(options) => runtime.block_on(linkpilot::daemon::run(*options)),
         Command::Status { socket, json } => {
             linkpilot::daemon::status::query(&socket).and_then(|s| {
@@ -334,7 +341,11 @@ fn parse_peer(s: &str) -> Result<(String, IpNet), String> {
     Ok((name.to_owned(), net.trunc()))
 }
 
-fn env(file: &std::path::Path, policy: Option<&std::path::Path>) -> anyhow::Result<()> {
+fn env(
+    file: &std::path::Path,
+    policy: Option<&std::path::Path>,
+    nccl_tuner: &std::path::Path,
+) -> anyhow::Result<()> {
     let Some(policy) = policy else {
         let text = std::fs::read_to_string(file).with_context(|| {
             format!("no env file at {} (is `linkpilot run` running?)", file.display())
@@ -343,10 +354,13 @@ fn env(file: &std::path::Path, policy: Option<&std::path::Path>) -> anyhow::Resu
         return Ok(());
     };
     let policy = linkpilot::control::Policy::load(policy)?;
+    let chunk_max = policy.bounds.chunk_max;
     let mut core = linkpilot::control::Core::new(policy);
     let start = core.step(&linkpilot::sensors::Snapshot::default());
     let d = start.first().context("the policy has no link")?;
-    print!("{}", linkpilot::envfile::render(&d.link, &d.state, &d.knobs, d.id));
+    let tuner = linkpilot::envfile::installed_tuner(nccl_tuner)
+        .map(|plugin| linkpilot::envfile::Tuner { plugin, chunk_max });
+    print!("{}", linkpilot::envfile::render(&d.link, &d.state, &d.knobs, d.id, tuner.as_ref()));
     Ok(())
 }
 

@@ -1,6 +1,6 @@
-"""Reader of the daemon's knob board (docs/knob-board.md, layout version 1).
+"""Reader of the daemon's knob board (docs/knob-board.md, layout version 2).
 
-The file is mapped once; each :meth:`KnobBoard.read` copies the 952 bytes under the seqlock, so
+The file is mapped once; each :meth:`KnobBoard.read` copies the 1080 bytes under the seqlock, so
 a read costs a copy and a ``stat`` of the path (to notice a restarted daemon's new file), with
 no parsing of anything but the copy. Standard library only.
 
@@ -21,17 +21,21 @@ from types import TracebackType
 
 DEFAULT_PATH = "/run/linkpilot/knobs"
 MAGIC = b"LPKNOBS\0"
-VERSION = 1
-SIZE = 952
+VERSION = 2
+SIZE = 1080
 MAX_LINKS = 8
 #: Compression names by board code.
 CODECS = ("none", "fp16", "bf16", "int8", "int4", "topk")
+#: NCCL algorithm and protocol names by board code (NCCL's numbers); 255 is "auto".
+NCCL_ALGOS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
+NCCL_PROTOS = ("ll", "ll128", "simple")
+_NCCL_ANY = 255
 
 _HEADER = struct.Struct("<8sIIQQIIQI4x")  # magic .. n_links, padding
-_LINK = struct.Struct("<32s32sIIdQQIBBBBQ")
+_LINK = struct.Struct("<32s32sIIdQQIBBBBQQIBBBx")
 _LINKS_AT = _HEADER.size
 _SEQ_WORD = 16 // 8  # seq, as an index into the board viewed as u64 words
-assert _HEADER.size == 56 and _LINK.size == 112 and _LINKS_AT + MAX_LINKS * _LINK.size == SIZE
+assert _HEADER.size == 56 and _LINK.size == 128 and _LINKS_AT + MAX_LINKS * _LINK.size == SIZE
 
 
 class BoardError(Exception):
@@ -48,7 +52,7 @@ class BoardMissing(BoardError):
 
 
 class BoardFormatError(BoardError):
-    """The file is not a version-1 board, is cut short, or holds a value no daemon writes."""
+    """The file is not a version-2 board, is cut short, or holds a value no daemon writes."""
 
 
 class BoardBusy(BoardError):
@@ -72,6 +76,15 @@ class LinkKnobs:
     dscp: int
     roce_traffic_class: int
     decision_id: int
+    #: What the NCCL tuner plugin asks NCCL for (the policy's [nccl] rule of the state):
+    #: collectives of at least ``nccl_min_bytes`` prefer ``nccl_algo``/``nccl_proto`` ("auto":
+    #: NCCL's own) with at most ``nccl_max_channels`` channels (0: NCCL's count).
+    nccl_min_bytes: int
+    nccl_algo: str
+    nccl_proto: str
+    nccl_max_channels: int
+    #: The link's RTT baseline in microseconds (0: not measured yet).
+    rtt_us: int
 
     @property
     def codec(self) -> str:
@@ -249,9 +262,16 @@ class KnobBoard:
 
     def _link(self, data: bytes, i: int) -> LinkKnobs:
         (name, state, state_index, code, topk_ratio, chunk, tcp_buf, watchdog_s, ib_timeout,
-         ib_retry, dscp, tc, decision_id) = _LINK.unpack_from(data, _LINKS_AT + i * _LINK.size)
+         ib_retry, dscp, tc, decision_id, min_bytes, rtt_us, algo, proto,
+         max_channels) = _LINK.unpack_from(data, _LINKS_AT + i * _LINK.size)
         if code >= len(CODECS):
             raise BoardFormatError(self.path, f"link slot {i}: unknown compression code {code}")
+        nccl = (("algorithm", algo, NCCL_ALGOS), ("protocol", proto, NCCL_PROTOS))
+        for what, value, names in nccl:
+            if value != _NCCL_ANY and value >= len(names):
+                raise BoardFormatError(
+                    self.path, f"link slot {i}: unknown NCCL {what} code {value}"
+                )
         return LinkKnobs(
             name=_text(name),
             state=_text(state),
@@ -266,4 +286,9 @@ class KnobBoard:
             dscp=dscp,
             roce_traffic_class=tc,
             decision_id=decision_id,
+            nccl_min_bytes=min_bytes,
+            nccl_algo="auto" if algo == _NCCL_ANY else NCCL_ALGOS[algo],
+            nccl_proto="auto" if proto == _NCCL_ANY else NCCL_PROTOS[proto],
+            nccl_max_channels=max_channels,
+            rtt_us=rtt_us,
         )

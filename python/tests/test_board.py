@@ -20,24 +20,36 @@ from linkpilot.board import (
     LinkKnobs,
 )
 
-# Every knob of every slot set, every codec (top-k in both spellings the feeder takes).
+# Every knob of every slot set, every codec (top-k in both spellings the feeder takes), every
+# NCCL algorithm and protocol name.
+ALGOS = ["auto", "tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree"]
+PROTOS = ["auto", "ll", "ll128", "simple", "auto", "ll"]
 LINKS: list[dict[str, Any]] = [
     {"name": f"link-{c}", "state": f"state-{i}", "state_index": i, "compression": c,
      "chunk_bytes": (i + 1) << 20, "tcp_buffer_bytes": (i + 64) << 20, "watchdog_s": 600 + i,
      "nccl_ib_timeout": 14 + i, "nccl_ib_retry_cnt": i, "dscp": 40 + i,
-     "roce_traffic_class": 160 + i, "decision_id": 100 + i}
+     "roce_traffic_class": 160 + i, "decision_id": 100 + i, "nccl_algo": ALGOS[i],
+     "nccl_proto": PROTOS[i], "nccl_max_channels": i, "nccl_min_bytes": 1 << (10 + i),
+     "rtt_us": 1000 * i}
     for i, c in enumerate(["none", "fp16", "bf16", "int8", "int4", "topk:0.01"])
 ] + [
     {"name": "wide", "state": "severe", "state_index": 9, "compression": "topk",
      "topk_ratio": 0.125, "chunk_bytes": 1 << 40, "tcp_buffer_bytes": (1 << 64) - 1,
      "watchdog_s": (1 << 32) - 1, "nccl_ib_timeout": 255, "nccl_ib_retry_cnt": 7, "dscp": 63,
-     "roce_traffic_class": 255, "decision_id": (1 << 64) - 1},
+     "roce_traffic_class": 255, "decision_id": (1 << 64) - 1, "nccl_algo": "pat",
+     "nccl_proto": "simple", "nccl_max_channels": 255, "nccl_min_bytes": (1 << 64) - 1,
+     "rtt_us": (1 << 32) - 1},
 ]
+# What the feeder writes for NCCL fields a line leaves out (the reference policy's [nccl]).
+NCCL_DEFAULTS: dict[str, Any] = {
+    "nccl_algo": "tree", "nccl_proto": "simple", "nccl_max_channels": 0,
+    "nccl_min_bytes": 1 << 20, "rtt_us": 0,
+}
 
 
 def expected(fed: dict[str, Any]) -> LinkKnobs:
     codec, _, ratio = fed["compression"].partition(":")
-    knobs = {k: v for k, v in fed.items() if k != "topk_ratio"}
+    knobs = {**NCCL_DEFAULTS, **{k: v for k, v in fed.items() if k != "topk_ratio"}}
     knobs["compression"] = codec
     return LinkKnobs(topk_ratio=float(ratio or fed.get("topk_ratio", 0.0)), **knobs)
 
@@ -162,10 +174,12 @@ def patched(tmp_path: Path, data: bytes, at: int, new: bytes) -> Path:
     "at, new, error, words",
     [
         (0, b"LPKNOBZ\0", BoardFormatError, "not a knob board"),
-        (8, (2).to_bytes(4, "little"), BoardFormatError, "layout version 2, this reader knows 1"),
-        (12, (951).to_bytes(4, "little"), BoardFormatError, "size field 951"),
+        (8, (1).to_bytes(4, "little"), BoardFormatError, "layout version 1, this reader knows 2"),
+        (12, (1079).to_bytes(4, "little"), BoardFormatError, "size field 1079"),
         (48, (9).to_bytes(4, "little"), BoardFormatError, "9 links"),
         (56 + 68, (9).to_bytes(4, "little"), BoardFormatError, "unknown compression code 9"),
+        (56 + 124, b"\x07", BoardFormatError, "unknown NCCL algorithm code 7"),
+        (56 + 125, b"\x03", BoardFormatError, "unknown NCCL protocol code 3"),
         (16, (7).to_bytes(8, "little"), BoardBusy, "no stable copy in 5 tries"),
     ],
 )
@@ -181,7 +195,7 @@ def test_a_bad_board_is_a_clear_error(
 def test_a_truncated_or_missing_board_is_a_clear_error(tmp_path: Path, good_board: bytes) -> None:
     path = tmp_path / "short"
     path.write_bytes(good_board[:100])
-    with pytest.raises(BoardFormatError, match=f"{path}: truncated: 100 bytes, a board has 952"):
+    with pytest.raises(BoardFormatError, match=f"{path}: truncated: 100 bytes, a board has 1080"):
         KnobBoard(path).read()
     with pytest.raises(BoardMissing, match=f"{tmp_path}/none: no such file"):
         KnobBoard(tmp_path / "none").read()

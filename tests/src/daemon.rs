@@ -76,6 +76,7 @@ impl Daemon {
             .args(["--env-file", &p("nccl.env"), "--sysctl-state", &p("sysctl.json")])
             .args(["--decision-log", &p("decisions.jsonl"), "--record", &p("trace.jsonl")])
             .args(["--status-socket", &p("status.sock"), "--lock", &p("lock")])
+            .args(["--tuner-stats", &p("tuner")])
             .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())

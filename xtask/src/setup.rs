@@ -23,6 +23,7 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("python3-venv", "the training side's virtualenv (torch, pytest, mypy)"),
     ("util-linux", "setpriv and unshare for privilege and mount tests"),
     ("cmake", "the ibverbs crate builds rdma-core"),
+    ("gcc", "builds the NCCL tuner plugin's C test harness (nm comes with it, via binutils)"),
     ("pkg-config", "the ibverbs crate's build"),
     ("libnl-3-dev", "the ibverbs crate's build"),
     ("libnl-route-3-dev", "the ibverbs crate's build"),

@@ -5,12 +5,12 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use linkpilot_common::{DscpRule, ANY_PEER};
+use linkpilot_common::{board::BoardLink, DscpRule, ANY_PEER};
 use tracing::{info, warn};
 
 use super::metrics::Metrics;
 use crate::{
-    board::{board_link, BoardWriter},
+    board::{self, board_link, set_nccl, BoardWriter},
     control::{Core, Decision},
     envfile,
     peers::PeerIds,
@@ -23,8 +23,17 @@ use crate::{
 pub struct Actuators {
     pub board: Option<BoardWriter>,
     pub env_file: PathBuf,
+    /// The NCCL tuner plugin the env file names when it is installed there.
+    pub nccl_tuner: PathBuf,
     pub sysctls: Option<Sysctls>,
     pub roce: Option<RoceTc>,
+    /// The link slots last published, kept current between decisions (the RTT baseline).
+    pub published: Vec<BoardLink>,
+}
+
+/// Whether the board's RTT baseline is worth republishing: first measured, or off by over 10%.
+fn rtt_moved(on_board: u32, now: u32) -> bool {
+    on_board != now && (on_board == 0 || now.abs_diff(on_board) as f64 > 0.1 * f64::from(on_board))
 }
 
 /// The DSCP rules the current decisions ask for: each link's peers (or, for a link that names
@@ -63,8 +72,24 @@ fn report(metrics: &Metrics, actuator: &str, r: anyhow::Result<()>) {
 }
 
 impl Actuators {
-    pub fn heartbeat(&mut self) {
-        if let Some(b) = &mut self.board {
+    /// Tells readers the daemon is alive; republishes the links instead when a link's RTT
+    /// baseline moved (the tuner plugin gives it to NCCL when a communicator starts).
+    pub fn heartbeat(&mut self, core: &Core) {
+        let Some(b) = &mut self.board else { return };
+        let signals = core.signals();
+        let mut moved = false;
+        for l in &mut self.published {
+            let name = board::name(&l.name);
+            let Some((_, s)) = signals.iter().find(|(n, _)| *n == name) else { continue };
+            let now = board::rtt_us(s.baseline_ms);
+            if rtt_moved(l.rtt_us, now) {
+                l.rtt_us = now;
+                moved = true;
+            }
+        }
+        if moved {
+            b.publish(&self.published, monotonic_ns());
+        } else {
             b.heartbeat(monotonic_ns());
         }
     }
@@ -88,7 +113,10 @@ impl Actuators {
         let current = core.current();
         let latest = decisions.iter().map(|d| d.id).max().unwrap_or(0);
         if let Some((link, state, k)) = current.first() {
-            let r = envfile::write_atomic(&self.env_file, &envfile::render(link, state, k, latest))
+            let tuner = envfile::installed_tuner(&self.nccl_tuner)
+                .map(|plugin| envfile::Tuner { plugin, chunk_max: core.policy().bounds.chunk_max });
+            let text = envfile::render(link, state, k, latest, tuner.as_ref());
+            let r = envfile::write_atomic(&self.env_file, &text)
                 .with_context(|| format!("writing {}", self.env_file.display()));
             report(metrics, "env_file", r);
         }
@@ -122,20 +150,27 @@ impl Actuators {
         }
         // The board last: when it shows a decision, everything else of it is in place.
         if let Some(b) = &mut self.board {
+            let policy = core.policy();
+            let signals = core.signals();
             let links: Vec<_> = current
                 .iter()
                 .map(|(link, state, k)| {
-                    let idx = core.policy().states.iter().position(|s| s.name == *state);
+                    let idx = policy.states.iter().position(|s| s.name == *state).unwrap_or(0);
                     let id = decisions
                         .iter()
                         .filter(|d| d.link == *link)
                         .map(|d| d.id)
                         .max()
                         .unwrap_or(latest);
-                    board_link(link, state, idx.unwrap_or(0) as u32, k, id)
+                    let mut l = board_link(link, state, idx as u32, k, id);
+                    let rtt =
+                        signals.iter().find(|(n, _)| n == link).and_then(|(_, s)| s.baseline_ms);
+                    set_nccl(&mut l, policy.nccl.rule(idx), policy.nccl.min_bytes, rtt);
+                    l
                 })
                 .collect();
             b.publish(&links, monotonic_ns());
+            self.published = links;
         }
     }
 
@@ -151,5 +186,20 @@ impl Actuators {
                 warn!("restoring RoCE traffic classes: {e}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rtt_is_republished_when_first_measured_or_off_by_ten_percent() {
+        assert!(rtt_moved(0, 180_000));
+        assert!(!rtt_moved(180_000, 180_000));
+        assert!(!rtt_moved(180_000, 197_000));
+        assert!(rtt_moved(180_000, 199_000));
+        assert!(rtt_moved(180_000, 160_000));
+        assert!(rtt_moved(180_000, 0), "unmeasured again is news too");
     }
 }

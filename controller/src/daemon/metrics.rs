@@ -18,6 +18,7 @@ use tracing::{debug, warn};
 use crate::{
     control::{estimator::Signals, knobs::Knobs},
     sensors::Snapshot,
+    tuner_stats::TunerProcess,
 };
 
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
@@ -53,6 +54,9 @@ pub struct Metrics {
     pub actuator_errors: Family<Labels, Counter>,
     resident: Gauge,
     cpu: Counter<f64, AtomicU64>,
+    tuner_processes: Gauge,
+    tuner_calls: Family<Labels, Gauge>,
+    tuner_choices: Family<Labels, Gauge>,
 }
 
 fn family<M>(r: &mut Registry, name: &str, help: &str) -> Family<Labels, M>
@@ -152,6 +156,27 @@ impl Metrics {
         r.register("process_resident_bytes", "Resident set size", resident.clone());
         let cpu = Counter::<f64, AtomicU64>::default();
         r.register("process_cpu_seconds", "User + system CPU time", cpu.clone());
+        let tuner_processes = Gauge::default();
+        r.register(
+            "nccl_tuner_processes",
+            "Training processes with the NCCL tuner plugin loaded",
+            tuner_processes.clone(),
+        );
+        let tuner_calls = family(
+            r,
+            "nccl_tuner_calls",
+            "getCollInfo calls of the live processes: result board (followed a fresh board) or \
+             own (NCCL's own choice: no fresh board)",
+        );
+        for res in ["board", "own"] {
+            let _ = tuner_calls.get_or_create(&labels(&[("result", res)]));
+        }
+        let tuner_choices = family(
+            r,
+            "nccl_tuner_choices",
+            "(process, size class) pairs whose latest choice for a collective is this algorithm \
+             and protocol (nccl: NCCL's own)",
+        );
         let build = Family::<Labels, Gauge>::default();
         r.register("build_info", "The running version", build.clone());
         build.get_or_create(&labels(&[("version", env!("CARGO_PKG_VERSION"))])).set(1);
@@ -180,6 +205,30 @@ impl Metrics {
             actuator_errors,
             resident,
             cpu,
+            tuner_processes,
+            tuner_calls,
+            tuner_choices,
+        }
+    }
+
+    /// The tuner plugin's counters of the live training processes.
+    pub fn tuner(&self, procs: &[TunerProcess]) {
+        self.tuner_processes.set(procs.len() as i64);
+        let board: u64 = procs.iter().map(|p| p.board_calls).sum();
+        let all: u64 = procs.iter().map(|p| p.calls).sum();
+        self.tuner_calls.get_or_create(&labels(&[("result", "board")])).set(board as i64);
+        self.tuner_calls
+            .get_or_create(&labels(&[("result", "own")]))
+            .set(all.saturating_sub(board) as i64);
+        // Choices come and go: rebuild the family from what the processes show now.
+        self.tuner_choices.clear();
+        for c in procs.iter().flat_map(|p| &p.choices) {
+            let (algo, proto) = match c.own_choice {
+                Some(_) => ("nccl", "nccl"),
+                None => (c.algo.as_deref().unwrap_or("nccl"), c.proto.as_deref().unwrap_or("nccl")),
+            };
+            let l = labels(&[("collective", &c.collective), ("algo", algo), ("proto", proto)]);
+            self.tuner_choices.get_or_create(&l).inc();
         }
     }
 
@@ -373,4 +422,47 @@ fn respond(m: &Metrics, req: &Request<hyper::body::Incoming>) -> Response<Full<B
 /// Binds the metrics address; a clear error if it is taken.
 pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("metrics address {addr}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tuner_stats::{TunerChoice, TunerProcess};
+
+    #[test]
+    fn tuner_choices_are_counted_and_forgotten_when_gone() {
+        let m = Metrics::new(false);
+        let choice = |algo: Option<&str>, own: Option<&str>| TunerChoice {
+            collective: "allreduce".into(),
+            algo: algo.map(str::to_owned),
+            proto: algo.map(|_| "simple".to_owned()),
+            own_choice: own.map(str::to_owned),
+            ..TunerChoice::default()
+        };
+        let p = TunerProcess {
+            calls: 10,
+            board_calls: 8,
+            choices: vec![
+                choice(Some("tree"), None),
+                choice(Some("tree"), None),
+                choice(None, Some("x")),
+            ],
+            ..TunerProcess::default()
+        };
+        m.tuner(&[p.clone(), p]);
+        let text = m.render();
+        for line in [
+            "linkpilot_nccl_tuner_processes 2",
+            "linkpilot_nccl_tuner_calls{result=\"board\"} 16",
+            "linkpilot_nccl_tuner_calls{result=\"own\"} 4",
+            "linkpilot_nccl_tuner_choices{collective=\"allreduce\",algo=\"tree\",proto=\"simple\"} 4",
+            "linkpilot_nccl_tuner_choices{collective=\"allreduce\",algo=\"nccl\",proto=\"nccl\"} 2",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing from:\n{text}");
+        }
+        m.tuner(&[]);
+        let text = m.render();
+        assert!(!text.contains("algo=\"tree\""), "{text}");
+        assert!(text.lines().any(|l| l == "linkpilot_nccl_tuner_processes 0"), "{text}");
+    }
 }

@@ -34,6 +34,7 @@ use crate::{
     roce_tc::RoceTc,
     sensors::{Readings, Sensors, Snapshot},
     sysctl::Sysctls,
+    tuner_stats::{self, TunerProcess},
 };
 use actuate::Actuators;
 use metrics::Metrics;
@@ -54,6 +55,14 @@ pub struct RunOptions {
     pub board: PathBuf,
     #[arg(long, default_value = envfile::DEFAULT_PATH)]
     pub env_file: PathBuf,
+    /// The NCCL tuner plugin: while it is installed there, the env file names it
+    /// (NCCL_TUNER_PLUGIN) and sets NCCL_BUFFSIZE to the policy's largest chunk; "off": never.
+    #[arg(long, default_value = envfile::DEFAULT_TUNER)]
+    pub nccl_tuner: PathBuf,
+    /// Where training processes' tuner plugins keep their counters (created world-writable
+    /// and sticky); status and metrics show them.
+    #[arg(long, default_value = crate::tuner_stats::DEFAULT_DIR)]
+    pub tuner_stats: PathBuf,
     #[arg(long, default_value = crate::sysctl::PROC_SYS, hide = true)]
     pub sysctl_root: PathBuf,
     #[arg(long, default_value = crate::sysctl::DEFAULT_STATE)]
@@ -212,6 +221,9 @@ struct Daemon {
     /// RDMA ports on the watched interfaces, and when they were last discovered.
     ports: Vec<rdma::RdmaPort>,
     ports_found: Option<Instant>,
+    /// The tuner plugin's counters of each training process, and when they were last read.
+    tuner: Vec<TunerProcess>,
+    tuner_read: Option<Instant>,
 }
 
 /// Reading the flow table costs ~0.5 us per flow: a big table is read less often than the
@@ -284,8 +296,18 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
             )?)
         },
         env_file: o.env_file.clone(),
+        nccl_tuner: o.nccl_tuner.clone(),
         roce: (!o.dry_run).then(|| RoceTc::new(&o.rdma_cm_root)),
+        published: Vec::new(),
     };
+    if !o.dry_run {
+        if let Err(e) = tuner_stats::create_dir(&o.tuner_stats) {
+            warn!(
+                "{}: {e}; training processes' tuner plugins keep no counters",
+                o.tuner_stats.display()
+            );
+        }
+    }
     let status: status::Shared = Arc::new(Mutex::new(Status::default()));
     let servers = [
         metrics_listener.map(|l| tokio::spawn(metrics::serve(l, metrics.clone()))),
@@ -313,6 +335,8 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         addrs_synced: Instant::now(),
         ports: Vec::new(),
         ports_found: None,
+        tuner: Vec::new(),
+        tuner_read: None,
     };
 
     let mut ticker = tokio::time::interval(tick);
@@ -415,7 +439,7 @@ impl Daemon {
         }
         if !self.o.dry_run {
             if decisions.is_empty() {
-                self.act.heartbeat();
+                self.act.heartbeat(&self.core);
             } else {
                 self.act.apply(
                     &self.core,
@@ -457,6 +481,13 @@ impl Daemon {
             });
         }
         m.snapshot(snap);
+        // Training processes' tuner counters: a directory listing and a read per process, at
+        // most once a second.
+        if self.tuner_read.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            self.tuner_read = Some(Instant::now());
+            self.tuner = tuner_stats::scan(&self.o.tuner_stats, !self.o.dry_run);
+            m.tuner(&self.tuner);
+        }
         m.map("flows", flows, u64::from(MAX_FLOWS));
         m.map("peers", self.peers.names.len() as u64, u64::from(MAX_PEERS));
         m.ticks.inc();
@@ -490,6 +521,7 @@ impl Daemon {
                 .map(|s| s.released().to_vec())
                 .unwrap_or_default(),
             links,
+            nccl_tuner: self.tuner.clone(),
             peers: snap
                 .peers
                 .iter()

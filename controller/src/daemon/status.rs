@@ -19,7 +19,10 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
-use crate::control::{estimator::Signals, knobs::bytes, Knobs};
+use crate::{
+    control::{estimator::Signals, knobs::bytes, Knobs},
+    tuner_stats::TunerProcess,
+};
 
 pub const DEFAULT_SOCKET: &str = "/run/linkpilot/status.sock";
 
@@ -44,6 +47,9 @@ pub struct Status {
     /// Sysctls an administrator changed under us, no longer managed.
     pub sysctls_released: Vec<String>,
     pub links: Vec<LinkStatus>,
+    /// Training processes whose NCCL tuner plugin follows the board: what they asked NCCL for.
+    #[serde(default)]
+    pub nccl_tuner: Vec<TunerProcess>,
     pub peers: Vec<PeerStatus>,
 }
 
@@ -226,6 +232,7 @@ pub fn render(s: &Status) -> String {
     for l in &s.links {
         out += &format!("  {} #{}: {}\n", l.link, l.decision_id, l.reason);
     }
+    out += &render_tuner(&s.nccl_tuner);
     out += &format!(
         "\n{:<12} {:<12} {:>9} {:>9} {:>11} {:>11} {:>7} {:>8} {:>6}\n",
         "INTERFACE", "PEER", "SRTT", "P99", "RX", "TX", "CE", "RETX/s", "FLOWS"
@@ -245,4 +252,106 @@ pub fn render(s: &Status) -> String {
         );
     }
     out
+}
+
+/// The NCCL tuner plugin's section of the table: per process, what it asked NCCL for.
+fn render_tuner(procs: &[TunerProcess]) -> String {
+    if procs.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("\nNCCL tuner plugin\n");
+    for p in procs {
+        out += &format!(
+            "  pid {}: {} communicator(s), board {}, decision {}, {} of {} calls followed the \
+             board, NCCL_BUFFSIZE {}\n",
+            p.pid,
+            p.communicators,
+            p.board,
+            p.decision_id,
+            p.board_calls,
+            p.calls,
+            bytes(p.buffsize_bytes)
+        );
+        out += &format!(
+            "    {:<14} {:>17} {:<20} {:>8} {:>8} {:>9} {:>9}\n",
+            "COLLECTIVE", "SIZE", "CHOICE", "CHANNELS", "CHUNK", "DECISION", "CALLS"
+        );
+        for c in &p.choices {
+            let size = match c.size_to {
+                Some(to) => format!("{}-{}", bytes(c.size_from), bytes(to)),
+                None => format!("{}+", bytes(c.size_from)),
+            };
+            let choice = match (&c.own_choice, &c.algo, &c.proto) {
+                (Some(why), _, _) => format!("NCCL's ({why})"),
+                (None, None, None) => "NCCL's".to_owned(),
+                (None, a, p) => {
+                    format!("{}/{}", a.as_deref().unwrap_or("any"), p.as_deref().unwrap_or("any"))
+                }
+            };
+            let channels = if c.channels > 0 { c.channels.to_string() } else { "-".into() };
+            let chunk = if c.chunk_bytes > 0 { bytes(c.chunk_bytes) } else { "-".into() };
+            out += &format!(
+                "    {:<14} {:>17} {:<20} {:>8} {:>8} {:>9} {:>9}\n",
+                c.collective,
+                size,
+                choice,
+                channels,
+                chunk,
+                c.decision_id.max(c.chunk_decision_id),
+                c.calls.max(c.chunk_calls)
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tuner_stats::TunerChoice;
+
+    #[test]
+    fn the_tuner_section_shows_each_processes_choices() {
+        let p = TunerProcess {
+            pid: 4242,
+            communicators: 1,
+            calls: 10,
+            board_calls: 9,
+            decision_id: 42,
+            board: "fresh".into(),
+            buffsize_bytes: 32 << 20,
+            choices: vec![
+                TunerChoice {
+                    collective: "allreduce".into(),
+                    size_from: 16 << 20,
+                    size_to: Some(32 << 20),
+                    algo: Some("tree".into()),
+                    proto: Some("simple".into()),
+                    chunk_bytes: 2 << 20,
+                    decision_id: 42,
+                    calls: 9,
+                    ..TunerChoice::default()
+                },
+                TunerChoice {
+                    collective: "allgather".into(),
+                    size_from: 1024,
+                    size_to: Some(2048),
+                    own_choice: Some("below min_bytes".into()),
+                    calls: 1,
+                    ..TunerChoice::default()
+                },
+            ],
+            ..TunerProcess::default()
+        };
+        let text = render(&Status { nccl_tuner: vec![p], ..Status::default() });
+        let lines: Vec<&str> = text.lines().collect();
+        let at = lines.iter().position(|l| *l == "NCCL tuner plugin").unwrap();
+        assert!(lines[at + 1]
+            .contains("pid 4242: 1 communicator(s), board fresh, decision 42, 9 of 10 calls"));
+        assert_eq!(
+            lines[at + 3].split_whitespace().collect::<Vec<_>>(),
+            ["allreduce", "16MiB-32MiB", "tree/simple", "-", "2MiB", "42", "9"]
+        );
+        assert!(lines[at + 4].contains("NCCL's (below min_bytes)"), "{text}");
+    }
 }

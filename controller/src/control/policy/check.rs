@@ -2,13 +2,17 @@
 //! location; any problem means no policy.
 
 use ipnet::IpNet;
-use linkpilot_common::{board::BOARD_MAX_LINKS, units::Bytes, MAX_DSCP_RULES, MAX_PEERS};
+use linkpilot_common::{
+    board::{nccl, BOARD_MAX_LINKS},
+    units::Bytes,
+    MAX_DSCP_RULES, MAX_PEERS,
+};
 use toml::Spanned;
 
 use super::{
-    file::{RawBounds, RawPolicy, RawState, Setting},
-    higher_is_worse, secs, Bounds, Errors, EstimatorConfig, Hysteresis, Link, Policy, State,
-    StateKnobs, Thresholds,
+    file::{RawBounds, RawNccl, RawPolicy, RawState, Setting},
+    higher_is_worse, secs, Bounds, Errors, EstimatorConfig, Hysteresis, Link, Nccl, NcclRule,
+    Policy, State, StateKnobs, Thresholds,
 };
 
 /// Why a link, peer or state name cannot be used, if it cannot: names go into the env file
@@ -138,7 +142,89 @@ pub(super) fn check(raw: RawPolicy, e: &mut Errors) -> Policy {
         );
     }
     let states = check_states(&raw.states, &bounds, e);
-    Policy { tick, estimator, hysteresis, bounds, links, states }
+    let nccl = check_nccl(&raw.nccl, &states, e);
+    Policy { tick, estimator, hysteresis, bounds, links, states, nccl }
+}
+
+/// NCCL's channel limit (MAXCHANNELS).
+const NCCL_MAX_CHANNELS: u8 = 64;
+
+/// One rule's names as codes, or an error at `span`.
+fn nccl_rule(
+    what: &str,
+    algo: Option<&str>,
+    proto: Option<&str>,
+    max_channels: Option<u8>,
+    span: std::ops::Range<usize>,
+    e: &mut Errors,
+) -> NcclRule {
+    let mut code = |kind: &str, name: Option<&str>, names: &[&str]| -> Option<u8> {
+        let name = name.filter(|n| *n != "auto")?;
+        let found = names.iter().position(|n| *n == name);
+        if found.is_none() {
+            e.at(
+                span.clone(),
+                format!("{what}: {kind} {name:?} is not one of auto, {}", names.join(", ")),
+            );
+        }
+        found.map(|i| i as u8)
+    };
+    let algo = code("algo", algo, &nccl::ALGOS);
+    let proto = code("proto", proto, &nccl::PROTOS);
+    let max_channels = max_channels.unwrap_or(0);
+    if max_channels > NCCL_MAX_CHANNELS {
+        e.at(
+            span,
+            format!(
+                "{what}: max_channels {max_channels} must be 0 (NCCL's count) to {NCCL_MAX_CHANNELS}"
+            ),
+        );
+    }
+    NcclRule { algo, proto, max_channels }
+}
+
+fn check_nccl(raw: &Spanned<RawNccl>, states: &[State], e: &mut Errors) -> Nccl {
+    let n = raw.get_ref();
+    let min_bytes = n.min_bytes.0;
+    if min_bytes != 0 && !min_bytes.is_power_of_two() {
+        e.at(
+            raw.span(),
+            format!(
+                "nccl min_bytes {} must be 0 or a power of two (the plugin counts collectives in power-of-two size classes)",
+                n.min_bytes
+            ),
+        );
+    }
+    let written = n.algo.is_some() || n.proto.is_some() || n.max_channels.is_some();
+    let common =
+        nccl_rule("nccl", n.algo.as_deref(), n.proto.as_deref(), n.max_channels, raw.span(), e);
+    for (name, rule) in &n.state {
+        if !states.iter().any(|s| &s.name == name) {
+            let known: Vec<&str> = states.iter().map(|s| s.name.as_str()).collect();
+            e.at(
+                rule.span(),
+                format!("nccl.state.{name}: no such state (the ladder: {})", known.join(", ")),
+            );
+        }
+    }
+    let rules = states
+        .iter()
+        .enumerate()
+        .map(|(i, s)| match n.state.get(&s.name) {
+            Some(r) => {
+                let r = r.get_ref();
+                let what = format!("nccl.state.{}", s.name);
+                let span = n.state[&s.name].span();
+                nccl_rule(&what, r.algo.as_deref(), r.proto.as_deref(), r.max_channels, span, e)
+            }
+            None if written => common,
+            // Built in: NCCL's own choice while healthy; the Simple protocol (full bandwidth, no
+            // LL flags on the wire) once the link is worse.
+            None if i == 0 => NcclRule::default(),
+            None => NcclRule { proto: Some(nccl::PROTO_SIMPLE), ..NcclRule::default() },
+        })
+        .collect();
+    Nccl { min_bytes, rules }
 }
 
 fn check_bounds(b: &RawBounds, e: &mut Errors) -> Bounds {

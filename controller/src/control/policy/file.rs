@@ -1,6 +1,8 @@
 //! Policy files as written: the TOML schema, with defaults, spans for error locations and the
 //! human units. `check.rs` turns it into a [`super::Policy`].
 
+use std::collections::BTreeMap;
+
 use linkpilot_common::units::{BitRate, Bytes, Fraction, Nanos, PerSecond, Percent};
 use serde::Deserialize;
 use toml::Spanned;
@@ -22,6 +24,50 @@ pub(super) struct RawPolicy {
     pub(super) links: Vec<Spanned<RawLink>>,
     #[serde(rename = "state", default)]
     pub(super) states: Vec<Spanned<RawState>>,
+    #[serde(default = "d_nccl")]
+    pub(super) nccl: Spanned<RawNccl>,
+}
+
+pub(super) fn d_nccl() -> Spanned<RawNccl> {
+    unspanned(RawNccl::default())
+}
+
+/// `[nccl]`: what the NCCL tuner plugin asks NCCL for, per state. States not listed under
+/// `[nccl.state.NAME]` take the rule written in `[nccl]` itself, or, where it writes none, the
+/// built-in one: NCCL's own choice on the healthiest state, the Simple protocol on worse ones.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawNccl {
+    /// Collectives below this size keep NCCL's own choices.
+    pub(super) min_bytes: Bytes,
+    /// The rule of states not listed under `state` (all three unset: the built-in one).
+    pub(super) algo: Option<String>,
+    pub(super) proto: Option<String>,
+    pub(super) max_channels: Option<u8>,
+    pub(super) state: BTreeMap<String, Spanned<RawNcclRule>>,
+}
+
+impl Default for RawNccl {
+    fn default() -> Self {
+        Self {
+            min_bytes: Bytes(1 << 20),
+            algo: None,
+            proto: None,
+            max_channels: None,
+            state: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawNcclRule {
+    /// "auto" (NCCL's choice), "tree", "ring", ... (NCCL's names, lower case).
+    pub(super) algo: Option<String>,
+    /// "auto", "ll", "ll128", "simple".
+    pub(super) proto: Option<String>,
+    /// At most this many channels (0: NCCL's count).
+    pub(super) max_channels: Option<u8>,
 }
 
 #[derive(Deserialize)]

@@ -70,6 +70,35 @@ pub struct Policy {
     pub links: Vec<Link>,
     /// The ladder, healthiest first.
     pub states: Vec<State>,
+    /// What the NCCL tuner plugin asks NCCL for.
+    pub nccl: Nccl,
+}
+
+/// The `[nccl]` section, checked: published on the knob board for the tuner plugin.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Nccl {
+    /// Collectives below this many bytes keep NCCL's own choices (0 or a power of two).
+    pub min_bytes: u64,
+    /// One rule per state, in ladder order.
+    pub rules: Vec<NcclRule>,
+}
+
+/// What the plugin asks NCCL for in one state. Codes are NCCL's (`board::nccl`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NcclRule {
+    /// Preferred algorithm (`None`: NCCL's choice).
+    pub algo: Option<u8>,
+    /// Preferred protocol (`None`: NCCL's choice).
+    pub proto: Option<u8>,
+    /// At most this many channels (0: NCCL's count).
+    pub max_channels: u8,
+}
+
+impl Nccl {
+    /// The rule of state `i` of the ladder (NCCL's own choice for an index past the ladder).
+    pub fn rule(&self, state: usize) -> NcclRule {
+        self.rules.get(state).copied().unwrap_or_default()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]

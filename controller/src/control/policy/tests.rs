@@ -16,6 +16,15 @@ fn shipped_policies_parse() {
     let fixed = Policy::parse(SHIPPED[2].1, "static").unwrap();
     assert_eq!(fixed.states.len(), 1);
     assert_eq!(fixed.states[0].knobs.compression, Compression::Int8);
+    // NCCL_ALGO=Tree, NCCL_PROTO=Simple of the reference case, in every state.
+    let tree_simple = NcclRule { algo: Some(0), proto: Some(2), max_channels: 0 };
+    assert_eq!(hk.nccl, Nccl { min_bytes: 1 << 20, rules: vec![tree_simple; 4] });
+    assert_eq!(fixed.nccl.rules, vec![tree_simple]);
+    // The built-in rules: NCCL's own choice while healthy, Simple once worse.
+    let default = Policy::parse(SHIPPED[0].1, "default").unwrap();
+    let simple = NcclRule { proto: Some(2), ..NcclRule::default() };
+    assert_eq!(default.nccl.rules, vec![NcclRule::default(), simple, simple, simple]);
+    assert_eq!(default.nccl.min_bytes, 1 << 20);
 }
 
 /// The errors of `src` appended to a minimal valid policy, as printed.
@@ -75,6 +84,24 @@ fn golden_errors() {
         (
             "\n[[state]]\nname = \"x\\nNCCL_IB_TIMEOUT=1\"\nenter = { ce_fraction = \"1%\" }\n[state.knobs]\ncompression = \"int8\"\ndscp = 26\nroce_traffic_class = 106\n".to_owned(),
             "p.toml:14:8: state name \"x\\nNCCL_IB_TIMEOUT=1\" may only use letters, digits, '.', '_' and '-'",
+        ),
+        (
+            "\n[nccl]\nmin_bytes = \"1000KiB\"\nalgo = \"tree\"\n".to_owned(),
+            "p.toml:13:1: nccl min_bytes 1000KiB must be 0 or a power of two (the plugin counts collectives in power-of-two size classes)",
+        ),
+        (
+            "\n[nccl.state.healthy]\nalgo = \"Tree\"\nproto = \"ll256\"\nmax_channels = 65\n".to_owned(),
+            "p.toml:13:1: nccl.state.healthy: algo \"Tree\" is not one of auto, tree, ring, collnet_direct, collnet_chain, nvls, nvls_tree, pat\n\
+             p.toml:13:1: nccl.state.healthy: proto \"ll256\" is not one of auto, ll, ll128, simple\n\
+             p.toml:13:1: nccl.state.healthy: max_channels 65 must be 0 (NCCL's count) to 64",
+        ),
+        (
+            "\n[nccl.state.sever]\nalgo = \"tree\"\n".to_owned(),
+            "p.toml:13:1: nccl.state.sever: no such state (the ladder: healthy)",
+        ),
+        (
+            "\n[nccl]\nchannels = 4\n".to_owned(),
+            "p.toml:14:1: unknown field `channels`, expected one of `min_bytes`, `algo`, `proto`, `max_channels`, `state`",
         ),
     ];
     for (extra, want) in cases {
