@@ -149,7 +149,10 @@ fn print_stats(lab: &Lab, json: bool) -> std::io::Result<()> {
         let s = lab.stats(dir);
         let phase = lab.scenario.phases.get(s.phase as usize).map_or("?", |p| p.name.as_str());
         if json {
-            let line = serde_json::json!({ "elapsed_s": lab.elapsed().as_secs_f64(), "direction": dir.name(), "phase": phase, "stats": s });
+            let unix_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            let line = serde_json::json!({ "elapsed_s": lab.elapsed().as_secs_f64(), "unix_ms": unix_ms, "direction": dir.name(), "phase": phase, "stats": s });
             writeln!(out, "{line}")?;
         } else {
             writeln!(

@@ -32,6 +32,8 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("lossy", include_str!("../scenarios/lossy.toml")),
     ("outage", include_str!("../scenarios/outage.toml")),
     ("hk-us-day", include_str!("../scenarios/hk-us-day.toml")),
+    ("training-day", include_str!("../scenarios/training-day.toml")),
+    ("training-quick", include_str!("../scenarios/training-quick.toml")),
 ];
 
 /// One direction of the WAN link.

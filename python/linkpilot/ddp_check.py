@@ -128,4 +128,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Not sys.exit: at interpreter shutdown gloo's threads may still release the hook's finished
+    # collectives, whose tensors Python owns, and abort the process (pytorch/pytorch#190489).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

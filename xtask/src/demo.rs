@@ -6,10 +6,9 @@
 use std::{
     collections::BTreeMap,
     fs,
-    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    sync::{Arc, Mutex},
+    process::{Command, Stdio},
+    sync::Mutex,
     thread,
     time::{Duration, Instant},
 };
@@ -17,73 +16,20 @@ use std::{
 use anyhow::{bail, Context as _};
 use serde_json::Value;
 
-use crate::run::{status, workspace_root};
+use crate::{
+    lab::{self, in_ns, Lab, Reaped},
+    run::{status, workspace_root},
+};
 
 const SCENARIO: &str = "hk-us-day";
 const LAB_NAME: &str = "demo";
 
-/// A lab host as the lab prints it: netns and addresses.
-#[derive(Clone, Debug)]
-struct Host {
-    netns: String,
-    ipv4: String,
-}
-
-/// Kills and reaps a child when dropped, so an error midway leaves nothing running.
-struct Reaped(Child, &'static str);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        // SIGTERM first: the daemon and the lab clean up after themselves on it.
-        let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            thread::sleep(Duration::from_millis(100));
-        }
-        eprintln!("demo: {} did not stop on SIGTERM; killing it", self.1);
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn is_root() -> bool {
-    fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
-    })
-}
-
 fn bin(name: &str) -> PathBuf {
-    workspace_root().join("target/debug").join(name)
-}
-
-/// Seconds in one pass of the scenario, as the lab computes it.
-fn pass_seconds() -> anyhow::Result<u64> {
-    let out = Command::new(bin("linkpilot-lab"))
-        .args(["check", SCENARIO])
-        .output()
-        .context("running linkpilot-lab check")?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    // "OK: hk-us-day (N phases, 333.0 s per pass)"
-    let secs = text
-        .split(", ")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|s| s.parse::<f64>().ok())
-        .with_context(|| format!("unexpected linkpilot-lab check output: {text}"))?;
-    Ok(secs.ceil() as u64)
-}
-
-fn in_ns(netns: &str, args: &[&str]) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", netns]).args(args);
-    c
+    lab::bin(name)
 }
 
 pub fn run(seconds: Option<u64>) -> anyhow::Result<()> {
-    if !is_root() {
+    if !lab::is_root() {
         bail!("the demo builds network namespaces and loads eBPF programs: run it as root");
     }
     crate::setup::run()?;
@@ -101,20 +47,16 @@ pub fn run(seconds: Option<u64>) -> anyhow::Result<()> {
     fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let secs = match seconds {
         Some(s) => s,
-        None => pass_seconds()?,
+        None => lab::pass_seconds(SCENARIO)?.ceil() as u64,
     };
-    let _ = Command::new(bin("linkpilot-lab"))
-        .args(["cleanup", "--name", LAB_NAME])
-        .stdout(Stdio::null())
-        .status();
-
     println!(
         "demo: the WAN lab plays {SCENARIO} for {secs} s; logs and results in {}",
         out.display()
     );
-    let (lab, hosts, phase) = start_lab(&out, secs + 30)?;
-    let (hk, us) = (&hosts["Hk"], &hosts["Us"]);
-    for h in [hk, us] {
+    let running = Lab::start(&out, SCENARIO, LAB_NAME, 1, secs + 30)?;
+    let (hk, us) = (running.host("Hk", 0).clone(), running.host("Us", 0).clone());
+    let phase = running.latest.clone();
+    for h in [&hk, &us] {
         status("enable ECN", &mut in_ns(&h.netns, &["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]))?;
     }
     let server = Reaped(
@@ -135,7 +77,7 @@ pub fn run(seconds: Option<u64>) -> anyhow::Result<()> {
             .args(["--board", &p("knobs"), "--env-file", &p("nccl.env")])
             .args(["--sysctl-state", &p("sysctl-originals.json"), "--lock", &p("lock")])
             .args(["--decision-log", &p("decisions.jsonl"), "--record", &p("trace.jsonl")])
-            .args(["--status-socket", &p("status.sock")])
+            .args(["--status-socket", &p("status.sock"), "--tuner-stats", &p("tuner")])
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(fs::File::create(out.join("daemon.log"))?)
@@ -158,70 +100,8 @@ pub fn run(seconds: Option<u64>) -> anyhow::Result<()> {
     let _ = traffic.join();
     drop(daemon);
     drop(server);
-    drop(lab);
+    drop(running);
     summary(&out, &policy)
-}
-
-/// Starts the lab; returns it, its hosts by site, and the latest ground truth per direction.
-#[allow(clippy::type_complexity)]
-fn start_lab(
-    out: &Path,
-    secs: u64,
-) -> anyhow::Result<(Reaped, BTreeMap<String, Host>, Arc<Mutex<BTreeMap<String, Value>>>)> {
-    let mut child = Command::new(bin("linkpilot-lab"))
-        .args(["run", "--scenario", SCENARIO, "--name", LAB_NAME, "--json"])
-        .args(["--duration", &secs.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting linkpilot-lab")?;
-    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
-    let lab = Reaped(child, "linkpilot-lab");
-    let hosts = Arc::new(Mutex::new(BTreeMap::new()));
-    let log = fs::File::create(out.join("lab.log"))?;
-    if let Some(stderr) = stderr {
-        let hosts = hosts.clone();
-        thread::spawn(move || {
-            use std::io::Write as _;
-            let mut log = log;
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                // "host Hk netns lpl-demo-hk0 eth0 198.18.1.10 2001:db8:1::10"
-                let f: Vec<&str> = line.split_whitespace().collect();
-                if let ["host", site, "netns", netns, _iface, ipv4, ..] = f.as_slice() {
-                    let h = Host { netns: (*netns).into(), ipv4: (*ipv4).into() };
-                    if let Ok(mut m) = hosts.lock() {
-                        m.entry((*site).to_owned()).or_insert(h);
-                    }
-                }
-                let _ = writeln!(log, "{line}");
-            }
-        });
-    }
-    let phase = Arc::new(Mutex::new(BTreeMap::new()));
-    if let Some(stdout) = stdout {
-        let phase = phase.clone();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                    let dir = v["direction"].as_str().unwrap_or("?").to_owned();
-                    if let Ok(mut m) = phase.lock() {
-                        m.insert(dir, v);
-                    }
-                }
-            }
-        });
-    }
-    let start = Instant::now();
-    loop {
-        let got = hosts.lock().map(|m| m.clone()).unwrap_or_default();
-        if got.contains_key("Hk") && got.contains_key("Us") {
-            return Ok((lab, got, phase));
-        }
-        if start.elapsed() > Duration::from_secs(30) {
-            bail!("the lab did not start; see {}", out.join("lab.log").display());
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// iperf3 (CUBIC, ECN on, 4 streams paced at 37 Mbit/s) from HK to US until `deadline`, restarted

@@ -1,8 +1,11 @@
-//! Project automation: `cargo xtask setup | build-ebpf | test | demo | bench-daemon`.
+//! Project automation: `cargo xtask setup | build-ebpf | test | demo | bench-daemon |
+//! bench-training`.
 
 mod bench_daemon;
+mod bench_training;
 mod build_ebpf;
 mod demo;
+mod lab;
 mod python;
 mod run;
 mod setup;
@@ -42,6 +45,20 @@ enum Command {
         #[arg(long, default_value_t = 60)]
         seconds: u64,
     },
+    /// Real DDP training across the WAN lab: untuned vs the static hand-tuning vs linkpilot
+    /// adaptive vs fixed codecs (the per-phase oracle); results in target/bench-training (root).
+    BenchTraining {
+        /// The short form CI runs: training-quick (a calm and a congested phase), untuned vs
+        /// adaptive; fails unless adaptive is faster when congested and its loss holds.
+        #[arg(long)]
+        quick: bool,
+        /// Another lab scenario (a built-in name or a file).
+        #[arg(long)]
+        scenario: Option<String>,
+        /// A subset of configurations, e.g. untuned,adaptive.
+        #[arg(long, value_delimiter = ',')]
+        configs: Option<Vec<String>>,
+    },
     /// Setup, then fmt check, clippy, unit tests and (as root) the privileged tests.
     Test {
         /// Skip the privileged tests (they need root: namespaces, eBPF).
@@ -61,5 +78,8 @@ fn main() -> anyhow::Result<()> {
         Command::Test { no_privileged } => test::run(!no_privileged),
         Command::Demo { seconds } => demo::run(seconds),
         Command::BenchDaemon { flows, seconds } => bench_daemon::run(flows, seconds),
+        Command::BenchTraining { quick, scenario, configs } => {
+            bench_training::run(bench_training::Args { quick, scenario, configs })
+        }
     }
 }

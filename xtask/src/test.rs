@@ -83,5 +83,14 @@ pub fn run(privileged: bool) -> anyhow::Result<()> {
     // The README's main command, cut short: it fails unless the daemon decided and the
     // timeline was drawn.
     eprintln!("test: cargo xtask demo --seconds 30");
-    crate::demo::run(Some(30)).context("the demo")
+    crate::demo::run(Some(30)).context("the demo")?;
+    // The headline's short form: real training across the lab, untuned vs adaptive; it fails
+    // unless adaptive is faster when congested and its loss holds.
+    eprintln!("test: cargo xtask bench-training --quick");
+    crate::bench_training::run(crate::bench_training::Args {
+        quick: true,
+        scenario: None,
+        configs: None,
+    })
+    .context("bench-training --quick")
 }

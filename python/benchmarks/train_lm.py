@@ -1,0 +1,421 @@
+"""One rank of the training benchmark: a character-level transformer LM under DDP over gloo.
+
+    python python/benchmarks/train_lm.py --rank R --world W --master HOST:PORT
+        (--steps N | --duration S [--sync-every 10]) [--hook none|linkpilot|fixed] ...
+
+The workload of ``cargo xtask bench-training``: every configuration (untuned, hand-tuned,
+adaptive, oracle) runs this same script with the same model, data and data order; only the
+network settings and the gradient hook differ.
+
+Model. A GPT-style decoder (pre-LayerNorm blocks of causal self-attention and a 4x GELU MLP,
+learned positions, untied output head, no dropout) over bytes (vocabulary 256). A transformer
+rather than a GRU because it is the workload of the reference case (LLM training) and because
+its gradient is a realistic mix of tensors: large matrices (qkv 3d x d, MLP 4d x d) that fill
+DDP's large buckets next to many small ones (LayerNorms, biases), which is the split the hook
+treats differently (large buckets get the board's codec, small ones fp16 at most). Its compute
+is almost all matmuls, which run at a steady rate on one CPU thread, so step time is stable.
+
+Data. The Python standard library's own source, so the data ships with the interpreter and never
+depends on the network or the locale: every ``*.py`` under ``sysconfig.get_paths()["stdlib"]``
+(site-packages and dist-packages excluded, so installed packages do not change it), sorted by
+relative POSIX path, concatenated as raw bytes, first ``--data-mib`` MiB. The first 95% is for
+training, the last 5% is held out. The start line reports the data's SHA-256: every rank and
+every host must print the same. Batches: for step s, a ``torch.Generator`` seeded with 32 bits
+of SHA-256 of ``"seed/s"`` draws ``batch * world`` window offsets into the training text; rank r
+takes offsets ``[r*batch, (r+1)*batch)``. The global batch is therefore the same set of windows, in
+the same order, for any split of the same global batch over ranks (4 ranks of 2 = 2 ranks of 4).
+Eval: ``--eval-windows`` windows evenly spaced over the held-out text (fixed; the same on every
+rank), evaluated every ``--eval-every`` steps and after the last step.
+
+Sizing (defaults: width 256, depth 4, 8 heads, seq 128, batch 8 per rank). 3,323,648
+parameters: a 13.3 MB fp32 gradient. Compute is about 6 x parameters x tokens = 6 x 3.3M x 1024
+= 20 GFLOP per rank and step. The exchange, untuned: any all-reduce of 2 ranks sends the whole
+gradient's size each way (a ring: half in reduce-scatter, half in all-gather), 13.3 MB; one TCP
+stream with the hosts' default 4 MiB socket buffers moves at most ~23 MB/s at 180 ms RTT (and
+the lab's 200 Mbit/s link 25 MB/s), so the exchange is >= 0.55 s of transfer plus round trips
+against ~0.23 s of compute: well over half of the step, more with 2 ranks per site. int8 (an
+all_gather of a quarter of the bytes, plus scales) cuts the transfer to ~0.14 s.
+Measured, one rank alone (no communication; torch 2.15 CPU, 1 thread, AMD EPYC 2-core VM):
+    python python/benchmarks/train_lm.py --rank 0 --world 1 --master 127.0.0.1:29631 --steps 40
+    -> compute_s_baseline (forward+backward) 0.22 s; median step_s 0.234 s (forward 0.075,
+       backward 0.153, AdamW 0.006); eval of the 16 windows 0.15 s
+with the other core idle; 0.27 s per step with the other core ~30% busy. Over loopback: 2 ranks
+(one per core) 0.25 s per step; 4 ranks on the 2 cores with --batch 4 (the same global batch
+of 16) compute_s_baseline 0.24 s, 0.30 s per step. Step compute scales with batch x seq x
+parameters; all are flags.
+
+Stopping. ``--steps N`` stops every rank after N steps. ``--duration S`` stops after S seconds
+of rank 0's wall clock since its first step: every ``--sync-every`` steps all ranks join a
+one-element all_reduce (MAX) that carries rank 0's "time is up", so all ranks stop at the same
+step. That all_reduce is blocking and costs at least one round trip (180 ms in the lab), so it
+is kept rare (default every 10 steps); it runs after the step's ``t_end`` and is reported as
+``sync_s``. Evaluation also runs after ``t_end`` (``eval_s``); both count in ``--duration``.
+
+Output: JSON lines on stdout, flushed; rank 0 prints them (every rank with --all-ranks-report).
+Every line has "rank". First, once:
+    {"start": true, "world", "hook", "codec" (of --hook fixed, else null), "params",
+     "grad_bytes", "model": {"width", "depth", "heads", "seq", "batch", "lr", "seed",
+     "bucket_mb", "threads"}, "data": {"bytes", "files", "sha256", "train_bytes",
+     "eval_bytes"}, "compute_s_baseline"}
+then one per step:
+    {"step", "t_start", "t_end" (time.time(), around forward + backward + optimizer step),
+     "step_s" (t_end - t_start), "forward_s", "backward_s" (including DDP's wait for the
+     gradient exchange), "loss" (this rank's batch), "codec" (the hook's for large buckets;
+     "none" without a hook), "wire_bytes" (the hook's, per rank; without a hook params x 4),
+     "coding_s" (encode + decode), "buckets" ([numel, codec, wire_bytes] per bucket, or null),
+     "decision_id" and "board_state" (null without a hook), "timeout_s" (the collective
+     timeout in force), "compute_s_baseline" (forward+backward of one batch, no communication,
+     measured once at startup on the bare module), and when evaluated "eval_loss", "eval_s",
+     when synced for --duration "sync_s"}
+Every rank prints the last line, {"done": true, "steps", "stopped" ("steps" or "duration"),
+"final_loss", "final_eval_loss", "digest" (SHA-256 of the parameters: replicas print the same),
+"elapsed_s"}. A failed collective (timeout, connection reset, a peer gone) makes the rank print
+{"failed": "<error>", "step": N (-1 while setting up)} and exit with status 3 at once. Ranks
+end with a barrier, then leave with os._exit after flushing: no interpreter teardown, which can
+hang on a dead peer or abort on gloo's worker threads (see main).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import math
+import os
+import statistics
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+import linkpilot
+from linkpilot.ddp import LinkpilotHook, StepStats, group_timeout, hook
+from linkpilot.ddp_check import digest, parse_sites
+
+EVAL_FRACTION = 0.05
+#: Where the fixed-codec configuration "reads" its board: a path that cannot exist, so the hook
+#: proposes its safe codec (the fixed one) on every step.
+NO_BOARD = os.path.join(os.devnull, "no-board")
+FAILED_EXIT = 3
+
+
+# -- data ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Corpus:
+    data: torch.Tensor  # uint8, the whole text
+    n_train: int  # data[:n_train] trains, data[n_train:] is held out
+    files: int
+    sha256: str
+
+
+def load_corpus(mib: float, root: str | None = None) -> Corpus:
+    """The first ``mib`` MiB of the standard library's *.py files, sorted by relative path."""
+    base = root or sysconfig.get_paths()["stdlib"]
+    paths = []
+    for here, dirs, names in os.walk(base):
+        rel = os.path.relpath(here, base)
+        # Not into installed packages (the data must not depend on them), nor caches.
+        dirs[:] = [d for d in dirs if d != "__pycache__"
+                   and not (rel == "." and d in ("site-packages", "dist-packages"))]
+        paths += [Path(rel, n).as_posix() for n in names if n.endswith(".py")]
+    paths.sort()
+    want = int(mib * (1 << 20))
+    chunks, have, files = [], 0, 0
+    for rel in paths:
+        if have >= want:
+            break
+        blob = Path(base, rel).read_bytes()
+        chunks.append(blob)
+        have += len(blob)
+        files += 1
+    text = b"".join(chunks)[:want]
+    if len(text) < want:
+        raise SystemExit(f"--data-mib {mib}: the standard library has only {len(text)} bytes")
+    data = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    return Corpus(data, int(len(text) * (1 - EVAL_FRACTION)), files,
+                  hashlib.sha256(text).hexdigest())
+
+
+def batch_offsets(corpus: Corpus, seed: int, step: int, rank: int, world: int, batch: int,
+                  seq: int) -> torch.Tensor:
+    """This rank's window offsets of a step: its slice of the step's global batch."""
+    # torch's CPU generator keeps 32 bits of its seed: mix (seed, step) into 32 bits.
+    mixed = hashlib.sha256(f"{seed}/{step}".encode()).digest()[:4]
+    gen = torch.Generator().manual_seed(int.from_bytes(mixed, "little"))
+    every = torch.randint(0, corpus.n_train - seq, (batch * world,), generator=gen)
+    return every[rank * batch:(rank + 1) * batch]
+
+
+def eval_offsets(corpus: Corpus, windows: int, seq: int) -> torch.Tensor:
+    """Fixed windows, evenly spaced over the held-out text."""
+    span = len(corpus.data) - corpus.n_train - (seq + 1)
+    if span < 0:
+        raise SystemExit("held-out text shorter than one window: raise --data-mib")
+    return torch.tensor([corpus.n_train + i * span // max(1, windows - 1)
+                         for i in range(windows)])
+
+
+def windows(corpus: Corpus, offsets: torch.Tensor, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and next-byte targets, both (len(offsets), seq) int64."""
+    idx = offsets[:, None] + torch.arange(seq + 1)
+    tokens = corpus.data[idx].long()
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+# -- model --------------------------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.ln2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                 nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).permute(
+            2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        out: torch.Tensor = x + self.mlp(self.ln2(x))
+        return out
+
+
+class CharLM(nn.Module):
+    def __init__(self, width: int, depth: int, heads: int, seq: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(256, width)
+        self.pos = nn.Parameter(torch.zeros(seq, width))
+        self.blocks = nn.Sequential(*(Block(width, heads) for _ in range(depth)))
+        self.ln = nn.LayerNorm(width)
+        self.head = nn.Linear(width, 256)
+        nn.init.normal_(self.pos, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok(x) + self.pos[: x.shape[1]]
+        logits: torch.Tensor = self.head(self.ln(self.blocks(h)))
+        return logits
+
+
+def lm_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+
+
+def eval_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    with torch.no_grad():
+        return float(lm_loss(model, x, y))
+
+
+def compute_baseline(model: nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int = 3) -> float:
+    """Median seconds of a forward+backward with no communication (the bare module, before DDP
+    wraps it), after one warm-up; the gradients are dropped."""
+    times = []
+    for i in range(reps + 1):
+        started = time.perf_counter()
+        lm_loss(model, x, y).backward()  # type: ignore[no-untyped-call]
+        if i:
+            times.append(time.perf_counter() - started)
+        model.zero_grad(set_to_none=True)
+    return statistics.median(times)
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    run = ap.add_argument_group("job")
+    run.add_argument("--rank", type=int, required=True)
+    run.add_argument("--world", type=int, required=True)
+    run.add_argument("--master", required=True, help="HOST:PORT of rank 0's store")
+    run.add_argument("--iface", help="GLOO_SOCKET_IFNAME")
+    run.add_argument("--env-file", help="the daemon's env file to load (variables and watchdog "
+                     "timeout floor); without it nothing is loaded")
+    run.add_argument("--timeout-s", type=float, default=120.0, help="collective timeout")
+    run.add_argument("--steps", type=int, help="stop after this many steps")
+    run.add_argument("--duration", type=float, help="stop after this many seconds (rank 0's clock)")
+    run.add_argument("--sync-every", type=int, default=10,
+                     help="steps between --duration checks (each costs a round trip)")
+    run.add_argument("--all-ranks-report", action="store_true", help="every rank prints steps")
+    comm = ap.add_argument_group("gradient exchange")
+    comm.add_argument("--hook", choices=["none", "linkpilot", "fixed"], default="none",
+                      help="none: DDP's all-reduce; linkpilot: follow --board; fixed: --codec")
+    comm.add_argument("--codec", default="int8", help="the codec of --hook fixed")
+    comm.add_argument("--board", help="knob board of --hook linkpilot "
+                      "(default: LINKPILOT_BOARD or /run/linkpilot/knobs)")
+    comm.add_argument("--link", help="board link to follow (default: the worst)")
+    comm.add_argument("--large-bucket-bytes", type=int, default=1 << 20)
+    comm.add_argument("--small-codec", default="fp16")
+    comm.add_argument("--safe-codec", default="none",
+                      help="--hook linkpilot's codec when the board is missing or stale")
+    comm.add_argument("--sites", help="ranks per site for the two-level exchange, e.g. 0,1/2,3")
+    comm.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
+    model = ap.add_argument_group("model and data")
+    model.add_argument("--width", type=int, default=256)
+    model.add_argument("--depth", type=int, default=4)
+    model.add_argument("--heads", type=int, default=8)
+    model.add_argument("--seq", type=int, default=128)
+    model.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
+    model.add_argument("--lr", type=float, default=1e-3)
+    model.add_argument("--seed", type=int, default=0)
+    model.add_argument("--data-mib", type=float, default=8.0)
+    model.add_argument("--eval-every", type=int, default=50, help="0: only after the last step")
+    model.add_argument("--eval-windows", type=int, default=16)
+    model.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    args = ap.parse_args(argv)
+    if args.steps is None and args.duration is None:
+        ap.error("give --steps or --duration (or both)")
+    if args.hook == "none" and args.sites:
+        ap.error("--sites needs --hook linkpilot or fixed")
+    if (args.steps is not None and args.steps < 1) or args.sync_every < 1:
+        ap.error("--steps and --sync-every must be at least 1")
+    if args.width % args.heads:
+        ap.error("--width must be a multiple of --heads")
+    return args
+
+
+class Reporter:
+    def __init__(self, out: TextIO, rank: int, all_ranks: bool) -> None:
+        self.out, self.rank, self.on = out, rank, all_ranks or rank == 0
+        self.step = -1  # the step in progress (-1: setting up), for the failure line
+
+    def line(self, record: dict[str, Any], always: bool = False) -> None:
+        if self.on or always:
+            self.out.write(json.dumps({**record, "rank": self.rank}) + "\n")
+            self.out.flush()
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    report = Reporter(sys.stdout, args.rank, args.all_ranks_report)
+    try:
+        code = train(args, report)
+    except (RuntimeError, OSError) as e:  # gloo's errors are RuntimeErrors (DistBackendError...)
+        report.line({"failed": f"{type(e).__name__}: {e}", "step": report.step}, always=True)
+        code = FAILED_EXIT
+    # No teardown, failed or not. With a peer gone, destroy_process_group can hang. And gloo's
+    # worker threads may still hold the hook's finished collectives (tensors owned by Python)
+    # and drop them while the interpreter finalizes, which aborts the process ("terminate
+    # called without an active exception", SIGABRT: 1 run in 8 with the hook here before this
+    # os._exit, 0 in 30 after; pytorch/pytorch#190489).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def train(args: argparse.Namespace, report: Reporter) -> int:
+    if args.iface:
+        os.environ["GLOO_SOCKET_IFNAME"] = args.iface
+    linkpilot.init_process_group(
+        "gloo", init_method=f"tcp://{args.master}", rank=args.rank, world_size=args.world,
+        timeout=datetime.timedelta(seconds=args.timeout_s),
+        env_file=args.env_file or os.devnull, required=bool(args.env_file))
+    corpus = load_corpus(args.data_mib)
+    torch.manual_seed(args.seed)  # every rank starts from the same weights
+    net = CharLM(args.width, args.depth, args.heads, args.seq)
+    params = sum(p.numel() for p in net.parameters())
+    x0, y0 = windows(corpus, batch_offsets(corpus, args.seed, 0, args.rank, args.world,
+                                           args.batch, args.seq), args.seq)
+    baseline = compute_baseline(net, x0, y0)
+    ddp = DistributedDataParallel(net, bucket_cap_mb=args.bucket_mb)
+    state: LinkpilotHook | None = None
+    if args.hook != "none":
+        fixed = args.hook == "fixed"
+        state = LinkpilotHook(
+            NO_BOARD if fixed else args.board, link=args.link,
+            large_bucket_bytes=args.large_bucket_bytes, small_codec=args.small_codec,
+            safe_codec=args.codec if fixed else args.safe_codec, sites=parse_sites(args.sites))
+        ddp.register_comm_hook(state, hook)
+    opt = torch.optim.AdamW(net.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    ex, ey = windows(corpus, eval_offsets(corpus, args.eval_windows, args.seq), args.seq)
+    report.line({
+        "start": True, "world": args.world, "hook": args.hook,
+        "codec": args.codec if args.hook == "fixed" else None,
+        "params": params, "grad_bytes": params * 4,
+        "model": {"width": args.width, "depth": args.depth, "heads": args.heads,
+                  "seq": args.seq, "batch": args.batch, "lr": args.lr, "seed": args.seed,
+                  "bucket_mb": args.bucket_mb, "threads": args.threads},
+        "data": {"bytes": len(corpus.data), "files": corpus.files, "sha256": corpus.sha256,
+                 "train_bytes": corpus.n_train, "eval_bytes": len(corpus.data) - corpus.n_train},
+        "compute_s_baseline": baseline,
+    })
+
+    stop = torch.zeros(1)
+    started = time.time()
+    loss_value, last_eval = math.nan, math.nan
+    stopped, step = "steps", 0
+    while args.steps is None or step < args.steps:
+        report.step = step
+        x, y = windows(corpus, batch_offsets(corpus, args.seed, step, args.rank, args.world,
+                                             args.batch, args.seq), args.seq)
+        t_start = time.time()
+        if step == 0:
+            started = t_start
+        loss = lm_loss(ddp, x, y)
+        t_fwd = time.time()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        t_bwd = time.time()
+        opt.step()
+        t_end = time.time()
+        loss_value = float(loss.detach())
+        stats: StepStats | None = state.history[-1] if state is not None else None
+        line: dict[str, Any] = {
+            "step": step, "t_start": t_start, "t_end": t_end, "step_s": t_end - t_start,
+            "forward_s": t_fwd - t_start, "backward_s": t_bwd - t_fwd, "loss": loss_value,
+            "codec": stats.codec if stats else "none",
+            "wire_bytes": stats.wire_bytes if stats else params * 4,
+            "coding_s": stats.coding_s if stats else 0.0,
+            "buckets": [[b.numel, b.codec, b.wire_bytes] for b in stats.buckets]
+            if stats else None,
+            "decision_id": stats.decision_id if stats else None,
+            "board_state": stats.board_state if stats else None,
+            "timeout_s": (state.timeout if state else group_timeout()).total_seconds(),
+            "compute_s_baseline": baseline,
+        }
+        step += 1
+        last = args.steps is not None and step >= args.steps
+        if args.duration is not None and not last and step % args.sync_every == 0:
+            t_sync = time.time()
+            stop.fill_(float(args.rank == 0 and t_sync - started >= args.duration))
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+            line["sync_s"] = time.time() - t_sync
+            if stop.item():
+                last, stopped = True, "duration"
+        if last or (args.eval_every and step % args.eval_every == 0):
+            t_eval = time.time()
+            last_eval = eval_loss(net, ex, ey)
+            line.update(eval_loss=last_eval, eval_s=time.time() - t_eval)
+        report.line(line)
+        if last:
+            break
+    # Every rank has received everything sent to it before any exits (an exit with unread
+    # data resets the connection under a peer's last receive).
+    dist.barrier()
+    report.line({"done": True, "steps": step, "stopped": stopped, "final_loss": loss_value,
+                 "final_eval_loss": last_eval, "digest": digest(net),
+                 "elapsed_s": time.time() - started}, always=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    main()
