@@ -34,16 +34,45 @@ pub fn installed_tuner(path: &Path) -> Option<std::path::PathBuf> {
     path.canonicalize().ok()
 }
 
+/// The variables `render` computes from a decision (and LINKPILOT_*, linkpilot's own names):
+/// a policy's `[env]` may not set them.
+const COMPUTED: [&str; 6] = [
+    "NCCL_IB_TIMEOUT",
+    "NCCL_IB_RETRY_CNT",
+    "NCCL_IB_TC",
+    "NCCL_BUFFSIZE",
+    "NCCL_TUNER_PLUGIN",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+];
+
+/// Whether `name` is one the env file computes (a policy's `[env]` may not set it). The old name
+/// of TORCH_NCCL_ASYNC_ERROR_HANDLING, NCCL_ASYNC_ERROR_HANDLING, counts too: PyTorch reads
+/// either, and a second value would contradict the computed one.
+pub fn is_computed(name: &str) -> bool {
+    COMPUTED.contains(&name)
+        || name == "NCCL_ASYNC_ERROR_HANDLING"
+        || name.starts_with("LINKPILOT_")
+}
+
+/// Whether `name` is an environment variable name: a letter or '_', then letters, digits, '_'.
+pub fn is_env_name(name: &str) -> bool {
+    let mut b = name.bytes();
+    b.next().is_some_and(|c| c.is_ascii_alphabetic() || c == b'_')
+        && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
+}
+
 /// The file's text for one link's decision: `KEY=value` lines a shell can source (`set -a; .
 /// FILE`) and systemd can read (`EnvironmentFile=`). Without the tuner plugin NCCL_BUFFSIZE is
 /// the current chunk (NCCL reads it when a communicator starts); with it, the policy's largest,
-/// and NCCL_TUNER_PLUGIN names the plugin.
+/// and NCCL_TUNER_PLUGIN names the plugin. `extra` (the policy's `[env]`, checked: names that
+/// are not computed, values a shell keeps as they are) follows, sorted.
 pub fn render(
     link: &str,
     state: &str,
     k: &Knobs,
     decision_id: u64,
     tuner: Option<&Tuner>,
+    extra: &BTreeMap<String, String>,
 ) -> String {
     let buffsize = tuner.map_or(k.chunk_bytes, |t| t.chunk_max.max(k.chunk_bytes));
     let mut vars: Vec<(&str, String)> = vec![
@@ -68,6 +97,12 @@ pub fn render(
          # Init-time settings: they take effect when communicators are (re)created.\n"
     );
     for (key, value) in vars {
+        out.push_str(&format!("{key}={value}\n"));
+    }
+    if !extra.is_empty() {
+        out.push_str("# The policy's [env].\n");
+    }
+    for (key, value) in extra {
         out.push_str(&format!("{key}={value}\n"));
     }
     out
@@ -120,9 +155,55 @@ mod tests {
         }
     }
 
+    fn none() -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
+
+    /// Part of the reference case's NCCL environment, as a policy's `[env]` gives it.
+    fn recipe() -> BTreeMap<String, String> {
+        [("NCCL_PROTO", "Simple"), ("NCCL_ALGO", "Tree"), ("NCCL_IB_HCA", "mlx5_0,mlx5_1")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn the_policys_env_follows_the_computed_variables_sorted() {
+        let text = render("hk-us", "healthy", &knobs(), 7, None, &recipe());
+        let keys: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+            .collect();
+        let n = keys.len();
+        assert_eq!(keys[n - 3..], ["NCCL_ALGO", "NCCL_IB_HCA", "NCCL_PROTO"], "{text}");
+        assert!(keys[..n - 3].iter().all(|k| is_computed(k)), "{keys:?}");
+        let vars = parse(&text).unwrap();
+        assert_eq!(vars["NCCL_ALGO"], "Tree");
+        assert_eq!(vars["NCCL_IB_HCA"], "mlx5_0,mlx5_1");
+        assert_eq!(vars["NCCL_IB_TIMEOUT"], "22");
+        // Without [env], nothing more than before.
+        let plain = render("hk-us", "healthy", &knobs(), 7, None, &none());
+        assert!(!plain.contains("[env]") && !plain.contains("NCCL_ALGO"), "{plain}");
+    }
+
+    #[test]
+    fn computed_names_and_env_names() {
+        let plugin = Tuner { plugin: "/x.so".into(), chunk_max: 1 << 20 };
+        let text = render("l", "s", &knobs(), 1, Some(&plugin), &none());
+        for key in parse(&text).unwrap().keys() {
+            assert!(is_computed(key), "{key} is computed but a policy could set it");
+        }
+        assert!(is_computed("LINKPILOT_ANYTHING") && is_computed("NCCL_ASYNC_ERROR_HANDLING"));
+        assert!(!is_computed("NCCL_ALGO"));
+        assert!(is_env_name("NCCL_ALGO") && is_env_name("_x1"));
+        assert!(!is_env_name("") && !is_env_name("1X") && !is_env_name("NCCL-ALGO"));
+        assert!(!is_env_name("A B") && !is_env_name("É"));
+    }
+
     #[test]
     fn the_reference_case_values() {
-        let text = render("hk-us", "congested", &knobs(), 42, None);
+        let text = render("hk-us", "congested", &knobs(), 42, None, &none());
         let vars = parse(&text).unwrap();
         assert_eq!(vars["NCCL_IB_TIMEOUT"], "22");
         assert_eq!(vars["NCCL_IB_TC"], "106");
@@ -137,7 +218,7 @@ mod tests {
     fn with_the_tuner_plugin_buffsize_covers_the_largest_chunk() {
         let plugin = "/opt/lp/libnccl-tuner-linkpilot.so".into();
         let t = Tuner { plugin, chunk_max: 32 << 20 };
-        let vars = parse(&render("hk-us", "congested", &knobs(), 42, Some(&t))).unwrap();
+        let vars = parse(&render("hk-us", "congested", &knobs(), 42, Some(&t), &none())).unwrap();
         assert_eq!(vars["NCCL_BUFFSIZE"], "33554432");
         assert_eq!(vars["NCCL_TUNER_PLUGIN"], "/opt/lp/libnccl-tuner-linkpilot.so");
         assert_eq!(installed_tuner(Path::new("off")), None);
@@ -150,17 +231,20 @@ mod tests {
     fn a_shell_sources_it() {
         let dir = std::env::temp_dir().join(format!("lp-env-{}", std::process::id()));
         let path = dir.join("nccl.env");
-        write_atomic(&path, &render("hk-us", "healthy", &knobs(), 1, None)).unwrap();
+        write_atomic(&path, &render("hk-us", "healthy", &knobs(), 1, None, &none())).unwrap();
         // Replacing leaves no temporary file behind.
-        write_atomic(&path, &render("hk-us", "severe", &knobs(), 2, None)).unwrap();
+        write_atomic(&path, &render("hk-us", "severe", &knobs(), 2, None, &recipe())).unwrap();
         let out = std::process::Command::new("sh")
             .arg("-c")
-            .arg(format!("set -a; . '{}'; echo $NCCL_IB_TIMEOUT $LINKPILOT_STATE", path.display()))
+            .arg(format!(
+                "set -a; . '{}'; echo $NCCL_IB_TIMEOUT $LINKPILOT_STATE $NCCL_IB_HCA",
+                path.display()
+            ))
             .output()
             .unwrap();
         let entries = fs::read_dir(&dir).unwrap().count();
         let _ = fs::remove_dir_all(&dir);
-        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "22 severe");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "22 severe mlx5_0,mlx5_1");
         assert_eq!(entries, 1);
     }
 }

@@ -355,12 +355,16 @@ fn env(
     };
     let policy = linkpilot::control::Policy::load(policy)?;
     let chunk_max = policy.bounds.chunk_max;
+    let extra = policy.env.clone();
     let mut core = linkpilot::control::Core::new(policy);
     let start = core.step(&linkpilot::sensors::Snapshot::default());
     let d = start.first().context("the policy has no link")?;
     let tuner = linkpilot::envfile::installed_tuner(nccl_tuner)
         .map(|plugin| linkpilot::envfile::Tuner { plugin, chunk_max });
-    print!("{}", linkpilot::envfile::render(&d.link, &d.state, &d.knobs, d.id, tuner.as_ref()));
+    print!(
+        "{}",
+        linkpilot::envfile::render(&d.link, &d.state, &d.knobs, d.id, tuner.as_ref(), &extra)
+    );
     Ok(())
 }
 

@@ -1,7 +1,9 @@
-//! TCP buffer sysctls sized to the bandwidth-delay product, changed reversibly: the original
-//! values are saved in a state file before the first change, restored on exit and, after a
-//! crash, on the next start. A value someone else changed since our last write is theirs: we log
-//! it and stop managing (and restoring) that sysctl.
+//! TCP buffer sysctls sized to the bandwidth-delay product, and the host sysctls a policy fixes
+//! (`[host]`: tcp_ecn, netdev_max_backlog), changed reversibly: the original values are saved
+//! in a state file before the first change, restored on exit and, after a crash, on the next
+//! start. A value someone else changed since our last write is theirs: we log it and stop
+//! managing (and restoring) that sysctl. Sysctls absent or read-only here (a network namespace
+//! other than the initial one) are left alone.
 
 use std::{
     collections::BTreeMap,
@@ -23,6 +25,37 @@ pub const DEFAULT_STATE: &str = "/run/linkpilot/sysctl-originals.json";
 /// only get their maximum changed.
 pub const MANAGED: [&str; 4] =
     ["net/core/rmem_max", "net/core/wmem_max", "net/ipv4/tcp_rmem", "net/ipv4/tcp_wmem"];
+
+/// net.ipv4.tcp_ecn (`[host] tcp_ecn`).
+pub const TCP_ECN: &str = "net/ipv4/tcp_ecn";
+/// net.core.netdev_max_backlog (`[host] netdev_max_backlog`); not in other network namespaces
+/// on most kernels.
+pub const NETDEV_MAX_BACKLOG: &str = "net/core/netdev_max_backlog";
+/// The host sysctls a policy may fix, relative to /proc/sys: single integers, set as given.
+pub const HOST: [&str; 2] = [TCP_ECN, NETDEV_MAX_BACKLOG];
+
+/// The host sysctls `host` asks for, as [`Sysctls::apply_host`] takes them.
+pub fn host_values(host: &crate::control::policy::Host) -> Vec<(&'static str, i64)> {
+    let mut v = Vec::new();
+    if let Some(ecn) = host.tcp_ecn {
+        v.push((TCP_ECN, i64::from(ecn)));
+    }
+    if let Some(backlog) = host.netdev_max_backlog {
+        v.push((NETDEV_MAX_BACKLOG, i64::from(backlog)));
+    }
+    v
+}
+
+/// Whether a write failed because the sysctl is read-only here.
+fn read_only(e: &SysctlError) -> bool {
+    matches!(e, SysctlError::Io { source, .. }
+        if matches!(source.kind(), io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem))
+}
+
+/// Whether a read failed because the sysctl does not exist here.
+fn absent(e: &SysctlError) -> bool {
+    matches!(e, SysctlError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SysctlError {
@@ -123,7 +156,7 @@ impl Sysctls {
             let now = match read(&path) {
                 Ok(v) => v,
                 // Not in this network namespace's /proc/sys: not ours to manage.
-                Err(SysctlError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                Err(e) if absent(&e) => {
                     warn!(sysctl = key, "absent here; not managed");
                     self.released.push(key.to_owned());
                     continue;
@@ -157,9 +190,7 @@ impl Sysctls {
             match write(&path, &want) {
                 Ok(()) => {}
                 // Read-only here (e.g. net.core.rmem_max outside the initial network namespace).
-                Err(SysctlError::Io { source, .. })
-                    if source.kind() == io::ErrorKind::PermissionDenied =>
-                {
+                Err(e) if read_only(&e) => {
                     warn!(sysctl = key, "read-only here; not managed");
                     self.released.push(key.to_owned());
                     self.originals.values.remove(key);
@@ -169,6 +200,94 @@ impl Sysctls {
                 Err(e) => return Err(e),
             }
             // Read back: the kernel may normalise what it was given.
+            let back = read(&path)?;
+            info!(sysctl = key, from = now, to = back, "set");
+            changed.push(format!("{key} {now} -> {back}"));
+            self.written.insert(key.to_owned(), back);
+        }
+        Ok(changed)
+    }
+
+    /// Sets each host sysctl of `want` (a [`HOST`] key and its value) and puts back the
+    /// original of each one managed before that `want` no longer names (a reloaded policy that
+    /// dropped it). Everything is read and checked first; originals are saved (state file first)
+    /// before the first change of each.
+    pub fn apply_host(&mut self, want: &[(&str, i64)]) -> Result<Vec<String>, SysctlError> {
+        let mut plan = Vec::new();
+        for key in HOST {
+            if self.released.iter().any(|k| k == key) {
+                continue;
+            }
+            let target = match want.iter().find(|(k, _)| *k == key) {
+                Some((_, v)) => Some(v.to_string()),
+                // Dropped by the policy: ours to put back, if we ever touched it.
+                None if self.written.contains_key(key)
+                    || self.originals.values.contains_key(key) =>
+                {
+                    None
+                }
+                None => continue,
+            };
+            let path = self.path(key);
+            let now = match read(&path) {
+                Ok(v) => v,
+                Err(e) if absent(&e) => {
+                    warn!(sysctl = key, "absent here; not managed");
+                    self.released.push(key.to_owned());
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if now.parse::<i64>().is_err() {
+                return Err(SysctlError::Format { path: path.display().to_string(), value: now });
+            }
+            plan.push((key, path, now, target));
+        }
+        let mut changed = Vec::new();
+        for (key, path, now, target) in plan {
+            if let Some(ours) = self.written.get(key) {
+                if *ours != now {
+                    warn!(sysctl = key, ours, now, "changed by someone else; no longer managed");
+                    self.released.push(key.to_owned());
+                    self.written.remove(key);
+                    self.originals.values.remove(key);
+                    self.save()?;
+                    continue;
+                }
+            }
+            let Some(want) = target else {
+                // No longer asked for: the original back, then forgotten.
+                self.written.remove(key);
+                if let Some(original) = self.originals.values.get(key).cloned() {
+                    if original != now {
+                        write(&path, &original)?;
+                        info!(sysctl = key, to = original, "restored (no longer in the policy)");
+                        changed.push(format!("{key} {now} -> {original}"));
+                    }
+                    self.originals.values.remove(key);
+                    self.save()?;
+                }
+                continue;
+            };
+            if want == now {
+                self.written.insert(key.to_owned(), now);
+                continue;
+            }
+            if !self.originals.values.contains_key(key) {
+                self.originals.values.insert(key.to_owned(), now.clone());
+                self.save()?;
+            }
+            match write(&path, &want) {
+                Ok(()) => {}
+                Err(e) if read_only(&e) => {
+                    warn!(sysctl = key, "read-only here; not managed");
+                    self.released.push(key.to_owned());
+                    self.originals.values.remove(key);
+                    self.save()?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
             let back = read(&path)?;
             info!(sysctl = key, from = now, to = back, "set");
             changed.push(format!("{key} {now} -> {back}"));
@@ -233,6 +352,8 @@ mod tests {
         fs::write(root.join("net/core/wmem_max"), "212992\n").unwrap();
         fs::write(root.join("net/ipv4/tcp_rmem"), "4096\t131072\t6291456\n").unwrap();
         fs::write(root.join("net/ipv4/tcp_wmem"), "4096\t16384\t4194304\n").unwrap();
+        fs::write(root.join(TCP_ECN), "2\n").unwrap();
+        fs::write(root.join(NETDEV_MAX_BACKLOG), "1000\n").unwrap();
         (root, dir.join("state.json"))
     }
 
@@ -314,6 +435,93 @@ mod tests {
         assert!(err.contains("tcp_rmem") && err.contains("unexpected value"), "{err}");
         assert_eq!(get(&root, "net/core/rmem_max"), "212992", "nothing changed");
         assert!(!state.exists());
+        let _ = fs::remove_dir_all(root.parent().unwrap());
+    }
+
+    /// The reference case's `[host]`.
+    const RECIPE: [(&str, i64); 2] = [(TCP_ECN, 1), (NETDEV_MAX_BACKLOG, 250_000)];
+
+    #[test]
+    fn host_settings_follow_the_policy_and_go_back() {
+        let (root, state) = tree("host");
+        let mut s = Sysctls::open(&root, &state).unwrap();
+        s.apply(128 << 20).unwrap();
+        let changed = s.apply_host(&RECIPE).unwrap();
+        assert_eq!(
+            changed,
+            ["net/ipv4/tcp_ecn 2 -> 1", "net/core/netdev_max_backlog 1000 -> 250000"]
+        );
+        assert_eq!(
+            (get(&root, TCP_ECN), get(&root, NETDEV_MAX_BACKLOG)),
+            ("1".into(), "250000".into())
+        );
+        let saved = fs::read_to_string(&state).unwrap();
+        assert!(saved.contains("\"net/ipv4/tcp_ecn\": \"2\""), "{saved}");
+        assert!(s.apply_host(&RECIPE).unwrap().is_empty(), "nothing to do the second time");
+        // A reloaded policy with another value, then without tcp_ecn at all.
+        s.apply_host(&[(TCP_ECN, 0), (NETDEV_MAX_BACKLOG, 250_000)]).unwrap();
+        assert_eq!(get(&root, TCP_ECN), "0");
+        let changed = s.apply_host(&[(NETDEV_MAX_BACKLOG, 250_000)]).unwrap();
+        assert_eq!(changed, ["net/ipv4/tcp_ecn 0 -> 2"]);
+        assert_eq!(get(&root, TCP_ECN), "2", "dropped: the original back");
+        assert!(!fs::read_to_string(&state).unwrap().contains("tcp_ecn"), "and forgotten");
+        // Asked for again: managed again, from the value now there.
+        s.apply_host(&RECIPE).unwrap();
+        assert_eq!(get(&root, TCP_ECN), "1");
+        s.restore().unwrap();
+        assert_eq!(
+            (get(&root, TCP_ECN), get(&root, NETDEV_MAX_BACKLOG)),
+            ("2".into(), "1000".into())
+        );
+        assert_eq!(get(&root, "net/core/rmem_max"), "212992");
+        assert!(!state.exists());
+        let _ = fs::remove_dir_all(root.parent().unwrap());
+    }
+
+    #[test]
+    fn host_settings_after_a_crash_an_administrator_or_in_a_namespace() {
+        let (root, state) = tree("host-crash");
+        let mut s = Sysctls::open(&root, &state).unwrap();
+        s.apply_host(&RECIPE).unwrap();
+        std::mem::forget(s); // SIGKILL: no restore
+        let mut s = Sysctls::open(&root, &state).unwrap();
+        assert_eq!(
+            (get(&root, TCP_ECN), get(&root, NETDEV_MAX_BACKLOG)),
+            ("2".into(), "1000".into())
+        );
+        // An administrator's value is theirs: not overwritten, not restored.
+        s.apply_host(&RECIPE).unwrap();
+        fs::write(root.join(TCP_ECN), "0\n").unwrap();
+        s.apply_host(&RECIPE).unwrap();
+        assert_eq!(get(&root, TCP_ECN), "0");
+        assert_eq!(s.released(), [TCP_ECN]);
+        s.restore().unwrap();
+        assert_eq!(
+            (get(&root, TCP_ECN), get(&root, NETDEV_MAX_BACKLOG)),
+            ("0".into(), "1000".into())
+        );
+        // Absent (net.core outside the initial network namespace): left alone, the rest applies.
+        fs::remove_file(root.join(NETDEV_MAX_BACKLOG)).unwrap();
+        let mut s = Sysctls::open(&root, &state).unwrap();
+        assert_eq!(s.apply_host(&RECIPE).unwrap(), ["net/ipv4/tcp_ecn 0 -> 1"]);
+        assert_eq!(s.released(), [NETDEV_MAX_BACKLOG]);
+        assert!(!root.join(NETDEV_MAX_BACKLOG).exists());
+        s.restore().unwrap();
+        assert_eq!(get(&root, TCP_ECN), "0");
+        let _ = fs::remove_dir_all(root.parent().unwrap());
+    }
+
+    #[test]
+    fn host_settings_are_all_checked_before_any_is_written() {
+        let (root, state) = tree("host-bad");
+        fs::write(root.join(NETDEV_MAX_BACKLOG), "many\n").unwrap();
+        let mut s = Sysctls::open(&root, &state).unwrap();
+        let err = s.apply_host(&RECIPE).unwrap_err().to_string();
+        assert!(err.contains("netdev_max_backlog") && err.contains("unexpected value"), "{err}");
+        assert_eq!(get(&root, TCP_ECN), "2", "nothing changed");
+        assert!(!state.exists());
+        let host = crate::control::policy::Host { tcp_ecn: Some(1), netdev_max_backlog: None };
+        assert_eq!(host_values(&host), [(TCP_ECN, 1)]);
         let _ = fs::remove_dir_all(root.parent().unwrap());
     }
 }

@@ -118,9 +118,16 @@ fn env_prints_a_policys_starting_values_or_says_why_not() {
         "NCCL_IB_TC=106",
         "NCCL_BUFFSIZE=8388608",
         "LINKPILOT_COMPRESSION=int8",
+        // The recipe's NCCL variables, from the policy's [env].
+        "NCCL_ALGO=Tree",
+        "NCCL_PROTO=Simple",
+        "NCCL_NET_GDR_LEVEL=2",
+        "NCCL_NTHREADS=512",
+        "NCCL_MIN_NRINGS=2",
     ] {
         assert!(out.lines().any(|l| l == line), "{line} missing from:\n{out}");
     }
+    assert!(!out.contains("NCCL_IB_HCA"), "host-specific variables stay commented out:\n{out}");
     let (code, _, err) = linkpilot(&["env", "--file", "/nonexistent/nccl.env"]);
     assert_eq!(code, 1);
     assert!(err.contains("no env file at /nonexistent/nccl.env"), "{err}");

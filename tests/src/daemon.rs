@@ -44,6 +44,11 @@ pub fn tcp_rmem_max(netns: &str) -> String {
     out.split_whitespace().last().unwrap_or_default().to_owned()
 }
 
+/// A sysctl's value in `netns`, as `sysctl -n` prints it (`name` dotted: net.ipv4.tcp_ecn).
+pub fn sysctl(netns: &str, name: &str) -> String {
+    crate::sh(&["ip", "netns", "exec", netns, "sysctl", "-n", name]).trim().to_owned()
+}
+
 pub fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     let start = Instant::now();
     while !f() {

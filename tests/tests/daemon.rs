@@ -14,7 +14,8 @@ use linkpilot_common::board::compression;
 use linkpilot_lab::{lab::Site, scenario::Direction};
 use linkpilot_tests::{
     daemon::{
-        iperf3_server, lab_with, sample, scrape, status_json, tcp_rmem_max, wait_for, Daemon,
+        iperf3_server, lab_with, sample, scrape, status_json, sysctl, tcp_rmem_max, wait_for,
+        Daemon,
     },
     linkpilot_bin,
 };
@@ -29,6 +30,11 @@ exit_after = "30s"
 min_dwell = "1s"
 [bounds]
 tcp_buffers = { min = "64MiB", max = "256MiB", bdp_factor = 2.0, max_step = 4.0 }
+[host]
+tcp_ecn = 1
+netdev_max_backlog = 250000
+[env]
+NCCL_ALGO = "Tree"
 [[link]]
 name = "wan"
 interfaces = ["eth0"]
@@ -234,6 +240,8 @@ fn reload_metrics_and_status() {
     std::fs::write(&tos, "0\n").expect("tos");
     let arg = |p: &Path| p.display().to_string();
     let extra = ["--rdma-root", &arg(&sysfs), "--rdma-cm-root", &arg(&dir.join("rdma_cm"))];
+    let ecn_before = sysctl(&hk.netns, "net.ipv4.tcp_ecn");
+    assert_ne!(ecn_before, "1", "a fresh namespace's tcp_ecn");
     let mut d = Daemon::start_with(&hk.netns, &dir, POLICY, &extra);
     wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
@@ -245,6 +253,10 @@ fn reload_metrics_and_status() {
     // The RDMA port on eth0 got the healthy state's RoCE traffic class (before the board, which
     // the daemon updates last).
     assert_eq!(std::fs::read_to_string(&tos).expect("tos").trim(), "106");
+    // The policy's [host] and [env] (netdev_max_backlog is not in this namespace: left alone).
+    assert_eq!(sysctl(&hk.netns, "net.ipv4.tcp_ecn"), "1", "{}", d.log());
+    let env = std::fs::read_to_string(dir.join("nccl.env")).expect("env file");
+    assert!(env.contains("\nNCCL_ALGO=Tree\n"), "{env}");
     // A second of TCP so that RTT series exist.
     let mut server = iperf3_server(&us);
     let client = hk
@@ -342,7 +354,9 @@ fn reload_metrics_and_status() {
     // the same size and the old mtime put back, so the file watcher cannot see it: only the
     // signal can apply it.
     let mtime = std::fs::metadata(&policy).and_then(|m| m.modified()).expect("mtime");
-    std::fs::write(&policy, POLICY.replacen("dscp = 26", "dscp = 18", 1)).expect("policy");
+    let reloaded =
+        POLICY.replacen("dscp = 26", "dscp = 18", 1).replacen("tcp_ecn = 1", "tcp_ecn = 0", 1);
+    std::fs::write(&policy, reloaded).expect("policy");
     std::fs::File::options()
         .write(true)
         .open(&policy)
@@ -355,6 +369,7 @@ fn reload_metrics_and_status() {
         board.read(100).is_ok_and(|b| b.links[0].dscp == 18)
     });
     assert!(d.log().contains("SIGHUP: reloading"), "{}", d.log());
+    assert_eq!(sysctl(&hk.netns, "net.ipv4.tcp_ecn"), "0", "the reloaded [host]");
     let decisions = std::fs::read_to_string(dir.join("decisions.jsonl")).unwrap_or_default();
     assert!(
         decisions
@@ -382,6 +397,7 @@ fn reload_metrics_and_status() {
     assert!(d.child.wait().expect("exit").success(), "{}", d.log());
     assert!(!dir.join("status.sock").exists(), "the socket is removed");
     assert_eq!(std::fs::read_to_string(&tos).expect("tos").trim(), "0", "RoCE class restored");
+    assert_eq!(sysctl(&hk.netns, "net.ipv4.tcp_ecn"), ecn_before, "tcp_ecn restored");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

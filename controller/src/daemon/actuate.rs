@@ -1,5 +1,6 @@
 //! The actuators: what a decision changes outside the core. The egress DSCP map, the knob
-//! board, the NCCL env file, TCP buffer sysctls and the RDMA ports' default RoCE traffic class.
+//! board, the NCCL env file (with the policy's `[env]`), TCP buffer sysctls and the policy's
+//! `[host]` sysctls, and the RDMA ports' default RoCE traffic class.
 //! Each fails alone: an error is logged and counted, and the others still apply.
 
 use std::path::PathBuf;
@@ -17,7 +18,7 @@ use crate::{
     probes::{monotonic_ns, Probes},
     rdma::{ports_of, RdmaPort},
     roce_tc::RoceTc,
-    sysctl::Sysctls,
+    sysctl::{self, Sysctls},
 };
 
 pub struct Actuators {
@@ -115,7 +116,7 @@ impl Actuators {
         if let Some((link, state, k)) = current.first() {
             let tuner = envfile::installed_tuner(&self.nccl_tuner)
                 .map(|plugin| envfile::Tuner { plugin, chunk_max: core.policy().bounds.chunk_max });
-            let text = envfile::render(link, state, k, latest, tuner.as_ref());
+            let text = envfile::render(link, state, k, latest, tuner.as_ref(), &core.policy().env);
             let r = envfile::write_atomic(&self.env_file, &text)
                 .with_context(|| format!("writing {}", self.env_file.display()));
             report(metrics, "env_file", r);
@@ -130,6 +131,13 @@ impl Actuators {
                 });
                 report(metrics, "sysctl", r.map_err(Into::into));
             }
+            // The policy's [host] sysctls (those a reloaded policy dropped go back).
+            let r = s.apply_host(&sysctl::host_values(&core.policy().host)).map(|changes| {
+                for change in changes {
+                    info!("sysctl {change}");
+                }
+            });
+            report(metrics, "sysctl", r.map_err(Into::into));
         }
         if let Some(roce) = &mut self.roce {
             for (link, _, k) in &current {

@@ -7,13 +7,16 @@ use linkpilot_common::{
     units::Bytes,
     MAX_DSCP_RULES, MAX_PEERS,
 };
+use std::collections::BTreeMap;
+
 use toml::Spanned;
 
 use super::{
-    file::{RawBounds, RawNccl, RawPolicy, RawState, Setting},
-    higher_is_worse, secs, Bounds, Errors, EstimatorConfig, Hysteresis, Link, Nccl, NcclRule,
+    file::{RawBounds, RawHost, RawNccl, RawPolicy, RawState, Setting},
+    higher_is_worse, secs, Bounds, Errors, EstimatorConfig, Host, Hysteresis, Link, Nccl, NcclRule,
     Policy, State, StateKnobs, Thresholds,
 };
+use crate::envfile;
 
 /// Why a link, peer or state name cannot be used, if it cannot: names go into the env file
 /// (`KEY=value` lines), the knob board (31 bytes) and metrics labels.
@@ -143,7 +146,84 @@ pub(super) fn check(raw: RawPolicy, e: &mut Errors) -> Policy {
     }
     let states = check_states(&raw.states, &bounds, e);
     let nccl = check_nccl(&raw.nccl, &states, e);
-    Policy { tick, estimator, hysteresis, bounds, links, states, nccl }
+    let host = check_host(&raw.host, e);
+    let env = check_env(&raw.env, e);
+    Policy { tick, estimator, hysteresis, bounds, links, states, nccl, host, env }
+}
+
+fn check_host(h: &RawHost, e: &mut Errors) -> Host {
+    let tcp_ecn = h.tcp_ecn.as_ref().and_then(|v| {
+        let n = *v.get_ref();
+        if !(0..=2).contains(&n) {
+            e.at(
+                v.span(),
+                format!(
+                    "host tcp_ecn {n} must be 0 (off), 1 (ask for and accept ECN) or 2 (accept \
+                     when asked, the kernel's default)"
+                ),
+            );
+        }
+        u8::try_from(n).ok()
+    });
+    let netdev_max_backlog = h.netdev_max_backlog.as_ref().and_then(|v| {
+        let n = *v.get_ref();
+        // The sysctl is a C int.
+        if !(1..=i64::from(i32::MAX)).contains(&n) {
+            e.at(
+                v.span(),
+                format!("host netdev_max_backlog {n} must be 1 to {} (a C int)", i32::MAX),
+            );
+        }
+        u32::try_from(n).ok()
+    });
+    Host { tcp_ecn, netdev_max_backlog }
+}
+
+/// Characters an `[env]` value may use: the env file is `KEY=value` lines that shells source
+/// unquoted (`set -a; . FILE`) and parsers read as they are.
+fn env_value_ok(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"_-.,:/=+@%^".contains(&b)
+}
+
+fn check_env(
+    raw: &BTreeMap<Spanned<String>, Spanned<String>>,
+    e: &mut Errors,
+) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    for (key, value) in raw {
+        let (k, v) = (key.get_ref(), value.get_ref());
+        if !envfile::is_env_name(k) {
+            e.at(
+                key.span(),
+                format!(
+                    "env {k:?} is not an environment variable name (a letter or '_', then \
+                     letters, digits and '_')"
+                ),
+            );
+        } else if envfile::is_computed(k) {
+            e.at(
+                key.span(),
+                format!(
+                    "env {k}: linkpilot computes it (NCCL_IB_TIMEOUT, NCCL_IB_RETRY_CNT, NCCL_IB_TC, \
+                     NCCL_BUFFSIZE, NCCL_TUNER_PLUGIN, TORCH_NCCL_ASYNC_ERROR_HANDLING, \
+                     LINKPILOT_*): set it through the knobs, not [env]"
+                ),
+            );
+        }
+        if v.bytes().any(|b| matches!(b, b'\n' | b'\r' | 0)) {
+            e.at(value.span(), format!("env {k}: value {v:?} must be one line without NUL"));
+        } else if !v.bytes().all(env_value_ok) {
+            e.at(
+                value.span(),
+                format!(
+                    "env {k}: value {v:?} may only use letters, digits and _ - . , : / = + @ % ^ \
+                     (the env file is sourced by shells, unquoted)"
+                ),
+            );
+        }
+        env.insert(k.clone(), v.clone());
+    }
+    env
 }
 
 /// NCCL's channel limit (MAXCHANNELS).

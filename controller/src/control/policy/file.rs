@@ -26,6 +26,21 @@ pub(super) struct RawPolicy {
     pub(super) states: Vec<Spanned<RawState>>,
     #[serde(default = "d_nccl")]
     pub(super) nccl: Spanned<RawNccl>,
+    #[serde(default)]
+    pub(super) host: RawHost,
+    /// Init-time variables the env file carries as they are.
+    #[serde(default)]
+    pub(super) env: BTreeMap<Spanned<String>, Spanned<String>>,
+}
+
+/// `[host]`: host sysctls the policy fixes while it runs (restored afterwards).
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHost {
+    /// net.ipv4.tcp_ecn.
+    pub(super) tcp_ecn: Option<Spanned<i64>>,
+    /// net.core.netdev_max_backlog.
+    pub(super) netdev_max_backlog: Option<Spanned<i64>>,
 }
 
 pub(super) fn d_nccl() -> Spanned<RawNccl> {

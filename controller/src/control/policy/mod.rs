@@ -2,7 +2,7 @@
 //! knobs, hysteresis, and knob bounds. A policy is parsed and checked whole: any error (named by
 //! file, line and column, saying what would be valid) means no policy at all.
 
-use std::{fmt, ops::Range};
+use std::{collections::BTreeMap, fmt, ops::Range};
 
 use ipnet::IpNet;
 use linkpilot_common::units::Nanos;
@@ -72,6 +72,19 @@ pub struct Policy {
     pub states: Vec<State>,
     /// What the NCCL tuner plugin asks NCCL for.
     pub nccl: Nccl,
+    /// Host sysctls fixed while the policy runs.
+    pub host: Host,
+    /// Init-time variables the env file carries as written, after the computed ones.
+    pub env: BTreeMap<String, String>,
+}
+
+/// The `[host]` section, checked: host sysctls (single integers) the policy fixes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Host {
+    /// net.ipv4.tcp_ecn: 0 off, 1 request and accept ECN, 2 accept only (the kernel's default).
+    pub tcp_ecn: Option<u8>,
+    /// net.core.netdev_max_backlog: packets queued per CPU before the stack takes them.
+    pub netdev_max_backlog: Option<u32>,
 }
 
 /// The `[nccl]` section, checked: published on the knob board for the tuner plugin.

@@ -110,6 +110,79 @@ fn golden_errors() {
 }
 
 #[test]
+fn host_and_env_sections() {
+    let cases = [
+        ("\n[host]\ntcp_ecn = 1\nnetdev_max_backlog = 250000\n[env]\nNCCL_ALGO = \"Tree\"\n", "OK"),
+        (
+            "\n[host]\ntcp_ecn = 3\nnetdev_max_backlog = 0\n",
+            "p.toml:14:11: host tcp_ecn 3 must be 0 (off), 1 (ask for and accept ECN) or 2 (accept when asked, the kernel's default)\n\
+             p.toml:15:22: host netdev_max_backlog 0 must be 1 to 2147483647 (a C int)",
+        ),
+        (
+            "\n[host]\nnetdev_max_backlog = 2147483648\n",
+            "p.toml:14:22: host netdev_max_backlog 2147483648 must be 1 to 2147483647 (a C int)",
+        ),
+        (
+            "\n[host]\ntcp_ecn = \"on\"\n",
+            "p.toml:14:11: invalid type: string \"on\", expected i64",
+        ),
+        (
+            "\n[host]\nrmem_max = 1\n",
+            "p.toml:14:1: unknown field `rmem_max`, expected `tcp_ecn` or `netdev_max_backlog`",
+        ),
+        (
+            "\n[env]\nNCCL_ALGO = \"Tree\"\nNCCL_IB_TIMEOUT = \"20\"\n",
+            "p.toml:15:1: env NCCL_IB_TIMEOUT: linkpilot computes it (NCCL_IB_TIMEOUT, NCCL_IB_RETRY_CNT, NCCL_IB_TC, NCCL_BUFFSIZE, NCCL_TUNER_PLUGIN, TORCH_NCCL_ASYNC_ERROR_HANDLING, LINKPILOT_*): set it through the knobs, not [env]",
+        ),
+        (
+            "\n[env]\nLINKPILOT_STATE = \"healthy\"\n",
+            "p.toml:14:1: env LINKPILOT_STATE: linkpilot computes it (NCCL_IB_TIMEOUT, NCCL_IB_RETRY_CNT, NCCL_IB_TC, NCCL_BUFFSIZE, NCCL_TUNER_PLUGIN, TORCH_NCCL_ASYNC_ERROR_HANDLING, LINKPILOT_*): set it through the knobs, not [env]",
+        ),
+        (
+            "\n[env]\n\"NCCL-ALGO\" = \"Tree\"\n",
+            "p.toml:14:1: env \"NCCL-ALGO\" is not an environment variable name (a letter or '_', then letters, digits and '_')",
+        ),
+        (
+            "\n[env]\nNCCL_ALGO = \"Tree\\nNCCL_IB_TIMEOUT=1\"\n",
+            "p.toml:14:13: env NCCL_ALGO: value \"Tree\\nNCCL_IB_TIMEOUT=1\" must be one line without NUL",
+        ),
+        (
+            "\n[env]\nNCCL_ALGO = \"Tree; rm -rf /\"\n",
+            "p.toml:14:13: env NCCL_ALGO: value \"Tree; rm -rf /\" may only use letters, digits and _ - . , : / = + @ % ^ (the env file is sourced by shells, unquoted)",
+        ),
+        (
+            "\n[env]\nNCCL_NTHREADS = 512\n",
+            "p.toml:14:17: invalid type: integer `512`, expected a string",
+        ),
+    ];
+    for (extra, want) in cases {
+        assert_eq!(errors(extra), want, "for:\n{extra}");
+    }
+}
+
+#[test]
+fn the_static_policy_is_the_whole_recipe() {
+    let fixed = Policy::parse(SHIPPED[2].1, "static").unwrap();
+    assert_eq!(fixed.host, Host { tcp_ecn: Some(1), netdev_max_backlog: Some(250_000) });
+    let env: Vec<(&str, &str)> = fixed.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    assert_eq!(
+        env,
+        [
+            ("NCCL_ALGO", "Tree"),
+            ("NCCL_MIN_NRINGS", "2"),
+            ("NCCL_NET_GDR_LEVEL", "2"),
+            ("NCCL_NTHREADS", "512"),
+            ("NCCL_PROTO", "Simple"),
+        ]
+    );
+    // The other shipped policies leave the host and the environment as they are.
+    for (name, src) in &SHIPPED[..2] {
+        let p = Policy::parse(src, name).unwrap();
+        assert_eq!((p.host, p.env.len()), (Host::default(), 0), "{name}");
+    }
+}
+
+#[test]
 fn limits_the_programs_and_the_board_have_are_checked() {
     // Appended TOML lands in the last table; start new ones where needed.
     let link = |i: usize| {
