@@ -179,33 +179,47 @@ impl Sysctls {
                     continue;
                 }
             }
-            if want == now {
-                self.written.insert(key.to_owned(), now);
-                continue;
+            if let Some(c) = self.set(key, &path, now, &want)? {
+                changed.push(c);
             }
-            if !self.originals.values.contains_key(key) {
-                self.originals.values.insert(key.to_owned(), now.clone());
-                self.save()?;
-            }
-            match write(&path, &want) {
-                Ok(()) => {}
-                // Read-only here (e.g. net.core.rmem_max outside the initial network namespace).
-                Err(e) if read_only(&e) => {
-                    warn!(sysctl = key, "read-only here; not managed");
-                    self.released.push(key.to_owned());
-                    self.originals.values.remove(key);
-                    self.save()?;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            }
-            // Read back: the kernel may normalise what it was given.
-            let back = read(&path)?;
-            info!(sysctl = key, from = now, to = back, "set");
-            changed.push(format!("{key} {now} -> {back}"));
-            self.written.insert(key.to_owned(), back);
         }
         Ok(changed)
+    }
+
+    /// Writes `want` over `now` (the original saved first, state file before the write) and
+    /// reads it back; `None` when nothing changed or the key turned out read-only here.
+    fn set(
+        &mut self,
+        key: &str,
+        path: &Path,
+        now: String,
+        want: &str,
+    ) -> Result<Option<String>, SysctlError> {
+        if want == now {
+            self.written.insert(key.to_owned(), now);
+            return Ok(None);
+        }
+        if !self.originals.values.contains_key(key) {
+            self.originals.values.insert(key.to_owned(), now.clone());
+            self.save()?;
+        }
+        match write(path, want) {
+            Ok(()) => {}
+            // Read-only here (e.g. net.core.rmem_max outside the initial network namespace).
+            Err(e) if read_only(&e) => {
+                warn!(sysctl = key, "read-only here; not managed");
+                self.released.push(key.to_owned());
+                self.originals.values.remove(key);
+                self.save()?;
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        }
+        // Read back: the kernel may normalise what it was given.
+        let back = read(path)?;
+        info!(sysctl = key, from = now, to = back, "set");
+        self.written.insert(key.to_owned(), back.clone());
+        Ok(Some(format!("{key} {now} -> {back}")))
     }
 
     /// Sets each host sysctl of `want` (a [`HOST`] key and its value) and puts back the
@@ -269,29 +283,9 @@ impl Sysctls {
                 }
                 continue;
             };
-            if want == now {
-                self.written.insert(key.to_owned(), now);
-                continue;
+            if let Some(c) = self.set(key, &path, now, &want)? {
+                changed.push(c);
             }
-            if !self.originals.values.contains_key(key) {
-                self.originals.values.insert(key.to_owned(), now.clone());
-                self.save()?;
-            }
-            match write(&path, &want) {
-                Ok(()) => {}
-                Err(e) if read_only(&e) => {
-                    warn!(sysctl = key, "read-only here; not managed");
-                    self.released.push(key.to_owned());
-                    self.originals.values.remove(key);
-                    self.save()?;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            }
-            let back = read(&path)?;
-            info!(sysctl = key, from = now, to = back, "set");
-            changed.push(format!("{key} {now} -> {back}"));
-            self.written.insert(key.to_owned(), back);
         }
         Ok(changed)
     }

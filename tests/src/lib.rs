@@ -10,8 +10,11 @@ pub mod oracle;
 pub mod watcher;
 
 use std::{
+    io::{BufRead as _, BufReader},
     path::PathBuf,
-    process::{Command, Output},
+    process::{Child, Command, Output},
+    sync::mpsc,
+    thread,
 };
 
 /// Runs `args` (program first) and returns stdout; panics with the command and its stderr.
@@ -60,4 +63,29 @@ pub fn lab_bin() -> PathBuf {
         path.display()
     );
     path
+}
+
+/// A child's piped stdout as a channel of lines, and its piped stderr collected whole (joined
+/// when the child has exited), so that a test can wait for a line with a timeout and print the
+/// log on failure.
+pub fn pipe_output(child: &mut Child) -> (mpsc::Receiver<String>, thread::JoinHandle<String>) {
+    let stdout = child.stdout.take().expect("piped stdout");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, lines) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let log = thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    (lines, log)
 }

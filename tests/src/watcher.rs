@@ -1,7 +1,6 @@
 //! `linkpilot watch --json` run as a child process inside a test namespace.
 
 use std::{
-    io::{BufRead, BufReader},
     process::{Child, Command, Stdio},
     sync::mpsc,
     thread,
@@ -55,24 +54,7 @@ impl Watcher {
             .stderr(Stdio::piped())
             .spawn()
             .expect("starting linkpilot watch");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let (tx, lines) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let stderr = thread::spawn(move || {
-            let mut all = String::new();
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                all.push_str(&line);
-                all.push('\n');
-            }
-            all
-        });
+        let (lines, stderr) = crate::pipe_output(&mut child);
         let mut w = Self { child, lines, stderr };
         if let Err(e) = w.lines.recv_timeout(Duration::from_secs(20)) {
             let _ = w.child.kill();

@@ -76,7 +76,7 @@ impl Drop for Feeder {
 
 struct Rank {
     child: Child,
-    lines: mpsc::Receiver<Value>,
+    lines: mpsc::Receiver<String>,
     stderr: thread::JoinHandle<String>,
 }
 
@@ -103,25 +103,7 @@ fn rank(
         .stderr(Stdio::piped())
         .spawn()
         .expect("starting a rank");
-    let stdout = child.stdout.take().expect("stdout");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, lines) = mpsc::channel();
-    thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let v: Value = serde_json::from_str(&line).unwrap_or(Value::String(line));
-            if tx.send(v).is_err() {
-                break;
-            }
-        }
-    });
-    let stderr = thread::spawn(move || {
-        let mut all = String::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            all.push_str(&line);
-            all.push('\n');
-        }
-        all
-    });
+    let (lines, stderr) = linkpilot_tests::pipe_output(&mut child);
     Rank { child, lines, stderr }
 }
 
@@ -132,7 +114,8 @@ impl Rank {
         let mut seen = Vec::new();
         loop {
             match self.lines.recv_timeout(limit) {
-                Ok(v) => {
+                Ok(line) => {
+                    let v: Value = serde_json::from_str(&line).unwrap_or(Value::String(line));
                     let found = v.get(key).is_some();
                     seen.push(v);
                     if found {

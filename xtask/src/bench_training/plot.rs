@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::Context as _;
-use plotters::prelude::*;
+use plotters::{coord::types::RangedCoordf64, prelude::*};
 use serde_json::Value;
 
 use super::RunResult;
@@ -54,7 +54,7 @@ fn phase_spans(r: &RunResult) -> Vec<(f64, f64, String)> {
 }
 
 pub fn step_times(results: &[RunResult], path: &Path) -> anyhow::Result<()> {
-    let series: Vec<(String, Vec<(f64, f64)>)> = results
+    let series: Vec<Series> = results
         .iter()
         .map(|r| {
             let o = origin(r);
@@ -87,19 +87,12 @@ pub fn step_times(results: &[RunResult], path: &Path) -> anyhow::Result<()> {
             )))?;
         }
     }
-    for (i, (name, pts)) in series.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
-            .label(name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], color));
-    }
-    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+    draw_lines(&mut chart, &series)?;
     root.present().with_context(|| format!("writing {}", path.display()))
 }
 
 pub fn loss(results: &[RunResult], path: &Path) -> anyhow::Result<()> {
-    let series: Vec<(String, Vec<(f64, f64)>)> = results
+    let series: Vec<Series> = results
         .iter()
         .map(|r| {
             let start = r.steps.first().map_or(0.0, |s| f(s, "t_start"));
@@ -124,6 +117,17 @@ pub fn loss(results: &[RunResult], path: &Path) -> anyhow::Result<()> {
         .y_label_area_size(50)
         .build_cartesian_2d(0.0..x_max, y_min..y_max)?;
     chart.configure_mesh().x_desc("seconds of training").y_desc("eval loss (nats/char)").draw()?;
+    draw_lines(&mut chart, &series)?;
+    root.present().with_context(|| format!("writing {}", path.display()))
+}
+
+type Series = (String, Vec<(f64, f64)>);
+
+/// One coloured line per configuration, with the legend.
+fn draw_lines<'a>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    series: &[Series],
+) -> anyhow::Result<()> {
     for (i, (name, pts)) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         chart
@@ -132,5 +136,5 @@ pub fn loss(results: &[RunResult], path: &Path) -> anyhow::Result<()> {
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], color));
     }
     chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
-    root.present().with_context(|| format!("writing {}", path.display()))
+    Ok(())
 }
