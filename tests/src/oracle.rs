@@ -67,3 +67,61 @@ pub fn links() -> Vec<(String, String)> {
         })
         .collect()
 }
+
+/// [`links`] of the programs in `progs` (ids from [`ours_loaded`]).
+pub fn links_of(progs: &[(u64, String)]) -> Vec<(String, String)> {
+    let links: Value =
+        serde_json::from_str(&sh(&["bpftool", "link", "show", "--json"])).expect("JSON");
+    links
+        .as_array()
+        .expect("bpftool link show --json is an array")
+        .iter()
+        .filter_map(|l| {
+            let (_, name) = progs.iter().find(|(id, _)| l["prog_id"].as_u64() == Some(*id))?;
+            let ty = match &l["type"] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            Some((ty, name.clone()))
+        })
+        .collect()
+}
+
+/// Our programs that `watch` and `run` attach, with the link type bpftool shows for each ("11"
+/// for TCX, "perf_event" for tracepoints): every name in common's list except the never-attached
+/// baseline, so a program added there is checked here without editing the tests.
+pub fn attached_programs() -> Vec<(&'static str, &'static str)> {
+    use linkpilot_common::{
+        PROGRAM_NAMES, PROG_SOCK_STATE, PROG_TCP_PROBE, PROG_TCP_RETRANSMIT, PROG_TC_EGRESS,
+        PROG_TC_INGRESS, PROG_TC_NOOP,
+    };
+    PROGRAM_NAMES
+        .iter()
+        .filter(|n| **n != PROG_TC_NOOP)
+        .map(|&n| match n {
+            PROG_TC_INGRESS | PROG_TC_EGRESS => ("11", n),
+            PROG_TCP_RETRANSMIT | PROG_TCP_PROBE | PROG_SOCK_STATE => ("perf_event", n),
+            other => panic!("{other}: say how bpftool shows its link"),
+        })
+        .collect()
+}
+
+/// Programs of ours (a name in common's list) loaded in the kernel, as (id, name). Ids are not
+/// reused soon, so comparing two readings tells what one run loaded even while other daemons of
+/// ours run on the machine.
+pub fn ours_loaded() -> Vec<(u64, String)> {
+    let progs: Value =
+        serde_json::from_str(&sh(&["bpftool", "prog", "show", "--json"])).expect("JSON");
+    progs
+        .as_array()
+        .expect("bpftool prog show --json is an array")
+        .iter()
+        .filter_map(|p| Some((p["id"].as_u64()?, p["name"].as_str()?.to_owned())))
+        .filter(|(_, n)| linkpilot_common::PROGRAM_NAMES.contains(&n.as_str()))
+        .collect()
+}
+
+/// What [`ours_loaded`] shows now that `before` did not.
+pub fn ours_loaded_since(before: &[(u64, String)]) -> Vec<(u64, String)> {
+    ours_loaded().into_iter().filter(|p| !before.contains(p)).collect()
+}

@@ -12,7 +12,7 @@ use std::{
 
 use linkpilot_tests::{
     netns::Pair,
-    oracle::{links, loaded_program_names, nstat},
+    oracle::{attached_programs, links_of, nstat, ours_loaded, ours_loaded_since},
     run,
     watcher::Watcher,
 };
@@ -193,16 +193,11 @@ fn retransmissions_match_tcp_retrans_segs() {
 #[test]
 fn detaches_everything_on_sigterm() {
     let pair = Pair::new("198.18.3.1", "198.18.3.2");
-    let ours = ["lp_tc_ingress", "lp_tc_egress", "lp_tcp_retrans"];
-    assert!(
-        loaded_program_names().iter().all(|n| !ours.contains(&n.as_str())),
-        "programs of ours are loaded before the test started"
-    );
+    let before = ours_loaded();
     let watcher = Watcher::start(&pair.a, &[pair.a_if]);
-    let during = links();
-    for (ty, prog) in
-        [("11", "lp_tc_ingress"), ("11", "lp_tc_egress"), ("perf_event", "lp_tcp_retrans")]
-    {
+    let loaded = ours_loaded_since(&before);
+    let during = links_of(&loaded);
+    for (ty, prog) in attached_programs() {
         assert!(
             during.iter().any(|(t, p)| t == ty && p == prog),
             "no {ty} link for {prog} while watching: {during:?}"
@@ -210,16 +205,10 @@ fn detaches_everything_on_sigterm() {
     }
 
     watcher.stop_with(Signal::SIGTERM);
-    let after = links();
-    assert!(
-        after.iter().all(|(_, p)| !ours.contains(&p.as_str())),
-        "links left after exit: {after:?}"
-    );
-    let loaded = loaded_program_names();
-    assert!(
-        loaded.iter().all(|n| !ours.contains(&n.as_str())),
-        "still loaded after exit: {loaded:?}"
-    );
+    let after = links_of(&loaded);
+    assert!(after.is_empty(), "links left after exit: {after:?}");
+    let left: Vec<_> = ours_loaded().into_iter().filter(|p| loaded.contains(p)).collect();
+    assert!(left.is_empty(), "still loaded after exit: {left:?}");
 }
 
 #[test]
