@@ -77,7 +77,7 @@ fn replay_of_a_lab_trace_escalates_on_echoed_ce_and_plots() {
     let congested = ds.iter().find(|d| d["state"] == "congested" || d["state"] == "degraded");
     let c = congested.unwrap_or_else(|| panic!("no escalation in {out}"));
     assert!(c["reason"].as_str().unwrap().contains("ce_fraction"), "{c}");
-    assert_ne!(c["knobs"]["compression"], "none", "{c}");
+    assert_ne!(c["knobs"]["compression"], ds[0]["knobs"]["compression"], "compresses harder: {c}");
     // Never below the hand-tuned NCCL_IB_TIMEOUT in any state.
     assert!(ds.iter().all(|d| d["knobs"]["nccl_ib_timeout"].as_u64() >= Some(22)));
     let plot = std::fs::read_to_string(&svg).expect("the SVG");

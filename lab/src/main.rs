@@ -117,8 +117,16 @@ fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Check { scenario } => {
             let s = Scenario::load(&scenario)?;
+            // The best rate any phase gives: what a policy for this lab declares as capacity.
+            let top = s
+                .phases
+                .iter()
+                .flat_map(|p| [&p.hk_to_us, &p.us_to_hk])
+                .filter_map(|l| l.rate.map(|r| r.at(0.0).0.max(r.at(1.0).0)))
+                .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))));
+            let rate = top.map_or("unlimited rate".to_owned(), |r| format!("up to {r:.0} bit/s"));
             println!(
-                "OK: {} ({} phases, {:.1} s per pass)",
+                "OK: {} ({} phases, {:.1} s per pass, {rate})",
                 s.name,
                 s.phases.len(),
                 s.duration().0 as f64 / 1e9

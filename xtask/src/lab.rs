@@ -78,6 +78,16 @@ pub fn in_ns(netns: &str, args: &[&str]) -> Command {
 
 /// Seconds in one pass of `scenario` (a built-in name or a file), as the lab computes it.
 pub fn pass_seconds(scenario: &str) -> anyhow::Result<f64> {
+    Ok(check(scenario)?.0)
+}
+
+/// The best rate any of the scenario's phases gives, bit/s (`None`: no phase limits the rate).
+pub fn top_rate(scenario: &str) -> anyhow::Result<Option<f64>> {
+    Ok(check(scenario)?.1)
+}
+
+/// `linkpilot-lab check`: seconds per pass and the top rate.
+fn check(scenario: &str) -> anyhow::Result<(f64, Option<f64>)> {
     let out = Command::new(bin("linkpilot-lab"))
         .args(["check", scenario])
         .output()
@@ -86,12 +96,24 @@ pub fn pass_seconds(scenario: &str) -> anyhow::Result<f64> {
     if !out.status.success() {
         bail!("scenario {scenario}: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
-    // "OK: hk-us-day (N phases, 333.0 s per pass)"
-    text.split(", ")
+    // "OK: hk-us-day (N phases, 333.0 s per pass, up to 300000000 bit/s)" or "..., unlimited rate)"
+    let mut parts = text.trim().trim_end_matches(')').split(", ");
+    let unexpected = || format!("unexpected linkpilot-lab check output: {text}");
+    let secs = parts
         .nth(1)
         .and_then(|s| s.split_whitespace().next())
         .and_then(|s| s.parse::<f64>().ok())
-        .with_context(|| format!("unexpected linkpilot-lab check output: {text}"))
+        .with_context(unexpected)?;
+    let rate = match parts.next().with_context(unexpected)? {
+        "unlimited rate" => None,
+        r => Some(
+            r.strip_prefix("up to ")
+                .and_then(|r| r.strip_suffix(" bit/s"))
+                .and_then(|r| r.parse::<f64>().ok())
+                .with_context(unexpected)?,
+        ),
+    };
+    Ok((secs, rate))
 }
 
 /// A running lab: the process, its hosts (HK first, then US, by index) and every JSON line of

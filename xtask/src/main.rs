@@ -58,6 +58,10 @@ enum Command {
         /// A subset of configurations, e.g. untuned,adaptive.
         #[arg(long, value_delimiter = ',')]
         configs: Option<Vec<String>>,
+        /// Report the other configurations' results of an earlier run over the same scenario
+        /// with these (to re-run one configuration after a policy change).
+        #[arg(long, requires = "configs")]
+        keep: bool,
     },
     /// Setup, then fmt check, clippy, unit tests and (as root) the privileged tests.
     Test {
@@ -78,8 +82,8 @@ fn main() -> anyhow::Result<()> {
         Command::Test { no_privileged } => test::run(!no_privileged),
         Command::Demo { seconds } => demo::run(seconds),
         Command::BenchDaemon { flows, seconds } => bench_daemon::run(flows, seconds),
-        Command::BenchTraining { quick, scenario, configs } => {
-            bench_training::run(bench_training::Args { quick, scenario, configs })
+        Command::BenchTraining { quick, scenario, configs, keep } => {
+            bench_training::run(bench_training::Args { quick, scenario, configs, keep })
         }
     }
 }

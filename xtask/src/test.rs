@@ -91,6 +91,7 @@ pub fn run(privileged: bool) -> anyhow::Result<()> {
         quick: true,
         scenario: None,
         configs: None,
+        keep: false,
     })
     .context("bench-training --quick")
 }

@@ -10,7 +10,9 @@ use anyhow::{bail, Context as _};
 use crate::run::workspace_root;
 
 /// A policy file the daemon runs with on every host: the shipped one, mirrored for the US site
-/// (its peer is the HK prefix), optionally with every state's compression fixed.
+/// (its peer is the HK prefix), its link's capacity the lab's (the shipped files describe the
+/// 40 Gbit/s reference link; an operator declares the link they have), optionally with every
+/// state's compression fixed.
 #[derive(Clone, Debug)]
 pub struct Policy {
     pub file: PathBuf,
@@ -23,9 +25,28 @@ impl Policy {
     }
 
     /// The policy text for a host of `site` ("Hk" or "Us").
-    pub fn for_site(&self, site: &str) -> anyhow::Result<String> {
+    pub fn for_site(&self, site: &str, capacity_bps: Option<f64>) -> anyhow::Result<String> {
         let mut text = fs::read_to_string(&self.file)
             .with_context(|| format!("reading {}", self.file.display()))?;
+        if let Some(bps) = capacity_bps {
+            let declared =
+                text.lines().filter(|l| l.trim_start().starts_with("capacity =")).count();
+            if declared != 1 {
+                bail!("{}: {declared} capacity lines, expected one", self.file.display());
+            }
+            text = text
+                .lines()
+                .map(|l| {
+                    if l.trim_start().starts_with("capacity =") {
+                        format!("capacity = \"{}Mbit/s\"", (bps / 1e6).round())
+                    } else {
+                        l.to_owned()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+                + "\n";
+        }
         if site == "Us" {
             // The far side of a US host is Hong Kong.
             for (from, to) in [

@@ -35,6 +35,7 @@ pub struct Args {
     pub quick: bool,
     pub scenario: Option<String>,
     pub configs: Option<Vec<String>>,
+    pub keep: bool,
 }
 
 /// What one configuration's run left: rank 0's step lines, the lab's timeline, the decisions.
@@ -63,20 +64,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .unwrap_or_else(|| if args.quick { "training-quick" } else { "training-day" }.to_owned());
     let configs = config::select(args.quick, args.configs.as_deref())?;
     let out = workspace_root().join("target/bench-training");
-    let _ = fs::remove_dir_all(&out);
+    if args.keep {
+        for c in &configs {
+            let _ = fs::remove_dir_all(out.join(&c.name));
+        }
+    } else {
+        let _ = fs::remove_dir_all(&out);
+    }
     fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let secs = lab::pass_seconds(&scenario)?;
+    let capacity = lab::top_rate(&scenario)?;
     println!(
         "bench-training: {} configuration(s) over {scenario} ({secs:.0} s each); results in {}",
         configs.len(),
         out.display()
     );
     let mut results = Vec::new();
+    let fresh: Vec<String> = configs.iter().map(|c| c.name.clone()).collect();
     for c in configs {
         println!("== {}: {}", c.name, c.describe());
         let dir = out.join(&c.name);
         fs::create_dir_all(&dir)?;
-        let r = run_config(&c, &scenario, secs, &dir)
+        let r = run_config(&c, &scenario, secs, capacity, &dir)
             .with_context(|| format!("configuration {} (logs in {})", c.name, dir.display()))?;
         println!(
             "   {} steps in the pass, last eval loss {}, {} decisions, {} failed collectives",
@@ -86,6 +95,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             r.failed.len()
         );
         results.push(r);
+    }
+    if args.keep {
+        results = with_kept(results, &fresh, &scenario, &out)?;
     }
     let summary = report::summarize(&results);
     fs::write(out.join("results.json"), serde_json::to_string_pretty(&summary)?)?;
@@ -104,7 +116,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run_config(c: &Config, scenario: &str, secs: f64, dir: &Path) -> anyhow::Result<RunResult> {
+fn run_config(
+    c: &Config,
+    scenario: &str,
+    secs: f64,
+    capacity: Option<f64>,
+    dir: &Path,
+) -> anyhow::Result<RunResult> {
     // The lab outlives the pass so that the ranks' last steps (they stop at a sync point after
     // the pass) still have a link; steps that end after the pass are not reported.
     let running = Lab::start(dir, scenario, LAB_NAME, c.per_site, secs.ceil() as u64 + 90)?;
@@ -112,7 +130,7 @@ fn run_config(c: &Config, scenario: &str, secs: f64, dir: &Path) -> anyhow::Resu
     let mut daemons = Vec::new();
     if let Some(policy) = &c.policy {
         for h in &running.hosts {
-            daemons.push(start_daemon(policy, h, dir)?);
+            daemons.push(start_daemon(policy, h, capacity, dir)?);
         }
     }
     // Train until the scenario's pass ends (the ranks agree on the last step among themselves).
@@ -156,6 +174,8 @@ fn run_config(c: &Config, scenario: &str, secs: f64, dir: &Path) -> anyhow::Resu
     let decisions =
         fs::read_to_string(dir.join("hk0-decisions.jsonl")).map(|t| t.lines().count()).unwrap_or(0);
     fs::write(dir.join("steps.jsonl"), steps.iter().map(|v| format!("{v}\n")).collect::<String>())?;
+    let run = serde_json::json!({ "scenario": scenario, "pass_s": secs, "failed": failed });
+    fs::write(dir.join("run.json"), run.to_string())?;
     fs::write(
         dir.join("lab.jsonl"),
         timeline.iter().map(|v| format!("{v}\n")).collect::<String>(),
@@ -165,10 +185,15 @@ fn run_config(c: &Config, scenario: &str, secs: f64, dir: &Path) -> anyhow::Resu
 
 /// `linkpilot run` in `host`'s namespace with the policy for its site; every file it writes is
 /// in `dir`, prefixed with the host.
-fn start_daemon(policy: &config::Policy, host: &Host, dir: &Path) -> anyhow::Result<Reaped> {
+fn start_daemon(
+    policy: &config::Policy,
+    host: &Host,
+    capacity: Option<f64>,
+    dir: &Path,
+) -> anyhow::Result<Reaped> {
     let tag = host_tag(host);
     let policy_file = dir.join(format!("{tag}-policy.toml"));
-    fs::write(&policy_file, policy.for_site(&host.site)?)?;
+    fs::write(&policy_file, policy.for_site(&host.site, capacity)?)?;
     let p = |f: &str| dir.join(format!("{tag}-{f}")).display().to_string();
     let child = Command::new("nsenter")
         .arg(format!("--net=/run/netns/{}", host.netns))
@@ -253,4 +278,54 @@ fn start_rank(
         lines,
         log: dir.join(format!("rank{rank}.log")),
     })
+}
+
+/// `results` and, in the benchmark's order, every other configuration whose earlier run over
+/// `scenario` left its files in `out`.
+fn with_kept(
+    results: Vec<RunResult>,
+    fresh: &[String],
+    scenario: &str,
+    out: &Path,
+) -> anyhow::Result<Vec<RunResult>> {
+    let mut fresh_results: Vec<Option<RunResult>> = results.into_iter().map(Some).collect();
+    let mut all = Vec::new();
+    for c in config::all() {
+        if let Some(i) = fresh.iter().position(|n| *n == c.name) {
+            all.extend(fresh_results[i].take());
+            continue;
+        }
+        let dir = out.join(&c.name);
+        let Ok(run) = fs::read_to_string(dir.join("run.json")) else { continue };
+        let run: Value = serde_json::from_str(&run)
+            .with_context(|| format!("{}: not a run record", dir.join("run.json").display()))?;
+        if run["scenario"] != scenario {
+            println!("   not reporting {}: its run was over {}", c.name, run["scenario"]);
+            continue;
+        }
+        let lines = |f: &str| -> anyhow::Result<Vec<Value>> {
+            let path = dir.join(f);
+            let text =
+                fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+            text.lines()
+                .map(|l| serde_json::from_str(l).with_context(|| format!("{}", path.display())))
+                .collect()
+        };
+        let decisions = fs::read_to_string(dir.join("hk0-decisions.jsonl"))
+            .map(|t| t.lines().count())
+            .unwrap_or(0);
+        println!("   reporting {} from its earlier run", c.name);
+        all.push(RunResult {
+            steps: lines("steps.jsonl")?,
+            timeline: lines("lab.jsonl")?,
+            failed: run["failed"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|f| f.as_str().map(str::to_owned)).collect())
+                .unwrap_or_default(),
+            decisions,
+            pass_s: run["pass_s"].as_f64().unwrap_or(0.0),
+            config: c,
+        });
+    }
+    Ok(all)
 }

@@ -72,6 +72,11 @@ fn time_to(steps: &[Value], target: f64) -> Option<f64> {
         .map(|s| t(s, "t_end") - first)
 }
 
+/// Steps taken until the first evaluation at or below `target` (that step included).
+fn steps_to(steps: &[Value], target: f64) -> Option<usize> {
+    steps.iter().position(|s| s["eval_loss"].as_f64().is_some_and(|l| l <= target)).map(|i| i + 1)
+}
+
 fn per_phase(r: &RunResult) -> Vec<Value> {
     phases(&r.timeline, r.pass_s)
         .iter()
@@ -110,11 +115,19 @@ pub fn summarize(results: &[RunResult]) -> Value {
     let target = untuned.and_then(final_loss);
     let time_to_target = |r: &RunResult| target.and_then(|l| time_to(&r.steps, l * (1.0 + 1e-9)));
     let base = untuned.and_then(time_to_target);
-    let stat = results.iter().find(|r| r.config.name == "static").and_then(time_to_target);
+    let static_run = results.iter().find(|r| r.config.name == "static");
+    let stat = static_run.and_then(time_to_target);
+    // A second target over the whole day: where the hand-tuned run ended up. The first one is
+    // often reached in the first calm phase, before the link changes at all.
+    let day_target = static_run.and_then(final_loss);
+    let time_to_day_target =
+        |r: &RunResult| day_target.and_then(|l| time_to(&r.steps, l * (1.0 + 1e-9)));
+    let stat_day = static_run.and_then(time_to_day_target);
     let configs: Vec<Value> = results
         .iter()
         .map(|r| {
             let ttt = time_to_target(r);
+            let day = time_to_day_target(r);
             json!({
                 "name": r.config.name,
                 "setup": r.config.describe(),
@@ -124,34 +137,54 @@ pub fn summarize(results: &[RunResult]) -> Value {
                 "time_to_target_s": ttt,
                 "speedup_vs_untuned": ttt.zip(base).map(|(a, b)| b / a),
                 "speedup_vs_static": ttt.zip(stat).map(|(a, b)| b / a),
+                "steps_to_target": target.and_then(|l| steps_to(&r.steps, l * (1.0 + 1e-9))),
+                "time_to_day_target_s": day,
+                "day_speedup_vs_static": day.zip(stat_day).map(|(a, b)| b / a),
                 "failed_collectives": r.failed,
                 "decisions": r.decisions,
                 "phases": per_phase(r),
             })
         })
         .collect();
-    let mut oracle: Vec<Value> = Vec::new();
+    json!({
+        "target_eval_loss": target,
+        "day_target_eval_loss": day_target,
+        "configs": configs,
+        "oracle": oracle(results, &configs),
+    })
+}
+
+/// Per phase, the fixed configuration that makes the most progress per second: its steps/s
+/// weighed by how many steps it needs to reach the target against the fewest any fixed
+/// configuration needed (a codec whose steps are fast but learn less is not a ceiling).
+fn oracle(results: &[RunResult], configs: &[Value]) -> Vec<Value> {
     let candidates: Vec<&Value> = results
         .iter()
-        .zip(&configs)
+        .zip(configs)
         .filter(|(r, _)| r.config.oracle_candidate)
         .map(|(_, c)| c)
         .collect();
-    if let Some(first) = candidates.first() {
-        for (i, p) in first["phases"].as_array().into_iter().flatten().enumerate() {
-            let best = candidates
-                .iter()
-                .max_by(|a, b| {
-                    let s = |c: &Value| c["phases"][i]["steps_per_s"].as_f64().unwrap_or(0.0);
-                    s(a).total_cmp(&s(b))
-                })
-                .map(|c| (c["name"].clone(), c["phases"][i]["steps_per_s"].clone()));
-            if let Some((name, rate)) = best {
-                oracle.push(json!({ "phase": p["phase"], "config": name, "steps_per_s": rate }));
-            }
+    let fewest =
+        candidates.iter().filter_map(|c| c["steps_to_target"].as_f64()).fold(f64::NAN, f64::min);
+    let quality = |c: &Value| c["steps_to_target"].as_f64().map_or(0.0, |n| fewest / n);
+    let mut out = Vec::new();
+    let Some(first) = candidates.first() else { return out };
+    for (i, p) in first["phases"].as_array().into_iter().flatten().enumerate() {
+        let rate = |c: &Value| c["phases"][i]["steps_per_s"].as_f64().unwrap_or(0.0);
+        let progress = |c: &Value| rate(c) * quality(c);
+        let best = candidates.iter().max_by(|a, b| progress(a).total_cmp(&progress(b)));
+        // A phase in which no configuration took a step (an outage) has no best one.
+        if let Some(best) = best.filter(|b| progress(b) > 0.0) {
+            out.push(json!({
+                "phase": p["phase"],
+                "config": best["name"],
+                "steps_per_s": rate(best),
+                "quality": quality(best),
+                "progress_per_s": progress(best),
+            }));
         }
     }
-    json!({ "target_eval_loss": target, "configs": configs, "oracle": oracle })
+    out
 }
 
 fn num(v: &Value, digits: usize) -> String {
@@ -161,19 +194,23 @@ fn num(v: &Value, digits: usize) -> String {
 pub fn markdown(s: &Value) -> String {
     let configs = s["configs"].as_array().cloned().unwrap_or_default();
     let mut out = format!(
-        "Target: the untuned run's final eval loss, {}.\n\n\
-         | configuration | steps | time to target (s) | vs untuned | vs static | final eval loss | gap to untuned | failed collectives | decisions |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-        num(&s["target_eval_loss"], 4)
+        "Target: the untuned run's final eval loss, {}. Day target: the static run's, {}.\n\n\
+         | configuration | steps | steps to target | time to target (s) | vs untuned | vs static | time to day target (s) | vs static | final eval loss | gap to untuned | failed collectives | decisions |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        num(&s["target_eval_loss"], 4),
+        num(&s["day_target_eval_loss"], 4)
     );
     for c in &configs {
         out += &format!(
-            "| {} | {} | {} | {}x | {}x | {} | {}% | {} | {} |\n",
+            "| {} | {} | {} | {} | {}x | {}x | {} | {}x | {} | {}% | {} | {} |\n",
             c["name"].as_str().unwrap_or("?"),
             c["steps"],
+            num(&c["steps_to_target"], 0),
             num(&c["time_to_target_s"], 1),
             num(&c["speedup_vs_untuned"], 2),
             num(&c["speedup_vs_static"], 2),
+            num(&c["time_to_day_target_s"], 1),
+            num(&c["day_speedup_vs_static"], 2),
             num(&c["final_eval_loss"], 4),
             num(&c["loss_gap_pct"], 2),
             c["failed_collectives"].as_array().map_or(0, Vec::len),
@@ -200,13 +237,17 @@ pub fn markdown(s: &Value) -> String {
         }
     }
     if let Some(oracle) = s["oracle"].as_array().filter(|o| !o.is_empty()) {
-        out += "\nOracle (per phase, the fastest fixed configuration):\n\n| phase | configuration | steps/s |\n|---|---|---:|\n";
+        out += "\nOracle (per phase, the fixed configuration with the most progress per second: \
+                steps/s x fewest steps to target / its steps to target):\n\n\
+                | phase | configuration | steps/s | quality | progress/s |\n|---|---|---:|---:|---:|\n";
         for o in oracle {
             out += &format!(
-                "| {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} |\n",
                 o["phase"].as_str().unwrap_or("?"),
                 o["config"].as_str().unwrap_or("?"),
-                num(&o["steps_per_s"], 3)
+                num(&o["steps_per_s"], 3),
+                num(&o["quality"], 2),
+                num(&o["progress_per_s"], 3)
             );
         }
     }
