@@ -9,7 +9,7 @@ use linkpilot_common::{v4_mapped, FlowKey, FlowState, PeerStats, AF_INET};
 use crate::{
     kernel,
     probes::{monotonic_ns, Probes},
-    sensors::{Readings, Sensors},
+    sensors::{PeerReading, Readings, Sensors},
 };
 
 /// Resident set size of this process, bytes.
@@ -76,7 +76,13 @@ pub fn run(flows: u32, peers: u32, ticks: u32) -> anyhow::Result<()> {
     // windows), so after 10 s of virtual time every window is at its cap.
     let mut sensors = Sensors::new(Duration::from_secs(10));
     let peer_rows: Vec<_> = (1..=peers)
-        .map(|p| ("eth0".to_owned(), format!("p{p}"), p, PeerStats::default()))
+        .map(|p| PeerReading {
+            link: "eth0".to_owned(),
+            ifindex: 1,
+            peer: format!("p{p}"),
+            id: p,
+            stats: PeerStats::default(),
+        })
         .collect();
     let mut read = Vec::new();
     let mut compute = Vec::new();

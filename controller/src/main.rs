@@ -14,9 +14,11 @@ use linkpilot::{
     peers::PeerIds,
     probes::Probes,
     sensors::{Readings, Sensors},
-    watch::{peer_row, rates, table_header, table_row, FlowSample, PeerTotals, Sample, Totals},
+    watch::{
+        dscp_rules, parse_dscp, peer_row, rates, table_header, table_row, DscpArg, FlowSample,
+        PeerTotals, Sample, Totals,
+    },
 };
-use linkpilot_common::{DscpRule, ANY_PEER};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, warn};
 
@@ -137,8 +139,10 @@ enum Command {
         #[arg(long = "peer", value_name = "NAME=CIDR", value_parser = parse_peer)]
         peers: Vec<(String, IpNet)>,
         /// Rewrite the DSCP of egress packets: SELECTOR=DSCP, where SELECTOR is a peer name or
-        /// `*`, optionally followed by `:LO-HI` (source or destination port range). First match
-        /// wins; ECN bits are kept. E.g. `--dscp us=26`, `--dscp '*:5201-5210=46'`.
+        /// `*`, optionally followed by `:LO-HI` (source or destination port range), and
+        /// optionally preceded by `IF/` (only on that watched interface; without it, on every
+        /// one). First match wins; ECN bits are kept. E.g. `--dscp us=26`,
+        /// `--dscp '*:5201-5210=46'`, `--dscp eth1/us=10`.
         #[arg(long = "dscp", value_name = "SELECTOR=DSCP", value_parser = parse_dscp)]
         dscp: Vec<DscpArg>,
         /// With --snapshots: the sysfs directory of RDMA devices whose congestion counters join
@@ -197,21 +201,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dscp_selectors() {
-        let d = parse_dscp("us=26").unwrap();
-        assert_eq!((d.peer.as_deref(), d.ports, d.dscp), (Some("us"), (0, u16::MAX), 26));
-        let d = parse_dscp("*:5201-5210=46").unwrap();
-        assert_eq!((d.peer, d.ports, d.dscp), (None, (5201, 5210), 46));
-        for bad in ["us", "us=64", "us=x", "=3", "us:9-1=3", "us:70000=3"] {
-            assert!(parse_dscp(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
     fn peers() {
         assert!(parse_peer("us=198.18.2.0/24").is_ok());
         assert_eq!(parse_peer("h=198.18.2.1").unwrap().1.prefix_len(), 32);
         assert!(parse_peer("other=10.0.0.0/8").is_err());
+        assert!(parse_peer("a/b=10.0.0.0/8").is_err(), "'/' separates --dscp's interface");
         assert!(parse_peer("x=nonsense").is_err());
     }
 }
@@ -291,47 +285,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// A `--dscp` rule before peer names are resolved to ids.
-#[derive(Clone, Debug)]
-struct DscpArg {
-    peer: Option<String>,
-    ports: (u16, u16),
-    dscp: u8,
-}
-
-fn parse_dscp(s: &str) -> Result<DscpArg, String> {
-    let (selector, dscp) =
-        s.rsplit_once('=').ok_or_else(|| format!("{s:?} is not SELECTOR=DSCP"))?;
-    let dscp: u8 = dscp
-        .parse()
-        .ok()
-        .filter(|d| *d < 64)
-        .ok_or_else(|| format!("DSCP {dscp:?} is not 0 to 63"))?;
-    let (peer, ports) = match selector.split_once(':') {
-        Some((p, range)) => {
-            let (lo, hi) = range.split_once('-').unwrap_or((range, range));
-            let port =
-                |x: &str| x.parse::<u16>().map_err(|_| format!("port {x:?} is not 0 to 65535"));
-            let (lo, hi) = (port(lo)?, port(hi)?);
-            if lo > hi {
-                return Err(format!("port range {range:?} is empty"));
-            }
-            (p, (lo, hi))
-        }
-        None => (selector, (0, u16::MAX)),
-    };
-    let peer = match peer {
-        "*" => None,
-        "" => return Err("the selector needs a peer name or *".into()),
-        name => Some(name.to_owned()),
-    };
-    Ok(DscpArg { peer, ports, dscp })
-}
-
 fn parse_peer(s: &str) -> Result<(String, IpNet), String> {
     let (name, cidr) = s.split_once('=').ok_or_else(|| format!("{s:?} is not NAME=CIDR"))?;
     if name.is_empty() || name == "other" {
         return Err(format!("peer name {name:?} is empty or reserved"));
+    }
+    if name.contains('/') {
+        return Err(format!("peer name {name:?} contains '/', which --dscp reads as IF/PEER"));
     }
     // A bare address is a host prefix.
     let net: IpNet = cidr
@@ -484,26 +444,7 @@ async fn watch(
 ) -> anyhow::Result<()> {
     let ifaces = names.iter().map(|n| Iface::resolve(n)).collect::<Result<Vec<_>, _>>()?;
     let peer_ids = PeerIds::assign(peers.iter().map(|(n, net)| (n.as_str(), *net)))?;
-    let rules = dscp
-        .iter()
-        .map(|d| {
-            let peer = match &d.peer {
-                None => ANY_PEER,
-                Some(name) => match peer_ids.id(name) {
-                    Some(id) => id,
-                    None => anyhow::bail!("--dscp names peer {name:?}, which no --peer defines"),
-                },
-            };
-            Ok(DscpRule {
-                enabled: 1,
-                peer,
-                port_lo: d.ports.0,
-                port_hi: d.ports.1,
-                dscp: d.dscp,
-                _pad: [0; 3],
-            })
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let rules = dscp_rules(dscp, &ifaces, &peer_ids)?;
     let offsets = kernel::preflight()?;
     // Signal handlers first, so a Ctrl-C during attach still detaches cleanly.
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;

@@ -265,7 +265,13 @@ impl Probes {
         for iface in ifaces {
             for (id, name) in rows {
                 let stats = self.peer_stats(iface.ifindex, *id)?;
-                r.peers.push((iface.name.clone(), name.clone(), *id, stats));
+                r.peers.push(crate::sensors::PeerReading {
+                    link: iface.name.clone(),
+                    ifindex: iface.ifindex,
+                    peer: name.clone(),
+                    id: *id,
+                    stats,
+                });
             }
             let on = crate::rdma::ports_of(ports, &iface.name).cloned().collect();
             r.nic.push((iface.name.clone(), on));

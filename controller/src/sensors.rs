@@ -12,11 +12,25 @@ use serde::{Deserialize, Serialize};
 
 use crate::{rdma::RdmaPort, rtt_window::RttWindow};
 
+/// One (interface, peer) row of a reading.
+#[derive(Clone, Debug, Default)]
+pub struct PeerReading {
+    /// The interface's name, the snapshot's `link`: a policy's link takes the rows of its
+    /// interfaces.
+    pub link: String,
+    /// The interface's ifindex: the row takes the RTT samples of flows on it.
+    pub ifindex: u32,
+    pub peer: String,
+    /// The peer's id (0: "other").
+    pub id: u32,
+    pub stats: PeerStats,
+}
+
 /// One reading of the kernel's counters.
 #[derive(Clone, Debug, Default)]
 pub struct Readings {
-    /// (link name, peer name, peer id, counters) for every watched link and peer.
-    pub peers: Vec<(String, String, u32, PeerStats)>,
+    /// A row for every watched interface and peer.
+    pub peers: Vec<PeerReading>,
     /// The flow table.
     pub flows: Vec<(FlowKey, FlowState)>,
     /// CLOCK_MONOTONIC (the clock of `bpf_ktime_get_ns`) just before the flow table was read:
@@ -161,19 +175,20 @@ impl Sensors {
         let secs = interval.as_secs_f64();
         let per_s = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
 
-        // Fresh RTT samples: flows the tracepoint updated since the last reading.
-        let mut fresh: HashMap<u32, Vec<u32>> = HashMap::new();
+        // Fresh RTT samples: flows the tracepoint updated since the last reading, by (interface,
+        // peer): one peer may be reached over several interfaces, each another link's.
+        let mut fresh: HashMap<(u32, u32), Vec<u32>> = HashMap::new();
         if !r.flows_skipped {
             for (_, f) in &r.flows {
                 if f.last_ns > self.last_kernel_ns && f.srtt_us > 0 && f.rtt_samples > 0 {
-                    fresh.entry(f.peer).or_default().push(f.srtt_us);
+                    fresh.entry((f.ifindex, f.peer)).or_default().push(f.srtt_us);
                 }
             }
             self.last_kernel_ns = r.kernel_ns;
         }
 
         let mut out = Vec::with_capacity(r.peers.len());
-        for (link, peer, id, stats) in &r.peers {
+        for PeerReading { link, ifindex, peer, id, stats } in &r.peers {
             let window = self.window;
             let state = self.peers.entry((link.clone(), *id)).or_insert_with(|| PeerState {
                 prev: None,
@@ -186,7 +201,7 @@ impl Sensors {
             let ce = d(|s| s.rx.ecn[3]);
             let tx_pkts = d(|s| s.tx.packets);
             let retrans = d(|s| s.retrans_segs);
-            let samples = fresh.remove(id).unwrap_or_default();
+            let samples = fresh.remove(&(*ifindex, *id)).unwrap_or_default();
             if !r.flows_skipped {
                 state.flows = samples.len();
             }
@@ -287,10 +302,14 @@ mod tests {
         s
     }
 
+    fn row(link: &str, ifindex: u32, peer: &str, id: u32, stats: PeerStats) -> PeerReading {
+        PeerReading { link: link.into(), ifindex, peer: peer.into(), id, stats }
+    }
+
     /// A reading whose kernel clock is `kernel_ns`.
     fn readings_at(s: PeerStats, flows: Vec<(FlowKey, FlowState)>, kernel_ns: u64) -> Readings {
         Readings {
-            peers: vec![("eth0".into(), "us".into(), 1, s)],
+            peers: vec![row("eth0", 1, "us", 1, s)],
             flows,
             kernel_ns,
             ..Readings::default()
@@ -301,10 +320,22 @@ mod tests {
         readings_at(s, flows, 0)
     }
 
-    /// A flow to peer 1 last updated at kernel time `last_ns`.
+    /// A flow to peer 1 on interface 1 last updated at kernel time `last_ns`.
     fn flow(port: u16, srtt_us: u32, last_ns: u64) -> (FlowKey, FlowState) {
+        flow_on(1, 1, port, srtt_us, last_ns)
+    }
+
+    fn flow_on(
+        ifindex: u32,
+        peer: u32,
+        port: u16,
+        srtt_us: u32,
+        last_ns: u64,
+    ) -> (FlowKey, FlowState) {
         let k = FlowKey { family: 2, local_port: port, remote_port: 5201, ..FlowKey::default() };
-        (k, FlowState { srtt_us, rtt_samples: 1, last_ns, peer: 1, ..FlowState::default() })
+        let f =
+            FlowState { srtt_us, rtt_samples: 1, last_ns, ifindex, peer, ..FlowState::default() };
+        (k, f)
     }
 
     const S: Duration = Duration::from_secs(1);
@@ -366,6 +397,41 @@ mod tests {
         // Past the window they are gone.
         let snap = s.tick(15 * S, &readings_at(base, vec![], 400));
         assert_eq!(snap.peers[0].rtt, RttSnapshot::default());
+    }
+
+    /// Two links reaching peer "us" (id 1) over their own interfaces, 20 ms and 60 ms away, and a
+    /// third interface without flows; "us" is a row on every interface.
+    #[test]
+    fn each_interface_takes_the_rtt_samples_of_its_own_flows() {
+        let mut s = Sensors::new(Duration::from_secs(10));
+        let base = stats(0, 0, 0, 0, 0);
+        let peers = vec![
+            row("near0", 3, "us", 1, base),
+            row("far0", 4, "us", 1, base),
+            row("far0", 4, "other", 0, base),
+            row("lan0", 5, "us", 1, base),
+        ];
+        let mut flows: Vec<_> = (0..10).map(|i| flow_on(3, 1, i, 20_000, 150)).collect();
+        flows.extend((10..14).map(|i| flow_on(4, 1, i, 60_000, 150)));
+        flows.push(flow_on(4, 0, 20, 90_000, 150));
+        // A flow on an interface no row watches counts for nobody.
+        flows.push(flow_on(9, 1, 30, 500_000, 150));
+        let r = Readings { peers, flows, kernel_ns: 200, ..Readings::default() };
+        let snap = s.tick(S, &r);
+        let got: Vec<_> = snap
+            .peers
+            .iter()
+            .map(|p| (p.link.as_str(), p.peer.as_str(), p.rtt.srtt_ms, p.rtt.samples, p.flows))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("near0", "us", Some(20.0), 10, 10),
+                ("far0", "us", Some(60.0), 4, 4),
+                ("far0", "other", Some(90.0), 1, 1),
+                ("lan0", "us", None, 0, 0),
+            ]
+        );
     }
 
     #[test]

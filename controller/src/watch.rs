@@ -7,9 +7,99 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use linkpilot_common::{
-    DirCounters, FlowEvents, FlowKey, FlowState, IfaceStats, PeerStats, RoceCounters, RttCounters,
+    DirCounters, DscpRule, FlowEvents, FlowKey, FlowState, IfaceStats, PeerStats, RoceCounters,
+    RttCounters, ANY_PEER, MAX_DSCP_RULES,
 };
 use serde::{Deserialize, Serialize};
+
+use crate::{iface::Iface, peers::PeerIds};
+
+/// A `--dscp` rule before interface and peer names are resolved.
+#[derive(Clone, Debug)]
+pub struct DscpArg {
+    /// The interface it applies on; `None`: every watched interface.
+    pub iface: Option<String>,
+    /// `None`: every peer.
+    pub peer: Option<String>,
+    pub ports: (u16, u16),
+    pub dscp: u8,
+}
+
+/// Parses `[IF/]PEER[:LO[-HI]]=DSCP`, PEER a name or `*`. Interface names cannot hold '/'.
+pub fn parse_dscp(s: &str) -> Result<DscpArg, String> {
+    let (selector, dscp) =
+        s.rsplit_once('=').ok_or_else(|| format!("{s:?} is not SELECTOR=DSCP"))?;
+    let dscp: u8 = dscp
+        .parse()
+        .ok()
+        .filter(|d| *d < 64)
+        .ok_or_else(|| format!("DSCP {dscp:?} is not 0 to 63"))?;
+    let (iface, selector) = match selector.split_once('/') {
+        Some(("", _)) => return Err(format!("{s:?}: an empty interface before '/'")),
+        Some((i, rest)) => (Some(i.to_owned()), rest),
+        None => (None, selector),
+    };
+    let (peer, ports) = match selector.split_once(':') {
+        Some((p, range)) => {
+            let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+            let port =
+                |x: &str| x.parse::<u16>().map_err(|_| format!("port {x:?} is not 0 to 65535"));
+            let (lo, hi) = (port(lo)?, port(hi)?);
+            if lo > hi {
+                return Err(format!("port range {range:?} is empty"));
+            }
+            (p, (lo, hi))
+        }
+        None => (selector, (0, u16::MAX)),
+    };
+    let peer = match peer {
+        "*" => None,
+        "" => return Err("the selector needs a peer name or *".into()),
+        name => Some(name.to_owned()),
+    };
+    Ok(DscpArg { iface, peer, ports, dscp })
+}
+
+/// The map's rules for `--dscp` arguments, in their order: a rule on each interface it names
+/// (every watched one without `IF/`), since the programs match a rule on its interface only.
+pub fn dscp_rules(
+    args: &[DscpArg],
+    ifaces: &[Iface],
+    peers: &PeerIds,
+) -> anyhow::Result<Vec<DscpRule>> {
+    let mut rules = Vec::new();
+    for d in args {
+        let peer = match &d.peer {
+            None => ANY_PEER,
+            Some(name) => peers.id(name).ok_or_else(|| {
+                anyhow::anyhow!("--dscp names peer {name:?}, which no --peer defines")
+            })?,
+        };
+        let on: Vec<&Iface> = match &d.iface {
+            None => ifaces.iter().collect(),
+            Some(name) => vec![ifaces.iter().find(|i| i.name == *name).ok_or_else(|| {
+                anyhow::anyhow!("--dscp names interface {name:?}, which no --iface watches")
+            })?],
+        };
+        rules.extend(on.into_iter().map(|i| DscpRule {
+            enabled: 1,
+            ifindex: i.ifindex,
+            peer,
+            port_lo: d.ports.0,
+            port_hi: d.ports.1,
+            dscp: d.dscp,
+            _pad: [0; 3],
+        }));
+    }
+    anyhow::ensure!(
+        rules.len() <= MAX_DSCP_RULES as usize,
+        "--dscp makes {} rules (one per interface it applies on: {} watched for a rule without \
+         IF/); at most {MAX_DSCP_RULES} fit",
+        rules.len(),
+        ifaces.len()
+    );
+    Ok(rules)
+}
 
 /// Rates of one interface over one interval.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -337,6 +427,43 @@ pub fn human_bits(bits_per_s: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dscp_selectors() {
+        let d = parse_dscp("us=26").unwrap();
+        assert_eq!(
+            (d.iface, d.peer.as_deref(), d.ports, d.dscp),
+            (None, Some("us"), (0, 65535), 26)
+        );
+        let d = parse_dscp("*:5201-5210=46").unwrap();
+        assert_eq!((d.peer, d.ports, d.dscp), (None, (5201, 5210), 46));
+        let d = parse_dscp("eth1/us:5201=10").unwrap();
+        assert_eq!(
+            (d.iface.as_deref(), d.peer.as_deref(), d.ports),
+            (Some("eth1"), Some("us"), (5201, 5201))
+        );
+        for bad in ["us", "us=64", "us=x", "=3", "us:9-1=3", "us:70000=3", "/us=3", "eth1/=3"] {
+            assert!(parse_dscp(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn dscp_rules_are_per_interface() {
+        let ifaces: Vec<Iface> = [("eth0", 2), ("eth1", 3)]
+            .map(|(n, i)| Iface { name: n.into(), ifindex: i, l2: 0 })
+            .into();
+        let peers = PeerIds::assign([("us", "198.18.2.0/24".parse().unwrap())]).unwrap();
+        let args = [parse_dscp("eth1/us=10").unwrap(), parse_dscp("*=46").unwrap()];
+        let rules = dscp_rules(&args, &ifaces, &peers).unwrap();
+        let seen: Vec<_> = rules.iter().map(|r| (r.ifindex, r.peer, r.dscp)).collect();
+        assert_eq!(seen, [(3, 1, 10), (2, ANY_PEER, 46), (3, ANY_PEER, 46)]);
+        let err = |a: &str| dscp_rules(&[parse_dscp(a).unwrap()], &ifaces, &peers).unwrap_err();
+        assert!(err("eth9/us=1").to_string().contains("interface \"eth9\", which no --iface"));
+        assert!(err("eu=1").to_string().contains("peer \"eu\", which no --peer defines"));
+        let many = vec![parse_dscp("*=1").unwrap(); 33];
+        let e = dscp_rules(&many, &ifaces, &peers).unwrap_err().to_string();
+        assert!(e.contains("--dscp makes 66 rules") && e.contains("at most 64 fit"), "{e}");
+    }
 
     fn totals(rx: u64, retrans: u64) -> Totals {
         Totals { rx_packets: rx, rx_bytes: rx * 100, retrans_segs: retrans, ..Default::default() }

@@ -147,7 +147,7 @@ fn count(ctx: &TcContext, dir: Direction) {
     let remote = if dir == Direction::Rx { h.src } else { h.dst };
     let peer = peer_of(&remote);
     if dir == Direction::Tx {
-        if let Some(new_tos) = rewrite_dscp(ctx, &mut h, peer) {
+        if let Some(new_tos) = rewrite_dscp(ctx, &mut h, ifindex, peer) {
             h.tos = new_tos;
             stats.tx_dscp_rewritten += segs;
         }
@@ -206,6 +206,7 @@ fn count_roce(r: &mut RoceCounters, head: &Head, h: &Headers, mut qp: QpKey) {
 /// State of the DSCP rule scan, shared with its `bpf_loop` callback.
 #[repr(C)]
 struct RuleScan {
+    ifindex: u32,
     peer: u32,
     sport: u16,
     dport: u16,
@@ -221,20 +222,20 @@ extern "C" fn scan_rule(i: u32, ctx: *mut c_void) -> i64 {
     if rule.enabled == 0 {
         return 1;
     }
-    if rule.matches(scan.peer, scan.sport, scan.dport) {
+    if rule.matches(scan.ifindex, scan.peer, scan.sport, scan.dport) {
         scan.dscp = i32::from(rule.dscp & 0x3f);
         return 1;
     }
     0
 }
 
-/// Applies the first matching DSCP rule to an egress packet, keeping the ECN bits and fixing the
-/// IPv4 header checksum. Returns the new TOS byte if the packet changed. The scan runs in
+/// Applies the first DSCP rule of this interface that matches an egress packet, keeping the ECN
+/// bits and fixing the IPv4 header checksum. Returns the new TOS byte if the packet changed. The scan runs in
 /// `bpf_loop`, whose callback the verifier checks once rather than once per unrolled rule and
 /// path through the parser.
 #[inline(always)]
-fn rewrite_dscp(ctx: &TcContext, h: &mut Headers, peer: u32) -> Option<u8> {
-    let mut scan = RuleScan { peer, sport: h.sport, dport: h.dport, dscp: -1 };
+fn rewrite_dscp(ctx: &TcContext, h: &mut Headers, ifindex: u32, peer: u32) -> Option<u8> {
+    let mut scan = RuleScan { ifindex, peer, sport: h.sport, dport: h.dport, dscp: -1 };
     // SAFETY: the callback and its context are valid for the duration of the call.
     unsafe {
         bpf_loop(MAX_DSCP_RULES, scan_rule as *mut c_void, (&raw mut scan).cast::<c_void>(), 0)

@@ -218,7 +218,7 @@ fn gaps_restart_the_exit_window_rather_than_skip_it() {
 
 #[test]
 fn counter_resets_between_sensors_and_core_cause_no_alarm() {
-    use crate::sensors::{Readings, Sensors};
+    use crate::sensors::{PeerReading, Readings, Sensors};
     use linkpilot_common::PeerStats;
     use std::time::Duration;
     let stats = |n: u64| {
@@ -238,7 +238,13 @@ fn counter_resets_between_sensors_and_core_cause_no_alarm() {
         // difference would be ~2^64 retransmissions.
         let n = if t < 50 { 1000 + t } else { t - 50 };
         let readings = Readings {
-            peers: vec![("eth0".into(), "us".into(), 1, stats(n))],
+            peers: vec![PeerReading {
+                link: "eth0".into(),
+                ifindex: 1,
+                peer: "us".into(),
+                id: 1,
+                stats: stats(n),
+            }],
             ..Readings::default()
         };
         let snap = sensors.tick(Duration::from_millis(t * 100), &readings);

@@ -14,6 +14,7 @@ use crate::{
     board::{self, board_link, set_nccl, BoardWriter},
     control::{Core, Decision},
     envfile,
+    iface::Iface,
     peers::PeerIds,
     probes::{monotonic_ns, Probes},
     rdma::{ports_of, RdmaPort},
@@ -22,6 +23,9 @@ use crate::{
 };
 
 pub struct Actuators {
+    /// The watched interfaces, which DSCP rules name (fixed for the run: a reload may not
+    /// change them).
+    pub ifaces: Vec<Iface>,
     pub board: Option<BoardWriter>,
     pub env_file: PathBuf,
     /// The NCCL tuner plugin the env file names when it is installed there.
@@ -37,32 +41,35 @@ fn rtt_moved(on_board: u32, now: u32) -> bool {
     on_board != now && (on_board == 0 || now.abs_diff(on_board) as f64 > 0.1 * f64::from(on_board))
 }
 
-/// The DSCP rules the current decisions ask for: each link's peers (or, for a link that names
-/// none, everything) leave with the link's DSCP.
-pub fn dscp_rules(core: &Core, peers: &PeerIds) -> Vec<DscpRule> {
-    let mut rules = Vec::new();
+/// The DSCP rules the current decisions ask for: on each of a link's interfaces, its peers (or,
+/// for a link that names none, everything) leave with the link's DSCP. A rule names its
+/// interface, so links reaching the same peer over different interfaces keep their own class;
+/// rules for any peer go last, so that on a shared interface they could not hide a named one.
+pub fn dscp_rules(core: &Core, peers: &PeerIds, ifaces: &[Iface]) -> Vec<DscpRule> {
+    let (mut named, mut any) = (Vec::new(), Vec::new());
     for (link_name, _, knobs) in core.current() {
         let Some(link) = core.policy().links.iter().find(|l| l.name == link_name) else {
             continue;
         };
-        let rule = |peer| DscpRule {
-            enabled: 1,
-            peer,
-            port_lo: 0,
-            port_hi: u16::MAX,
-            dscp: knobs.dscp,
-            _pad: [0; 3],
-        };
-        if link.peers.is_empty() {
-            rules.push(rule(ANY_PEER));
-        }
-        for (peer, _) in &link.peers {
-            if let Some(id) = peers.id(peer) {
-                rules.push(rule(id));
+        // The policy's interfaces were resolved at start, and a reload may not change them.
+        for iface in ifaces.iter().filter(|i| link.interfaces.contains(&i.name)) {
+            let rule = |peer| DscpRule {
+                enabled: 1,
+                ifindex: iface.ifindex,
+                peer,
+                port_lo: 0,
+                port_hi: u16::MAX,
+                dscp: knobs.dscp,
+                _pad: [0; 3],
+            };
+            if link.peers.is_empty() {
+                any.push(rule(ANY_PEER));
             }
+            named.extend(link.peers.iter().filter_map(|(p, _)| peers.id(p)).map(rule));
         }
     }
-    rules
+    named.extend(any);
+    named
 }
 
 fn report(metrics: &Metrics, actuator: &str, r: anyhow::Result<()>) {
@@ -109,7 +116,7 @@ impl Actuators {
         report(
             metrics,
             "dscp",
-            probes.set_dscp_rules(&dscp_rules(core, peers)).map_err(Into::into),
+            probes.set_dscp_rules(&dscp_rules(core, peers, &self.ifaces)).map_err(Into::into),
         );
         let current = core.current();
         let latest = decisions.iter().map(|d| d.id).max().unwrap_or(0);
@@ -200,6 +207,62 @@ impl Actuators {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{control::Policy, sensors::Snapshot};
+
+    /// "lan" names no peer, on eth0 and eth1; "wan" and "dr" both name "us" on their own
+    /// interfaces.
+    const POLICY: &str = r#"
+[[link]]
+name = "lan"
+interfaces = ["eth0", "eth1"]
+capacity = "1Gbit/s"
+[[link]]
+name = "wan"
+interfaces = ["eth2"]
+capacity = "1Gbit/s"
+[[link.peer]]
+name = "us"
+cidrs = ["198.18.2.0/24"]
+[[link]]
+name = "dr"
+interfaces = ["eth3", "eth4"]
+capacity = "1Gbit/s"
+[[link.peer]]
+name = "us"
+cidrs = ["198.18.2.0/24"]
+[[link.peer]]
+name = "eu"
+cidrs = ["198.18.3.0/24"]
+[[state]]
+name = "healthy"
+[state.knobs]
+compression = "none"
+dscp = 26
+roce_traffic_class = 106
+"#;
+
+    #[test]
+    fn dscp_rules_per_interface_and_peer_with_any_peer_last() {
+        let policy = Policy::parse(POLICY, "p.toml").unwrap_or_else(|e| panic!("{e}"));
+        let peers = crate::daemon::peer_table(&policy).unwrap();
+        let ifaces: Vec<Iface> =
+            (0..5).map(|i| Iface { name: format!("eth{i}"), ifindex: 10 + i, l2: 0 }).collect();
+        let mut core = Core::new(policy);
+        core.step(&Snapshot::default());
+        let rules = dscp_rules(&core, &peers, &ifaces);
+        let (us, eu) = (peers.id("us").unwrap(), peers.id("eu").unwrap());
+        let got: Vec<_> = rules.iter().map(|r| (r.ifindex, r.peer)).collect();
+        assert_eq!(
+            got,
+            [(12, us), (13, us), (13, eu), (14, us), (14, eu), (10, ANY_PEER), (11, ANY_PEER)]
+        );
+        // The first match of each packet: its own interface's rule, whichever link comes first.
+        let first = |ifindex, peer| rules.iter().position(|r| r.matches(ifindex, peer, 1, 2));
+        assert_eq!(first(12, us), Some(0), "the peerless link hides nothing");
+        assert_eq!(first(14, eu), Some(4));
+        assert_eq!(first(11, us), Some(6));
+        assert_eq!(first(12, eu), None, "wan names only us");
+    }
 
     #[test]
     fn the_rtt_is_republished_when_first_measured_or_off_by_ten_percent() {

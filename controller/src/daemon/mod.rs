@@ -281,6 +281,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
 
     let tick = Duration::from_nanos(policy.tick.0);
     let act = Actuators {
+        ifaces: ifaces.clone(),
         sysctls: if o.dry_run {
             None
         } else {

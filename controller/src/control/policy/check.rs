@@ -136,12 +136,21 @@ pub(super) fn check(raw: RawPolicy, e: &mut Errors) -> Policy {
     if names.len() > MAX_PEERS as usize {
         e.at(0..0, format!("{} peers named; the programs count at most {MAX_PEERS}", names.len()));
     }
-    // One egress DSCP rule per (link, peer), or one for a link that names no peer.
-    let rules: usize = links.iter().map(|l| l.peers.len().max(1)).sum();
+    // One egress DSCP rule per interface and peer of a link (per interface for a link that names
+    // no peer): the programs hold MAX_DSCP_RULES.
+    let per_link: Vec<(&str, usize, usize)> =
+        links.iter().map(|l| (l.name.as_str(), l.interfaces.len(), l.peers.len().max(1))).collect();
+    let rules: usize = per_link.iter().map(|(_, i, p)| i * p).sum();
     if rules > MAX_DSCP_RULES as usize {
+        let terms: Vec<String> =
+            per_link.iter().map(|(n, i, p)| format!("{n:?} {i} x {p}")).collect();
         e.at(
             0..0,
-            format!("{rules} DSCP rules needed (a link's peers, or 1 for a link without); at most {MAX_DSCP_RULES} fit"),
+            format!(
+                "{rules} DSCP rules needed (each link's interfaces x its peers, or x 1 without \
+                 peers: {}); at most {MAX_DSCP_RULES} fit: name fewer interfaces or peers",
+                terms.join(" + ")
+            ),
         );
     }
     let states = check_states(&raw.states, &bounds, e);

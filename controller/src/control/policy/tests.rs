@@ -197,13 +197,35 @@ fn limits_the_programs_and_the_board_have_are_checked() {
         "\n[[link]]\nname = \"lan\"\ninterfaces = [\"eth0\"]\ncapacity = \"1Gbit/s\"\n";
     let e = errors(same_iface);
     assert!(e.contains("interface \"eth0\" is already on link \"wan\""), "{e}");
-    let peers: String = (0..17)
-        .map(|i| format!("[[link.peer]]\nname = \"p{i}\"\ncidrs = [\"10.0.{i}.0/24\"]\n"))
-        .collect();
+    // DSCP rules: a link's interfaces x its peers (x 1 without peers).
+    let peers = |n: usize| -> String {
+        (0..n)
+            .map(|i| format!("[[link.peer]]\nname = \"p{i}\"\ncidrs = [\"10.0.{i}.0/24\"]\n"))
+            .collect()
+    };
     let e = errors(&format!(
-        "\n[[link]]\nname = \"many\"\ninterfaces = [\"e1\"]\ncapacity = \"1Gbit/s\"\n{peers}"
+        "\n[[link]]\nname = \"many\"\ninterfaces = [\"e1\", \"e2\", \"e3\", \"e4\"]\n\
+         capacity = \"1Gbit/s\"\n{}",
+        peers(16)
     ));
-    assert!(e.contains("18 DSCP rules needed") && e.contains("at most 16 fit"), "{e}");
+    assert!(
+        e.contains(
+            "65 DSCP rules needed (each link's interfaces x its peers, or x 1 without peers: \
+             \"wan\" 1 x 1 + \"many\" 4 x 16); at most 64 fit: name fewer interfaces or peers"
+        ),
+        "{e}"
+    );
+    // Eight links (the board's limit), seven of them with two interfaces and four peers, fit.
+    let eight: String = (1..=7)
+        .map(|i| {
+            format!(
+                "\n[[link]]\nname = \"l{i}\"\ninterfaces = [\"a{i}\", \"b{i}\"]\n\
+                 capacity = \"1Gbit/s\"\n{}",
+                peers(4)
+            )
+        })
+        .collect();
+    assert_eq!(errors(&eight), "OK");
     let e = errors("\n[bounds]\ntcp_buffers = { min = \"4MiB\", max = \"4GiB\" }\n");
     assert!(e.contains("tcp_buffers max 4GiB must be below 2GiB"), "{e}");
     for bad in ["k = nan", "k = inf", "k = -1.0"] {
