@@ -52,6 +52,7 @@ pub struct Metrics {
     pub map_capacity: Family<Labels, Gauge>,
     pub reloads: Family<Labels, Counter>,
     pub actuator_errors: Family<Labels, Counter>,
+    pub sensing_errors: Counter,
     resident: Gauge,
     cpu: Counter<f64, AtomicU64>,
     tuner_processes: Gauge,
@@ -152,6 +153,12 @@ impl Metrics {
         for a in ["dscp", "env_file", "sysctl", "roce_tc"] {
             let _ = actuator_errors.get_or_create(&labels(&[("actuator", a)]));
         }
+        let sensing_errors = Counter::default();
+        r.register(
+            "sensing_errors",
+            "Ticks skipped because a sensing read failed",
+            sensing_errors.clone(),
+        );
         let resident = Gauge::default();
         r.register("process_resident_bytes", "Resident set size", resident.clone());
         let cpu = Counter::<f64, AtomicU64>::default();
@@ -203,6 +210,7 @@ impl Metrics {
             map_capacity,
             reloads,
             actuator_errors,
+            sensing_errors,
             resident,
             cpu,
             tuner_processes,

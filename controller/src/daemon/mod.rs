@@ -4,6 +4,7 @@
 //! policy reload (SIGHUP, file change), Prometheus metrics and the status socket.
 
 mod actuate;
+mod health;
 pub mod metrics;
 mod reload;
 pub mod status;
@@ -37,6 +38,7 @@ use crate::{
     tuner_stats::{self, TunerProcess},
 };
 use actuate::Actuators;
+use health::SensingHealth;
 use metrics::Metrics;
 use reload::PolicyWatch;
 use status::{LinkStatus, PeerStatus, Status};
@@ -95,6 +97,9 @@ pub struct RunOptions {
     /// kernels before 6.6.
     #[arg(long, hide = true)]
     pub netlink_tc: bool,
+    /// Stop once sensing has failed on every tick for this long (and at least 10 ticks).
+    #[arg(long, value_name = "SECONDS", default_value_t = health::GIVE_UP_AFTER.as_secs(), hide = true)]
+    pub sensing_give_up_s: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -224,6 +229,7 @@ struct Daemon {
     /// The tuner plugin's counters of each training process, and when they were last read.
     tuner: Vec<TunerProcess>,
     tuner_read: Option<Instant>,
+    health: SensingHealth,
 }
 
 /// Reading the flow table costs ~0.5 us per flow: a big table is read less often than the
@@ -314,6 +320,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         Some(tokio::spawn(status::serve(status_listener, status.clone()))),
     ];
     info!(ifaces = ?names, dry_run = o.dry_run, "linkpilot running; SIGTERM or Ctrl-C to stop, SIGHUP reloads");
+    let o_give_up = o.sensing_give_up_s;
     let mut d = Daemon {
         rows: peers.rows(),
         sensors: Sensors::new(Duration::from_nanos(policy.estimator.window.0)),
@@ -337,6 +344,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         ports_found: None,
         tuner: Vec::new(),
         tuner_read: None,
+        health: SensingHealth::new(Duration::from_secs(o_give_up)),
     };
 
     let mut ticker = tokio::time::interval(tick);
@@ -365,7 +373,16 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
                 }
             }
-            d.tick()?;
+            // A failed read skips this tick (no decision, no heartbeat); only a lasting
+            // failure stops the daemon (health.rs).
+            match d.tick() {
+                Ok(()) => {
+                    if let Some((ticks, lasted)) = d.health.ok(Instant::now()) {
+                        info!("sensing recovered after {ticks} failed tick(s) in {lasted:.1?}");
+                    }
+                }
+                Err(e) => d.sensing_failed(e)?,
+            }
             n += 1;
             if d.o.ticks.is_some_and(|t| n >= t) {
                 return Ok(());
@@ -385,6 +402,25 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
 }
 
 impl Daemon {
+    /// Counts and shows a failed tick; Err when the failure has lasted too long.
+    fn sensing_failed(&mut self, e: anyhow::Error) -> anyhow::Result<()> {
+        let verdict = self.health.failed(&e, Instant::now());
+        // The first failure of a streak, then ever more rarely: no log flood at 10 ticks/s.
+        if self.health.failing_ticks().is_power_of_two() {
+            warn!(
+                failing_ticks = self.health.failing_ticks(),
+                "sensing failed, tick skipped: {e:#}"
+            );
+        }
+        self.metrics.sensing_errors.inc();
+        if let Ok(mut st) = self.status.lock() {
+            st.sensing_errors = self.health.total;
+            st.sensing_failing_ticks = self.health.failing_ticks();
+            st.last_sensing_error.clone_from(&self.health.last_error);
+        }
+        verdict
+    }
+
     /// One tick: read, decide, apply, report.
     fn tick(&mut self) -> anyhow::Result<()> {
         let work = Instant::now();
@@ -512,6 +548,9 @@ impl Daemon {
             reloads_applied: reload("applied"),
             reloads_rejected: reload("rejected"),
             last_reload_error,
+            sensing_errors: self.health.total,
+            sensing_failing_ticks: 0,
+            last_sensing_error: self.health.last_error.clone(),
             flows,
             flows_capacity: u64::from(MAX_FLOWS),
             sysctls_released: self

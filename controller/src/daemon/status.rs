@@ -42,6 +42,13 @@ pub struct Status {
     pub reloads_applied: u64,
     pub reloads_rejected: u64,
     pub last_reload_error: Option<String>,
+    /// Ticks skipped because a sensing read failed: in all, in a row now, the latest error.
+    #[serde(default)]
+    pub sensing_errors: u64,
+    #[serde(default)]
+    pub sensing_failing_ticks: u32,
+    #[serde(default)]
+    pub last_sensing_error: Option<String>,
     pub flows: u64,
     pub flows_capacity: u64,
     /// Sysctls an administrator changed under us, no longer managed.
@@ -191,6 +198,12 @@ pub fn render(s: &Status) -> String {
     );
     if let Some(e) = &s.last_reload_error {
         out += &format!("last rejected reload: {}\n", e.lines().next().unwrap_or(""));
+    }
+    if let Some(e) = &s.last_sensing_error {
+        out += &format!(
+            "sensing: {} failed tick(s), {} in a row now; last: {e}\n",
+            s.sensing_errors, s.sensing_failing_ticks
+        );
     }
     if !s.sysctls_released.is_empty() {
         out +=

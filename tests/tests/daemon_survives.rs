@@ -1,0 +1,153 @@
+//! `linkpilot run` keeps going through what it can survive, judged from outside: bpftool breaks
+//! and mends its maps, curl scrapes its metrics, the status API and its exit status say the rest.
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use linkpilot_tests::{
+    daemon::{sample, scrape, status_json, wait_for, Daemon},
+    netns::Pair,
+    sh,
+};
+
+/// One link on the pair's `a` side with the other end as its peer, ticking every 100 ms.
+fn policy(iface: &str, peer: &str) -> String {
+    format!(
+        r#"
+[daemon]
+tick = "100ms"
+[[link]]
+name = "wan"
+interfaces = ["{iface}"]
+capacity = "1Gbit/s"
+[[link.peer]]
+name = "b"
+cidrs = ["{peer}/32"]
+[[state]]
+name = "healthy"
+[state.knobs]
+compression = "none"
+dscp = 26
+roce_traffic_class = 106
+"#
+    )
+}
+
+fn temp_dir(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lp-survives-{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// The id of the map named `name` that process `pid` holds, found through its fds' fdinfo
+/// (other daemons may run with maps of the same name).
+fn map_id_of(pid: u32, name: &str) -> u64 {
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).expect("fdinfo") {
+        let info = std::fs::read_to_string(fd.expect("fd").path()).unwrap_or_default();
+        let Some(id) = info.lines().find_map(|l| l.strip_prefix("map_id:")) else { continue };
+        let id = id.trim();
+        let show: serde_json::Value =
+            serde_json::from_str(&sh(&["bpftool", "map", "show", "id", id, "--json"]))
+                .expect("bpftool JSON");
+        if show["name"] == name {
+            return id.parse().expect("map id");
+        }
+    }
+    panic!("process {pid} holds no map named {name}");
+}
+
+/// Hex bytes of little-endian u32s, as bpftool takes keys.
+fn key(words: &[u32]) -> Vec<String> {
+    words.iter().flat_map(|w| w.to_le_bytes()).map(|b| format!("{b:02x}")).collect()
+}
+
+fn ifindex(ns: &str, iface: &str) -> u32 {
+    let out = sh(&["ip", "-n", ns, "-o", "link", "show", iface]);
+    out.split(':').next().expect("index").trim().parse().expect("ifindex")
+}
+
+fn bpftool(args: &[&str], key: &[String], value: Option<usize>) {
+    let mut full: Vec<&str> = [&["bpftool", "map"], args, &["key", "hex"]].concat();
+    full.extend(key.iter().map(String::as_str));
+    let zeros = vec!["00"; value.unwrap_or(0)];
+    if value.is_some() {
+        full.push("value");
+        full.push("hex");
+        full.extend(zeros.iter().copied());
+    }
+    sh(&full);
+}
+
+/// Waits for the daemon's first tick, failing with its log if it exits first.
+fn wait_up(d: &mut Daemon, dir: &Path) {
+    let socket = dir.join("status.sock");
+    wait_for("the status socket", Duration::from_secs(20), || {
+        if let Some(s) = d.child.try_wait().expect("wait") {
+            panic!("linkpilot run exited ({s}): {}", d.log());
+        }
+        socket.exists()
+    });
+    wait_for("a tick", Duration::from_secs(5), || status_json(dir)["ticks"].as_u64() > Some(0));
+}
+
+#[test]
+fn a_failed_sensing_read_skips_a_tick_and_only_a_lasting_failure_stops_the_daemon() {
+    let pair = Pair::new("198.18.40.1", "198.18.40.2");
+    let dir = temp_dir("sensing");
+    let mut d = Daemon::start_with(
+        &pair.a.name,
+        &dir,
+        &policy(pair.a_if, pair.b_addr),
+        &["--sensing-give-up-s", "3"],
+    );
+    wait_up(&mut d, &dir);
+    // Break what the daemon reads every tick: the counters of (lpa0, peer b), deleted under it.
+    let pid = d.child.id();
+    let id = map_id_of(pid, "LP_PEER_STATS").to_string();
+    let value_size = {
+        let show: serde_json::Value =
+            serde_json::from_str(&sh(&["bpftool", "map", "show", "id", &id, "--json"])).unwrap();
+        show["bytes_value"].as_u64().expect("bytes_value") as usize
+    };
+    let k = key(&[ifindex(&pair.a.name, pair.a_if), 1]);
+    bpftool(&["delete", "id", &id], &k, None);
+    wait_for("failed ticks in the status", Duration::from_secs(5), || {
+        status_json(&dir)["sensing_failing_ticks"].as_u64() >= Some(3)
+    });
+    assert!(d.child.try_wait().expect("wait").is_none(), "the daemon stopped: {}", d.log());
+    // Mended: the daemon carries on by itself, and says what happened.
+    bpftool(&["update", "id", &id], &k, Some(value_size));
+    let ticks = status_json(&dir)["ticks"].as_u64().unwrap();
+    wait_for("ticks again", Duration::from_secs(5), || {
+        let st = status_json(&dir);
+        st["sensing_failing_ticks"] == 0 && st["ticks"].as_u64() > Some(ticks + 3)
+    });
+    let st = status_json(&dir);
+    let errors = st["sensing_errors"].as_u64().unwrap();
+    assert!(errors >= 3, "{st}");
+    let last = st["last_sensing_error"].as_str().unwrap_or_default();
+    assert!(last.contains("LP_PEER_STATS"), "the error names the map: {st}");
+    let m = scrape(&pair.a.name);
+    assert_eq!(sample(&m, "linkpilot_sensing_errors_total"), Some(errors as f64), "{m}");
+    assert!(d.log().contains("sensing recovered after"), "{}", d.log());
+
+    // Broken for good: the daemon stops after the limit, with the reason, and cleans up.
+    bpftool(&["delete", "id", &id], &k, None);
+    let broken = Instant::now();
+    let status = loop {
+        if let Some(s) = d.child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(broken.elapsed() < Duration::from_secs(10), "still running: {}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let lasted = broken.elapsed();
+    let log = d.log();
+    assert!(!status.success(), "{log}");
+    assert!(lasted >= Duration::from_secs(3), "gave up after {lasted:?}: {log}");
+    assert!(log.contains("giving up") && log.contains("LP_PEER_STATS"), "{log}");
+    assert!(!Path::new(&dir.join("status.sock")).exists(), "cleaned up: {log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
