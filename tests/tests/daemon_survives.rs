@@ -11,6 +11,7 @@ use linkpilot_tests::{
     netns::Pair,
     sh,
 };
+use nix::sys::signal::Signal;
 
 /// One link on the pair's `a` side with the other end as its peer, ticking every 100 ms.
 fn policy(iface: &str, peer: &str) -> String {
@@ -149,5 +150,42 @@ fn a_failed_sensing_read_skips_a_tick_and_only_a_lasting_failure_stops_the_daemo
     assert!(lasted >= Duration::from_secs(3), "gave up after {lasted:?}: {log}");
     assert!(log.contains("giving up") && log.contains("LP_PEER_STATS"), "{log}");
     assert!(!Path::new(&dir.join("status.sock")).exists(), "cleaned up: {log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_reload_that_renames_a_link_state_and_peer_leaves_no_old_series() {
+    let pair = Pair::new("198.18.41.1", "198.18.41.2");
+    let dir = temp_dir("series");
+    let before = policy(pair.a_if, pair.b_addr);
+    let mut d = Daemon::start(&pair.a.name, &dir, &before);
+    wait_up(&mut d, &dir);
+    let m = scrape(&pair.a.name);
+    assert_eq!(sample(&m, "linkpilot_link_state{link=\"wan\",state=\"healthy\"}"), Some(1.0));
+    assert!(m.contains("peer=\"b\""), "{m}");
+    let renamed = before
+        .replace("name = \"wan\"", "name = \"lan\"")
+        .replace("name = \"healthy\"", "name = \"calm\"")
+        .replace("name = \"b\"", "name = \"c\"");
+    std::fs::write(dir.join("policy.new"), renamed).expect("policy");
+    std::fs::rename(dir.join("policy.new"), dir.join("policy.toml")).expect("rename");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(d.child.id() as i32), Signal::SIGHUP)
+        .expect("SIGHUP");
+    wait_for("the renamed link's series", Duration::from_secs(5), || {
+        sample(&scrape(&pair.a.name), "linkpilot_link_state{link=\"lan\",state=\"calm\"}")
+            == Some(1.0)
+    });
+    let m = scrape(&pair.a.name);
+    let samples: Vec<&str> = m.lines().filter(|l| !l.starts_with('#')).collect();
+    for old in ["state=\"healthy\"", "link=\"wan\"", "peer=\"b\""] {
+        let left: Vec<_> = samples.iter().filter(|l| l.contains(old)).collect();
+        assert!(left.is_empty(), "series of the old policy: {left:#?}");
+    }
+    let on: Vec<_> = samples
+        .iter()
+        .filter(|l| l.starts_with("linkpilot_link_state{") && l.ends_with(" 1"))
+        .collect();
+    assert_eq!(on.len(), 1, "one state reads 1: {on:?}");
+    assert!(m.contains("linkpilot_peer_bits_per_second{interface=\"lpa0\",peer=\"c\""), "{m}");
     let _ = std::fs::remove_dir_all(&dir);
 }

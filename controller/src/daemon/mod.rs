@@ -579,6 +579,17 @@ impl Daemon {
         };
     }
 
+    /// Removes the metric series of links, states and peers the running policy no longer has.
+    fn forget_series(&self) {
+        let p = self.core.policy();
+        let links: Vec<String> = p.links.iter().map(|l| l.name.clone()).collect();
+        let states: Vec<String> = p.states.iter().map(|s| s.name.clone()).collect();
+        let rows: Vec<(String, String)> = (self.ifaces.iter())
+            .flat_map(|i| self.rows.iter().map(|(_, peer)| (i.name.clone(), peer.clone())))
+            .collect();
+        self.metrics.retain(&links, &states, &rows);
+    }
+
     /// Loads the policy file again. An invalid one (or one that changes the interfaces, which
     /// needs a restart to re-attach) is rejected: logged with its errors, counted, and the
     /// running policy stays. Returns the new tick if it changed.
@@ -617,9 +628,10 @@ impl Daemon {
                 let back = self.probes.set_peers(&self.peers.prefixes);
                 return rejected(self, format!("setting the peers: {e}; restoring them: {back:?}"));
             }
-            self.rows = peers.rows();
-            self.peers = peers;
         }
+        // Also when only names changed (same ids and prefixes): rows and rules go by name.
+        self.rows = peers.rows();
+        self.peers = peers;
         // Peer ids may now name other peers, or the window changed: rates and RTT windows
         // start again from the next reading.
         if new_peers || policy.estimator.window != self.core.policy().estimator.window {
@@ -632,6 +644,7 @@ impl Daemon {
             b.set_heartbeat_interval(t.max(Duration::from_millis(100)), monotonic_ns());
         }
         self.core.reload(policy);
+        self.forget_series();
         Metrics::count(&self.metrics.reloads, "result", "applied");
         info!("policy reloaded from {}", self.o.policy.display());
         tick
