@@ -2,6 +2,8 @@
 //! and mends its maps, curl scrapes its metrics, the status API and its exit status say the rest.
 
 use std::{
+    io::{ErrorKind, Read},
+    net::TcpStream,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -187,5 +189,109 @@ fn a_reload_that_renames_a_link_state_and_peer_leaves_no_old_series() {
         .collect();
     assert_eq!(on.len(), 1, "one state reads 1: {on:?}");
     assert!(m.contains("linkpilot_peer_bits_per_second{interface=\"lpa0\",peer=\"c\""), "{m}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Lines of the recorded trace: one per tick that read everything.
+fn traced(dir: &Path) -> usize {
+    std::fs::read_to_string(dir.join("trace.jsonl")).unwrap_or_default().lines().count()
+}
+
+/// Opens `n` connections to the metrics port from inside `ns` that never send a request.
+fn idle_connections(pair: &Pair, n: usize) -> Vec<TcpStream> {
+    pair.a
+        .spawn(move || {
+            (0..n)
+                .map(|_| TcpStream::connect("127.0.0.1:9464").expect("connect to the metrics port"))
+                .collect::<Vec<_>>()
+        })
+        .join()
+        .expect("connections")
+}
+
+/// Whether the server has closed `s` (EOF or reset), waiting at most `wait` for it to.
+fn closed(s: &mut TcpStream, wait: Duration) -> bool {
+    s.set_read_timeout(Some(wait)).expect("timeout");
+    match s.read(&mut [0u8; 64]) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+    }
+}
+
+#[test]
+fn clients_that_never_ask_neither_hold_the_metrics_port_nor_delay_the_tick() {
+    let pair = Pair::new("198.18.42.1", "198.18.42.2");
+    let dir = temp_dir("scrapers");
+    let mut d = Daemon::start(&pair.a.name, &dir, &policy(pair.a_if, pair.b_addr));
+    wait_up(&mut d, &dir);
+    // 64 connections that say nothing: the 16 newest stay (the server's cap), the rest are
+    // closed at once.
+    let mut idle = idle_connections(&pair, 64);
+    let opened = Instant::now();
+    let ticks = traced(&dir);
+    let held = idle.iter_mut().map(|s| closed(s, Duration::from_millis(20))).filter(|c| !c).count();
+    assert_eq!(held, 16, "connections the server keeps open");
+    // A scrape still answers, and the loop ticks on (100 ms ticks: 2 s is 20).
+    let m = scrape(&pair.a.name);
+    assert!(sample(&m, "linkpilot_ticks_total").is_some(), "{m}");
+    std::thread::sleep(Duration::from_secs(2));
+    let during = traced(&dir) - ticks;
+    assert!(during >= 15, "{during} ticks in 2 s beside 16 idle connections");
+    // Within 5 s of connecting (the limit per connection), the server has closed them all.
+    for s in &mut idle {
+        let left = Duration::from_secs(5).saturating_sub(opened.elapsed());
+        assert!(closed(s, left + Duration::from_millis(500)), "an idle connection outlived 5 s");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// User + system CPU time of `pid`, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
+}
+
+#[test]
+fn out_of_file_descriptors_the_daemon_backs_off_instead_of_spinning() {
+    let pair = Pair::new("198.18.43.1", "198.18.43.2");
+    let dir = temp_dir("emfile");
+    let mut d = Daemon::start(&pair.a.name, &dir, &policy(pair.a_if, pair.b_addr));
+    wait_up(&mut d, &dir);
+    let pid = d.child.id();
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("fds").count();
+    // Two descriptors to spare, then eight clients: accept fails with EMFILE while the rest
+    // wait in the backlog.
+    // The soft limit only, which the daemon's owner may raise again.
+    let limit = format!("--nofile={}:", fds + 2);
+    sh(&["prlimit", "--pid", &pid.to_string(), &limit]);
+    let idle = idle_connections(&pair, 8);
+    std::thread::sleep(Duration::from_millis(500));
+    let accept_lines = |log: &str| log.lines().filter(|l| l.contains("accept:")).count();
+    let (lines, cpu, ticks) = (accept_lines(&d.log()), cpu_ticks(pid), traced(&dir));
+    std::thread::sleep(Duration::from_secs(3));
+    let log = d.log();
+    let (lines, cpu, ticks) =
+        (accept_lines(&log) - lines, cpu_ticks(pid) - cpu, traced(&dir) - ticks);
+    eprintln!("in 3 s out of descriptors: {lines} accept lines, {cpu} CPU ticks, {ticks} ticks");
+    assert!(lines <= 1, "one line per 10 s, not a flood: {lines} lines");
+    assert!(log.contains("Too many open files"), "{log}");
+    assert!(ticks >= 20, "the loop ticks on: {ticks} ticks in 3 s");
+    // Descriptors back: a scrape answers within the backoff's 1 s.
+    drop(idle);
+    sh(&["prlimit", "--pid", &pid.to_string(), "--nofile=1024:"]);
+    wait_for("a scrape", Duration::from_secs(2), || {
+        linkpilot_tests::run(&[
+            "nsenter",
+            &format!("--net=/run/netns/{}", pair.a.name),
+            "curl",
+            "-sf",
+            "http://127.0.0.1:9464/metrics",
+        ])
+        .status
+        .success()
+    });
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,23 +1,19 @@
-//! Prometheus metrics (`prometheus-client`), served over HTTP on 127.0.0.1:9464 by default:
+//! Prometheus metrics (`prometheus-client`), served over HTTP on 127.0.0.1:9464 by default
+//! (`serve.rs`):
 //! signals per link and peer, state, knobs, decisions, map pressure and the daemon's health.
 //! The loop sets values each tick; process figures are read from /proc when scraped.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::SocketAddr,
     sync::{atomic::AtomicU64, Arc, Mutex},
 };
 
-use http_body_util::Full;
-use hyper::{body::Bytes, server::conn::http1, service::service_fn, Request, Response};
-use hyper_util::rt::TokioIo;
 use prometheus_client::{
     encoding::text::encode,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
-use tokio::net::TcpListener;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use crate::{
     control::{estimator::Signals, knobs::Knobs},
@@ -469,48 +465,6 @@ pub fn process_figures() -> Option<(u64, f64)> {
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
     Some((pages * page, ticks / hz))
-}
-
-/// Serves `GET /metrics` (anything else: 404) until the task is dropped.
-pub async fn serve(listener: TcpListener, metrics: Metrics) {
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                warn!("metrics: accept: {e}");
-                continue;
-            }
-        };
-        let m = metrics.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-                let m = m.clone();
-                async move { Ok::<_, std::convert::Infallible>(respond(&m, &req)) }
-            });
-            if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await
-            {
-                debug!(%peer, "metrics connection: {e}");
-            }
-        });
-    }
-}
-
-fn respond(m: &Metrics, req: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
-    let (status, ctype, body) = if req.uri().path() == "/metrics" {
-        (200, "application/openmetrics-text; version=1.0.0; charset=utf-8", m.render())
-    } else {
-        (404, "text/plain", "not found: metrics are at /metrics\n".to_owned())
-    };
-    Response::builder()
-        .status(status)
-        .header("content-type", ctype)
-        .body(Full::new(Bytes::from(body)))
-        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
-}
-
-/// Binds the metrics address; a clear error if it is taken.
-pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("metrics address {addr}: {e}"))
 }
 
 #[cfg(test)]

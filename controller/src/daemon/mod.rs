@@ -7,6 +7,7 @@ mod actuate;
 mod health;
 pub mod metrics;
 mod reload;
+mod serve;
 pub mod status;
 
 use std::{
@@ -256,10 +257,10 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     let instance_lock = if o.dry_run { None } else { Some(lock(&o.lock)?) };
     let metrics = Metrics::new(o.dry_run);
-    let metrics_listener = match o.metrics_addr {
-        MetricsAddr::Off => None,
-        MetricsAddr::At(a) => Some(metrics::bind(a).await?),
-    };
+    if let MetricsAddr::At(a) = o.metrics_addr {
+        // Scrapes on a thread of their own: they never delay a tick (serve.rs).
+        serve::spawn(serve::bind(a)?, metrics.clone())?;
+    }
     let status_listener = status::bind(&o.status_socket)?;
     let decision_log = open_append(&o.decision_log)?;
     let record = open_append(&o.record)?;
@@ -315,10 +316,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         }
     }
     let status: status::Shared = Arc::new(Mutex::new(Status::default()));
-    let servers = [
-        metrics_listener.map(|l| tokio::spawn(metrics::serve(l, metrics.clone()))),
-        Some(tokio::spawn(status::serve(status_listener, status.clone()))),
-    ];
+    let status_server = tokio::spawn(status::serve(status_listener, status.clone()));
     info!(ifaces = ?names, dry_run = o.dry_run, "linkpilot running; SIGTERM or Ctrl-C to stop, SIGHUP reloads");
     let o_give_up = o.sensing_give_up_s;
     let mut d = Daemon {
@@ -390,9 +388,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         }
     }
     .await;
-    for s in servers.into_iter().flatten() {
-        s.abort();
-    }
+    status_server.abort();
     let _ = fs::remove_file(&d.o.status_socket);
     // Roll back whatever happened above.
     d.act.restore();

@@ -112,8 +112,17 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
 pub async fn serve(listener: UnixListener, shared: Shared) {
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
+    let mut backoff = super::serve::AcceptBackoff::default();
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                let delay = backoff.failed("status", &e, std::time::Instant::now());
+                tokio::time::sleep(delay).await;
+                continue;
+            }
+        };
+        backoff.ok();
         let allowed = stream.peer_cred().is_ok_and(|c| c.uid() == 0 || c.uid() == me);
         let shared = shared.clone();
         tokio::spawn(async move {
@@ -140,8 +149,13 @@ pub async fn serve(listener: UnixListener, shared: Shared) {
                     _ => return,
                 }
             };
-            if let Err(e) = w.write_all(format!("{reply}\n").as_bytes()).await {
-                debug!("status reply: {e}");
+            // A client that does not read its reply is not kept waiting for.
+            let line = format!("{reply}\n");
+            let write = w.write_all(line.as_bytes());
+            match tokio::time::timeout(Duration::from_secs(2), write).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => debug!("status reply: {e}"),
+                Err(_) => debug!("status reply: the client did not read it within 2 s"),
             }
         });
     }
