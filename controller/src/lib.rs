@@ -12,6 +12,7 @@ pub mod board_feed;
 pub mod control;
 pub mod daemon;
 pub mod envfile;
+pub mod files;
 pub mod iface;
 pub mod kernel;
 pub mod paths;

@@ -295,3 +295,22 @@ fn out_of_file_descriptors_the_daemon_backs_off_instead_of_spinning() {
     });
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_file_at_the_status_socket_path_is_refused_not_removed() {
+    let pair = Pair::new("198.18.44.1", "198.18.44.2");
+    let dir = temp_dir("socket");
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(dir.join("status.sock"), "someone's data").expect("file");
+    let mut d = Daemon::start(&pair.a.name, &dir, &policy(pair.a_if, pair.b_addr));
+    let mut status = None;
+    wait_for("linkpilot run to refuse", Duration::from_secs(20), || {
+        status = d.child.try_wait().expect("wait");
+        status.is_some()
+    });
+    let (status, log) = (status.expect("exited"), d.log());
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("status.sock: exists and is not a socket (a file)"), "{log}");
+    assert_eq!(std::fs::read_to_string(dir.join("status.sock")).expect("kept"), "someone's data");
+    let _ = std::fs::remove_dir_all(&dir);
+}

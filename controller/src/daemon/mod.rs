@@ -180,12 +180,12 @@ fn lock(path: &PathBuf) -> anyhow::Result<nix::fcntl::Flock<fs::File>> {
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let f = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .with_context(|| format!("opening {}", path.display()))?;
+    // Not through a symlink: the file is truncated once locked.
+    let f = crate::files::open_nofollow(
+        path,
+        fs::OpenOptions::new().create(true).truncate(false).write(true),
+    )
+    .with_context(|| format!("opening {}", path.display()))?;
     let mut locked = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
         .map_err(|(_, e)| {
             let other = fs::read_to_string(path).unwrap_or_default();
@@ -650,6 +650,18 @@ impl Daemon {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lock_is_never_taken_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        fs::write(&target, "precious").unwrap();
+        let path = dir.path().join("linkpilot.lock");
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        let e = format!("{:#}", lock(&path).unwrap_err());
+        assert!(e.contains("is a symbolic link; refusing to follow it"), "{e}");
+        assert_eq!(fs::read_to_string(&target).unwrap(), "precious", "not truncated");
+    }
 
     #[test]
     fn big_flow_tables_are_read_less_often_but_at_least_every_two_seconds_or_tick() {

@@ -85,20 +85,36 @@ pub struct PeerStatus {
 
 pub type Shared = Arc<Mutex<Status>>;
 
-/// Creates the socket (replacing a stale one, never a live one), readable and writable by the
-/// owner only.
+/// Creates the socket (replacing a stale one, never a live one, and nothing that is not a
+/// socket), readable and writable by the owner only.
 pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    // A socket someone answers on is a running daemon's (a dry run takes no lock).
-    if StdUnixStream::connect(path).is_ok() {
-        anyhow::bail!("{}: another linkpilot answers there; pass --status-socket", path.display());
-    }
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
+    match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("removing the stale {}", path.display())),
+        Err(e) => return Err(e).with_context(|| format!("checking {}", path.display())),
+        // Only a socket of ours may be replaced: a file, link or directory someone put there
+        // is theirs.
+        Ok(m) if !m.file_type().is_socket() => anyhow::bail!(
+            "{}: exists and is not a socket (a {}); remove it or pass --status-socket",
+            path.display(),
+            if m.file_type().is_symlink() {
+                "symbolic link"
+            } else if m.is_dir() {
+                "directory"
+            } else {
+                "file"
+            }
+        ),
+        // A socket someone answers on is a running daemon's (a dry run takes no lock).
+        Ok(_) if StdUnixStream::connect(path).is_ok() => anyhow::bail!(
+            "{}: another linkpilot answers there; pass --status-socket",
+            path.display()
+        ),
+        Ok(_) => std::fs::remove_file(path)
+            .with_context(|| format!("removing the stale {}", path.display()))?,
     }
     let listener =
         UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
@@ -336,6 +352,31 @@ fn render_tuner(procs: &[TunerProcess]) -> String {
 mod tests {
     use super::*;
     use crate::tuner_stats::TunerChoice;
+
+    #[tokio::test]
+    async fn bind_replaces_only_a_stale_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("status.sock");
+        // A stale socket (its listener gone) is replaced; a live one is refused.
+        drop(bind(&path).unwrap());
+        let live = bind(&path).unwrap();
+        let e = bind(&path).unwrap_err().to_string();
+        assert!(e.contains("another linkpilot answers there"), "{e}");
+        drop(live);
+        std::fs::remove_file(&path).unwrap();
+        // A regular file or a symlink at the path is someone else's: refused, left alone.
+        std::fs::write(&path, "data").unwrap();
+        let e = bind(&path).unwrap_err().to_string();
+        assert!(e.contains("exists and is not a socket (a file)"), "{e}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "data");
+        std::fs::remove_file(&path).unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, "data").unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        let e = bind(&path).unwrap_err().to_string();
+        assert!(e.contains("not a socket (a symbolic link)"), "{e}");
+        assert!(std::fs::symlink_metadata(&path).unwrap().file_type().is_symlink());
+    }
 
     #[test]
     fn the_tuner_section_shows_each_processes_choices() {
