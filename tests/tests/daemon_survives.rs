@@ -314,3 +314,60 @@ fn a_file_at_the_status_socket_path_is_refused_not_removed() {
     assert_eq!(std::fs::read_to_string(dir.join("status.sock")).expect("kept"), "someone's data");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// [`policy`] with 10 more peers of 25 prefixes each, in 10.`net`.0.0/16: 250 prefixes with
+/// the pair's peer, of the programs' 256.
+fn near_full(iface: &str, peer: &str, net: u8) -> String {
+    let mut p = policy(iface, peer);
+    let at = p.find("[[state]]").expect("states");
+    let peers: String = (0..10)
+        .map(|i| {
+            let cidrs: Vec<String> =
+                (0..25).map(|j| format!("\"10.{net}.{}.0/24\"", i * 25 + j)).collect();
+            format!("[[link.peer]]\nname = \"n{i}\"\ncidrs = [{}]\n", cidrs.join(", "))
+        })
+        .collect();
+    p.insert_str(at, &peers);
+    p
+}
+
+#[test]
+fn a_reload_swaps_a_near_full_peer_set_for_another() {
+    let pair = Pair::new("198.18.45.1", "198.18.45.2");
+    let dir = temp_dir("peers");
+    let mut d = Daemon::start(&pair.a.name, &dir, &near_full(pair.a_if, pair.b_addr, 1));
+    wait_up(&mut d, &dir);
+    std::fs::write(dir.join("policy.new"), near_full(pair.a_if, pair.b_addr, 2)).expect("policy");
+    std::fs::rename(dir.join("policy.new"), dir.join("policy.toml")).expect("rename");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(d.child.id() as i32), Signal::SIGHUP)
+        .expect("SIGHUP");
+    wait_for("the reload", Duration::from_secs(5), || {
+        let st = status_json(&dir);
+        st["reloads_applied"].as_u64() > Some(0) || st["reloads_rejected"].as_u64() > Some(0)
+    });
+    let st = status_json(&dir);
+    assert_eq!(st["reloads_rejected"], 0, "{}", st["last_reload_error"]);
+    // The programs' trie, as bpftool dumps it: the new set and nothing of the old.
+    let id = map_id_of(d.child.id(), "LP_PEERS").to_string();
+    let dump: serde_json::Value =
+        serde_json::from_str(&sh(&["bpftool", "map", "dump", "id", &id, "--json"])).unwrap();
+    let keys: Vec<Vec<u64>> = dump
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| {
+            let key = e["key"].as_array().expect("key bytes");
+            key.iter()
+                .map(|b| {
+                    u64::from_str_radix(b.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+                })
+                .collect()
+        })
+        .collect();
+    assert_eq!(keys.len(), 251, "250 prefixes and the pair's peer");
+    // Key: prefix length (u32), then the IPv4-mapped address, whose IPv4 part is bytes 16..20.
+    let ten: Vec<u64> = keys.iter().filter(|k| k[16] == 10).map(|k| k[17]).collect();
+    let new = ten.iter().filter(|&&o| o == 2).count();
+    assert_eq!((ten.len(), new), (250, 250), "prefixes in 10/8, and of them in 10.2/16");
+    let _ = std::fs::remove_dir_all(&dir);
+}
