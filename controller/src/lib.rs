@@ -19,6 +19,7 @@ pub mod paths;
 pub mod peers;
 pub mod probes;
 pub mod rdma;
+pub mod rdma_nl;
 pub mod roce_tc;
 pub mod rtt_window;
 pub mod sensors;

@@ -429,7 +429,8 @@ impl Daemon {
         // The RDMA ports on the watched interfaces: found every 10 s (devices come and go),
         // their state and signal counters re-read every tick.
         if self.ports_found.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
-            let all = rdma::discover(&self.o.rdma_root).unwrap_or_else(|e| {
+            // Only ports bound to a netdev of this namespace (rdma.rs: names alone mislead).
+            let all = rdma::discover_here(&self.o.rdma_root).unwrap_or_else(|e| {
                 warn!("{e}");
                 Vec::new()
             });
