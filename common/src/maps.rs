@@ -84,6 +84,8 @@ pub const MAX_LOCAL_ADDRS: u32 = 1024;
 
 /// Peers a policy can name.
 pub const MAX_PEERS: u32 = 64;
+/// Capacity of [`MAP_PEERS`]: prefixes (CIDRs) of all peers together.
+pub const MAX_PEER_PREFIXES: u32 = MAX_PEERS * 4;
 /// Peer id of traffic that matches no configured peer.
 pub const PEER_OTHER: u32 = 0;
 /// Capacity of [`MAP_PEER_STATS`]: every interface with every peer and "other".

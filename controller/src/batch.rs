@@ -11,6 +11,80 @@ use std::{
 use aya::Pod;
 
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_MAP_TYPE_HASH: u32 = 1;
+const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
+
+/// `union bpf_attr`'s `info` member.
+#[repr(C)]
+struct InfoAttr {
+    bpf_fd: u32,
+    info_len: u32,
+    info: u64,
+}
+
+/// The head of `struct bpf_map_info` (the kernel fills as much as we ask for).
+#[repr(C)]
+#[derive(Default)]
+struct MapInfo {
+    map_type: u32,
+    id: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+    name: [u8; 16],
+}
+
+fn map_info(map: &impl AsFd) -> io::Result<MapInfo> {
+    let mut info = MapInfo::default();
+    let mut attr = InfoAttr {
+        bpf_fd: map.as_fd().as_raw_fd() as u32,
+        info_len: size_of::<MapInfo>() as u32,
+        info: &raw mut info as u64,
+    };
+    // SAFETY: `info` is as large as `info_len` says; both outlive the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            &raw mut attr,
+            size_of::<InfoAttr>() as libc::c_uint,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(info)
+}
+
+/// Refuses what the buffers below could not hold: the kernel writes each key and value at the
+/// map's own sizes (a per-CPU value once per CPU), whatever `K` and `V` are.
+fn check<K, V>(info: &MapInfo) -> io::Result<()> {
+    let name = String::from_utf8_lossy(&info.name);
+    let name = name.trim_end_matches('\0');
+    if ![BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_LRU_HASH].contains(&info.map_type) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "map {name}: type {} is not a hash or LRU hash map (per-CPU maps hold a value \
+                 per CPU)",
+                info.map_type
+            ),
+        ));
+    }
+    let (k, v) = (size_of::<K>(), size_of::<V>());
+    if info.key_size as usize != k || info.value_size as usize != v {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "map {name}: keys of {} bytes and values of {} bytes, read as {k} and {v}",
+                info.key_size, info.value_size
+            ),
+        ));
+    }
+    Ok(())
+}
 
 /// `union bpf_attr`'s `batch` member.
 #[repr(C)]
@@ -31,7 +105,10 @@ const CHUNK: usize = 4096;
 
 /// Every (key, value) of a hash or LRU hash map of `K` -> `V` (not per-CPU), at most `max`.
 /// Entries that come and go during the read may be missed or seen once; none is seen twice.
+/// A map of another type, or whose key or value size is not `K`'s or `V`'s, is an
+/// `InvalidInput` error before anything is read.
 pub fn lookup_all<K: Pod, V: Pod>(map: &impl AsFd, max: usize) -> io::Result<Vec<(K, V)>> {
+    check::<K, V>(&map_info(map)?)?;
     let mut out = Vec::new();
     let mut keys: Vec<K> = Vec::with_capacity(CHUNK);
     let mut values: Vec<V> = Vec::with_capacity(CHUNK);
@@ -48,8 +125,9 @@ pub fn lookup_all<K: Pod, V: Pod>(map: &impl AsFd, max: usize) -> io::Result<Vec
             map_fd: map.as_fd().as_raw_fd() as u32,
             ..BatchAttr::default()
         };
-        // SAFETY: `attr` points at buffers of CHUNK keys and values, which is the most the
-        // kernel writes (`count`); `attr` outlives the call.
+        // SAFETY: `attr` points at buffers of CHUNK keys and values of the map's own sizes
+        // (checked above), which is the most the kernel writes (`count`); `attr` outlives the
+        // call.
         let rc = unsafe {
             libc::syscall(
                 libc::SYS_bpf,

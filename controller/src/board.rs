@@ -4,7 +4,8 @@
 //! or the new values, never a mix.
 
 use std::{
-    fs, io,
+    fs,
+    io::{self, Write},
     os::fd::AsRawFd,
     path::{Path, PathBuf},
     ptr::NonNull,
@@ -139,12 +140,12 @@ impl BoardWriter {
             _pad: 0,
         };
         let board = Board { header, links: [BoardLink::default(); BOARD_MAX_LINKS] };
-        let tmp = path.with_extension("tmp");
         // SAFETY: Board is repr(C) plain data without padding holes (size asserted in common).
         let bytes = unsafe { std::slice::from_raw_parts((&raw const board).cast::<u8>(), SIZE) };
-        fs::write(&tmp, bytes)?;
-        fs::rename(&tmp, path)?;
-        let file = fs::OpenOptions::new().read(true).write(true).open(path)?;
+        let mut tmp = crate::files::temp_beside(path)?;
+        tmp.write_all(bytes)?;
+        // The renamed file itself is mapped, never whatever the path names by then.
+        let file = tmp.persist(path).map_err(|e| e.error)?;
         let map = Mapping::new(&file, true)?;
         Ok(Self { map, path: path.to_owned(), board })
     }

@@ -4,7 +4,6 @@
 
 use std::{
     collections::BTreeMap,
-    fs,
     io::{self, Write},
     path::Path,
 };
@@ -108,16 +107,14 @@ pub fn render(
     out
 }
 
-/// Replaces `path` with `contents` atomically.
+/// Replaces `path` with `contents` atomically: a fresh temporary file (never a fixed name, which
+/// someone could plant a symlink at), synced, then renamed over `path`.
 pub fn write_atomic(path: &Path, contents: &str) -> io::Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    fs::create_dir_all(dir)?;
-    let tmp = dir
-        .join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("linkpilot")));
-    let mut f = fs::File::create(&tmp)?;
+    let mut f = crate::files::temp_beside(path)?;
     f.write_all(contents.as_bytes())?;
-    f.sync_all()?;
-    fs::rename(&tmp, path)
+    f.as_file().sync_all()?;
+    f.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 /// `KEY=value` lines of an env file (comments and blank lines skipped); an error names the line
@@ -242,8 +239,8 @@ mod tests {
             ))
             .output()
             .unwrap();
-        let entries = fs::read_dir(&dir).unwrap().count();
-        let _ = fs::remove_dir_all(&dir);
+        let entries = std::fs::read_dir(&dir).unwrap().count();
+        let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "22 severe mlx5_0,mlx5_1");
         assert_eq!(entries, 1);
     }

@@ -17,11 +17,11 @@ pub enum KernelError {
     )]
     MissingCapabilities { missing: String },
     #[error(
-        "tracefs is not mounted (looked in {TRACEFS} and {TRACEFS_LEGACY}); mount it with \
-         `mount -t tracefs nodev {TRACEFS}` (`cargo xtask setup` does this); note that \
-         `ip netns exec` remounts /sys without it, `nsenter --net=/run/netns/NAME` does not"
+        "tracefs is not mounted (looked in {TRACEFS} and {TRACEFS_LEGACY}) and mounting it for \
+         this process failed ({why}); mount it with `mount -t tracefs nodev {TRACEFS}` \
+         (`cargo xtask setup` does this)"
     )]
-    NoTracefs,
+    NoTracefs { why: String },
     #[error("tracepoint {name} is not available in this kernel ({path} is missing)")]
     NoTracepoint { name: String, path: String },
     #[error(
@@ -78,7 +78,47 @@ pub fn tracefs() -> Result<PathBuf, KernelError> {
         .into_iter()
         .map(PathBuf::from)
         .find(|p| p.join("events").is_dir())
-        .ok_or(KernelError::NoTracefs)
+        .ok_or(KernelError::NoTracefs { why: "not tried".into() })
+}
+
+/// tracefs, mounted for this process if it is not there: `ip netns exec` gives its command a
+/// fresh /sys without it. The mount goes into a mount namespace of our own (a slave of the one
+/// we came from, so nothing propagates back): nobody else sees it, and it ends with us.
+/// Needs CAP_SYS_ADMIN; without it, the error says how to mount tracefs instead.
+pub fn ensure_tracefs() -> Result<PathBuf, KernelError> {
+    if let Ok(p) = tracefs() {
+        return Ok(p);
+    }
+    let why = match mount_own_tracefs() {
+        Ok(()) => match tracefs() {
+            Ok(p) => {
+                tracing::info!(
+                    "tracefs was not mounted here: mounted it at {TRACEFS} for this process"
+                );
+                return Ok(p);
+            }
+            Err(_) => format!("mounted at {TRACEFS}, but it has no events/"),
+        },
+        Err(e) => e,
+    };
+    Err(KernelError::NoTracefs { why })
+}
+
+fn mount_own_tracefs() -> Result<(), String> {
+    use nix::{
+        mount::{mount, MsFlags},
+        sched::{unshare, CloneFlags},
+    };
+    if !std::path::Path::new(TRACEFS).is_dir() {
+        return Err(format!("{TRACEFS} does not exist to mount it on"));
+    }
+    // Before any thread starts: a threaded process cannot leave its mount namespace.
+    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("a mount namespace of our own: {e}"))?;
+    let none = None::<&str>;
+    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_SLAVE, none)
+        .map_err(|e| format!("making our mounts private: {e}"))?;
+    mount(Some("nodev"), TRACEFS, Some("tracefs"), MsFlags::empty(), none)
+        .map_err(|e| format!("mount -t tracefs nodev {TRACEFS}: {e}"))
 }
 
 /// Field name -> offset, from a tracefs `format` file.
@@ -215,6 +255,7 @@ fn check_retransmit_layout(format: &str) -> Result<bool, KernelError> {
 /// BTF is missing and skbs are counted instead of segments).
 pub fn preflight() -> Result<KernelOffsets, KernelError> {
     check_privileges()?;
+    ensure_tracefs()?;
     let has_err = check_retransmit_tracepoint()?;
     check_probe_tracepoint()?;
     check_sock_state_tracepoint()?;

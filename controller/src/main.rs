@@ -497,7 +497,7 @@ async fn watch(
             let kernel_ns = linkpilot::probes::monotonic_ns();
             let mut readings =
                 Readings { kernel_ns, flows: probes.flows()?, ..Readings::default() };
-            let ports = linkpilot::rdma::discover(rdma_root).unwrap_or_else(|e| {
+            let ports = linkpilot::rdma::discover_here(rdma_root).unwrap_or_else(|e| {
                 warn!("{e}");
                 Vec::new()
             });

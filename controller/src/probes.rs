@@ -80,8 +80,8 @@ pub struct Probes {
     peer_generation: Array<MapData, u32>,
     /// Peer ids in use, besides PEER_OTHER.
     peer_ids: Vec<u32>,
-    /// The prefixes in the trie.
-    prefixes: Vec<IpNet>,
+    /// What the trie holds: (trie key, peer id).
+    prefixes: Vec<(crate::peers::TrieKey, u32)>,
     /// Interfaces with counters (watched, or set up for test runs).
     counted: Vec<u32>,
     watched: Vec<Iface>,
@@ -145,32 +145,40 @@ impl Probes {
                 self.peer_ids.push(id);
             }
         }
-        let inserted = prefixes.iter().try_for_each(|&(id, net)| {
-            let (len, addr) = mapped(net);
-            self.peers.insert(&LpmKey::new(len, addr), id, 0).map_err(|e| map_error(MAP_PEERS, e))
+        // Stale entries leave first, so that swapping one near-full set for another never
+        // holds both (the trie's capacity is MAX_PEER_PREFIXES); only new or re-assigned
+        // prefixes are written. `self.prefixes` follows each step, so that a failed update can
+        // be undone by setting the previous list again.
+        let want: Vec<(crate::peers::TrieKey, u32)> =
+            prefixes.iter().map(|&(id, net)| (mapped(net), id)).collect();
+        let gone: Vec<crate::peers::TrieKey> = (self.prefixes.iter())
+            .map(|(k, _)| *k)
+            .filter(|k| !want.iter().any(|(w, _)| w == k))
+            .collect();
+        let removed = gone.iter().try_for_each(|&(len, addr)| {
+            self.peers.remove(&LpmKey::new(len, addr)).map_err(|e| map_error(MAP_PEERS, e))?;
+            self.prefixes.retain(|(k, _)| *k != (len, addr));
+            Ok(())
         });
-        let removed = inserted.and_then(|()| {
-            let gone: Vec<IpNet> = self
-                .prefixes
-                .iter()
-                .copied()
-                .filter(|n| !prefixes.iter().any(|(_, p)| p == n))
-                .collect();
-            gone.into_iter().try_for_each(|net| {
-                let (len, addr) = mapped(net);
-                self.peers.remove(&LpmKey::new(len, addr)).map_err(|e| map_error(MAP_PEERS, e))
+        let updated = removed.and_then(|()| {
+            want.iter().try_for_each(|&((len, addr), id)| {
+                if self.prefixes.contains(&((len, addr), id)) {
+                    return Ok(());
+                }
+                let key = LpmKey::new(len, addr);
+                self.peers.insert(&key, id, 0).map_err(|e| map_error(MAP_PEERS, e))?;
+                self.prefixes.retain(|(k, _)| *k != (len, addr));
+                self.prefixes.push(((len, addr), id));
+                Ok(())
             })
         });
-        if removed.is_ok() {
-            self.prefixes = prefixes.iter().map(|(_, n)| *n).collect();
-        }
         // The programs' address -> peer caches hold answers of the old trie: invalidate them,
         // also when the update stopped half way.
         let generation =
             self.peer_generation.get(&0, 0).map_err(|e| map_error(MAP_PEER_GENERATION, e))?;
         let next = generation.wrapping_add(1).max(1);
         self.peer_generation.set(0, next, 0).map_err(|e| map_error(MAP_PEER_GENERATION, e))?;
-        removed
+        updated
     }
 
     /// Creates zeroed counters of (`ifindex`, `peer`); with [`NO_EXIST`], keeps existing ones.
@@ -456,13 +464,7 @@ impl Probes {
     }
 }
 
-/// A prefix as the LPM trie holds it: IPv4 as IPv4-mapped IPv6.
-pub fn mapped(net: IpNet) -> (u32, [u8; 16]) {
-    match net {
-        IpNet::V4(n) => (96 + u32::from(n.prefix_len()), n.network().to_ipv6_mapped().octets()),
-        IpNet::V6(n) => (u32::from(n.prefix_len()), n.network().octets()),
-    }
-}
+pub use crate::peers::mapped;
 
 fn map_error(map: &'static str, e: MapError) -> ProbeError {
     ProbeError::Map { map, source: Box::new(e) }
@@ -557,15 +559,6 @@ pub fn remove_stale(iface: &str) -> (Vec<String>, Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn prefixes_are_ipv4_mapped() {
-        let (len, addr) = mapped("198.18.1.0/24".parse().unwrap());
-        assert_eq!(len, 120);
-        assert_eq!(&addr[10..], &[0xff, 0xff, 198, 18, 1, 0]);
-        let (len, addr) = mapped("2001:db8:2::/48".parse().unwrap());
-        assert_eq!((len, addr[0], addr[1]), (48, 0x20, 0x01));
-    }
 
     #[test]
     fn verifier_summary_keeps_the_reason() {

@@ -150,6 +150,40 @@ pub fn refresh(root: &Path, ports: &mut [RdmaPort]) {
     }
 }
 
+/// The ports of the devices under `root` that serve this network namespace, with the netdevs
+/// they serve here. For the kernel's own devices (`root` is [`SYSFS_ROOT`]) the kernel is
+/// asked which netdev each port is bound to ([`crate::rdma_nl`]): sysfs names are names in
+/// whatever namespace each netdev lives in, so a daemon whose veth is `eth0` would otherwise
+/// take the host's `eth0` port for its own. Another root (a fixture tree) is taken as it is.
+pub fn discover_here(root: &Path) -> Result<Vec<RdmaPort>, RdmaError> {
+    let ports = discover(root)?;
+    if root != Path::new(SYSFS_ROOT) || ports.is_empty() {
+        return Ok(ports);
+    }
+    let here = crate::rdma_nl::port_netdevs()
+        .map_err(|source| RdmaError { path: "RDMA netlink (port netdevs)".into(), source })?;
+    Ok(in_namespace(ports, &here, |n| nix::net::if_::if_nametoindex(n).is_ok()))
+}
+
+/// Keeps the ports whose netdev the kernel named to this namespace (`here`), with that netdev
+/// and those of their GIDs' netdevs (VLANs...) that are interfaces here too (`is_here`).
+pub fn in_namespace(
+    ports: Vec<RdmaPort>,
+    here: &crate::rdma_nl::PortNetdevs,
+    is_here: impl Fn(&str) -> bool,
+) -> Vec<RdmaPort> {
+    ports
+        .into_iter()
+        .filter_map(|mut p| {
+            let (_, netdev) = here.get(&(p.device.clone(), p.port))?;
+            p.netdevs.retain(|n| n != netdev && is_here(n));
+            p.netdevs.push(netdev.clone());
+            p.netdevs.sort();
+            Some(p)
+        })
+        .collect()
+}
+
 /// The ports whose netdev is `iface`, e.g. to attach NIC counters to a watched link.
 pub fn ports_of<'a>(ports: &'a [RdmaPort], iface: &'a str) -> impl Iterator<Item = &'a RdmaPort> {
     ports.iter().filter(move |p| p.netdevs.iter().any(|n| n == iface))
@@ -199,6 +233,25 @@ mod tests {
         let _ = fs::remove_dir_all(&root);
         assert_eq!((ports[0].signals["rp_cnp_handled"], ports[0].state.as_str()), (6121, "DOWN"));
         assert_eq!(ports[0].signals["out_of_sequence"], 37);
+    }
+
+    #[test]
+    fn a_port_serves_this_namespace_only_when_the_kernel_says_its_netdev_is_here() {
+        // Port 1's GID names eth2; in a namespace whose own interface is also called eth2,
+        // the name alone would take the host's port.
+        let ports = discover(&fixture()).unwrap();
+        assert_eq!(ports_of(&ports, "eth2").count(), 1, "by name, as sysfs says");
+        let none = crate::rdma_nl::PortNetdevs::new();
+        let elsewhere = in_namespace(ports.clone(), &none, |_| true);
+        assert_eq!(ports_of(&elsewhere, "eth2").count(), 0, "its netdev is not ours");
+        // The kernel names it to us (as ens1f0 here): that name, plus GID netdevs that are
+        // interfaces of ours.
+        let here = [(("mlx5_0".to_owned(), 1), (7, "ens1f0".to_owned()))].into();
+        let ours = in_namespace(ports.clone(), &here, |n| n == "eth2");
+        assert_eq!(ours.len(), 1);
+        assert_eq!(ours[0].netdevs, ["ens1f0", "eth2"]);
+        let ours = in_namespace(ports, &here, |_| false);
+        assert_eq!(ours[0].netdevs, ["ens1f0"], "a GID name that is no interface of ours");
     }
 
     #[test]

@@ -125,9 +125,15 @@ impl Sysctls {
             written: BTreeMap::new(),
             released: Vec::new(),
         };
-        if state.exists() {
-            let text = fs::read_to_string(state)
-                .map_err(|source| SysctlError::Io { path: state.display().to_string(), source })?;
+        // Not through a symlink: what it holds is written to the sysctls.
+        let io_err = |source| SysctlError::Io { path: state.display().to_string(), source };
+        let file = match crate::files::open_nofollow(state, fs::OpenOptions::new().read(true)) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            r => Some(r.map_err(io_err)?),
+        };
+        if let Some(mut file) = file {
+            let mut text = String::new();
+            io::Read::read_to_string(&mut file, &mut text).map_err(io_err)?;
             s.originals = serde_json::from_str(&text).map_err(|source| SysctlError::State {
                 path: state.display().to_string(),
                 source,

@@ -5,13 +5,15 @@ use aya_ebpf::{
     macros::map,
     maps::{lpm_trie::Key, Array, LpmTrie, PerCpuArray},
 };
-use linkpilot_common::{peer_cache_slot, PeerCacheEntry, MAX_PEERS, PEER_CACHE_SLOTS, PEER_OTHER};
+use linkpilot_common::{
+    peer_cache_slot, PeerCacheEntry, MAX_PEER_PREFIXES, PEER_CACHE_SLOTS, PEER_OTHER,
+};
 
 /// BPF_F_NO_PREALLOC, which LPM tries require.
 const NO_PREALLOC: u32 = 1;
 
 #[map(name = "LP_PEERS")]
-static PEERS: LpmTrie<[u8; 16], u32> = LpmTrie::with_max_entries(MAX_PEERS * 4, NO_PREALLOC);
+static PEERS: LpmTrie<[u8; 16], u32> = LpmTrie::with_max_entries(MAX_PEER_PREFIXES, NO_PREALLOC);
 
 #[map(name = "LP_PEER_CACHE")]
 static PEER_CACHE: PerCpuArray<PeerCacheEntry> = PerCpuArray::with_max_entries(PEER_CACHE_SLOTS, 0);

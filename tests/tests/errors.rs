@@ -45,19 +45,24 @@ fn missing_privileges() {
 
 #[test]
 fn missing_tracefs() {
-    // A private mount namespace, so the host's tracefs stays mounted.
+    // A private mount namespace, so the host's tracefs stays mounted; without CAP_SYS_ADMIN,
+    // so that linkpilot cannot mount its own either.
     let script = format!(
         "umount -l /sys/kernel/tracing 2>/dev/null; umount -l /sys/kernel/debug 2>/dev/null; \
-         exec {} watch --iface lo",
+         exec setpriv --bounding-set=-sys_admin {} watch --iface lo --count 1",
         linkpilot_bin().display()
     );
+    let before = ours_loaded();
     let out = Command::new("unshare")
         .args(["--mount", "--propagation", "private", "sh", "-c", &script])
         .output()
         .expect("unshare");
+    let left = ours_loaded_since(&before);
+    assert!(left.is_empty(), "left loaded: {left:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("tracefs is not mounted"), "{err}");
+    assert!(err.contains("tracefs is not mounted") && err.contains("mount -t tracefs"), "{err}");
+    assert!(err.contains("a mount namespace of our own: EPERM"), "{err}");
 }
 
 #[test]

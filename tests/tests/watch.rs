@@ -243,3 +243,45 @@ fn watches_two_interfaces_independently() {
     assert_eq!(busy.tx_bytes, 5 * 1042 + 42, "{busy:?}");
     assert_eq!(busy.rx_bytes, 5 * 1042 + 42, "{busy:?}");
 }
+
+/// tracefs entries in this process's mount table.
+fn tracefs_mounts() -> usize {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    table.lines().filter(|l| l.contains(" - tracefs ")).count()
+}
+
+#[test]
+fn ip_netns_exec_watch_mounts_its_own_tracefs_and_counts() {
+    let pair = Pair::new("198.18.46.1", "198.18.46.2");
+    let mounts = tracefs_mounts();
+    let receiving = receiver(&pair);
+    // `ip netns exec` gives the command a fresh /sys without tracefs.
+    let mut child = std::process::Command::new("ip")
+        .args(["netns", "exec", &pair.a.name])
+        .arg(linkpilot_tests::linkpilot_bin())
+        .args(["watch", "--iface", pair.a_if, "--json", "--count", "3"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("ip netns exec linkpilot watch");
+    let (lines, log) = linkpilot_tests::pipe_output(&mut child);
+    let first = lines.recv_timeout(Duration::from_secs(20));
+    if first.is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("no sample: {}", log.join().unwrap_or_default());
+    }
+    send(&pair, 200_000, 20_000, Duration::ZERO);
+    assert_eq!(receiving.join().expect("receiver"), 200_000);
+    let status = child.wait().expect("watch");
+    let log = log.join().unwrap_or_default();
+    assert!(status.success(), "{status}: {log}");
+    assert!(log.contains("mounted it at /sys/kernel/tracing for this process"), "{log}");
+    let samples: Vec<linkpilot_tests::watcher::Sample> = lines
+        .try_iter()
+        .map(|l| serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let last = samples.iter().find(|s| s.last).expect("the last line");
+    assert!(last.totals.tx_packets >= 5, "the data segments were counted: {last:?}");
+    assert_eq!(tracefs_mounts(), mounts, "the mount stayed in linkpilot's own namespace");
+}

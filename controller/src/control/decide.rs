@@ -465,17 +465,21 @@ fn knobs_for(
             }
         },
     };
+    // Timeouts follow the RTT p99; with none measured (an idle link), the peak window's, and
+    // once that too has aged out, the bounds' minimum: raised timeouts do not outlive the
+    // measurements that raised them. Falls are paced by the dwell, rises are at once.
     let nccl_ib_timeout = match k.nccl_ib_timeout {
         Setting::Fixed(t) => t,
-        Setting::Auto => match s.rtt_p99_ms {
-            None => prev.map_or(b.ib_timeout_min, |k| k.nccl_ib_timeout),
+        Setting::Auto => match s.rtt_p99_ms.or(s.peak_p99_ms) {
+            None => b.ib_timeout_min,
             Some(p99) => {
                 let need = b.ib_timeout_k * p99 / 1e3 / 4.096e-6;
                 let t = need.max(1.0).log2().ceil().clamp(0.0, 31.0) as u8;
                 let t = t.clamp(b.ib_timeout_min, b.ib_timeout_max);
                 if let Some(w) = why.as_mut() {
+                    let of = if s.rtt_p99_ms.is_some() { "RTT p99" } else { "peak RTT p99" };
                     w.push(format!(
-                        "nccl_ib_timeout: 4.096us x 2^{t} >= {} x RTT p99 {p99:.1} ms",
+                        "nccl_ib_timeout: 4.096us x 2^{t} >= {} x {of} {p99:.1} ms",
                         b.ib_timeout_k
                     ));
                 }
@@ -485,24 +489,25 @@ fn knobs_for(
     };
     let watchdog_s = match k.watchdog_s {
         Setting::Fixed(w) => w,
-        Setting::Auto => match s.peak_p99_ms {
-            None => prev.map_or(b.watchdog_min_s, |k| k.watchdog_s),
-            Some(peak) => {
-                let want = (b.watchdog_rtt_multiple * peak / 1e3 / 30.0).ceil() * 30.0;
-                let want = (want as u32).clamp(b.watchdog_min_s, b.watchdog_max_s);
-                let prev = prev.map_or(b.watchdog_min_s, |k| k.watchdog_s);
-                // Rises at once; falls by at most max_step per change.
-                let floor = (f64::from(prev) / b.watchdog_max_step).ceil() as u32;
-                let v = want.max(floor.min(prev)).clamp(b.watchdog_min_s, b.watchdog_max_s);
-                if let Some(w) = why.as_mut() {
-                    w.push(format!(
-                        "watchdog: {} x peak RTT p99 {peak:.1} ms",
-                        b.watchdog_rtt_multiple
-                    ));
+        Setting::Auto => {
+            let want = match s.peak_p99_ms {
+                None => b.watchdog_min_s,
+                Some(peak) => {
+                    if let Some(w) = why.as_mut() {
+                        w.push(format!(
+                            "watchdog: {} x peak RTT p99 {peak:.1} ms",
+                            b.watchdog_rtt_multiple
+                        ));
+                    }
+                    let want = (b.watchdog_rtt_multiple * peak / 1e3 / 30.0).ceil() * 30.0;
+                    (want as u32).clamp(b.watchdog_min_s, b.watchdog_max_s)
                 }
-                v
-            }
-        },
+            };
+            let prev = prev.map_or(b.watchdog_min_s, |k| k.watchdog_s);
+            // Rises at once; falls by at most max_step per change.
+            let floor = (f64::from(prev) / b.watchdog_max_step).ceil() as u32;
+            want.max(floor.min(prev)).clamp(b.watchdog_min_s, b.watchdog_max_s)
+        }
     };
     Knobs {
         compression: k.compression,

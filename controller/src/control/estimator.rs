@@ -2,7 +2,8 @@
 //! speak of. EWMAs with a time-based weight (so a gap of missed ticks weighs as the time it
 //! spans), a windowed-min RTT baseline (BBR-style), windowed maxima of delivery rate and RTT
 //! p99, and the RTT gradient. Rates already come from counter deltas that survive resets and
-//! missed ticks (the sensors layer).
+//! missed ticks (the sensors layer). RTT signals age out: a window with no RTT samples (an idle
+//! link) makes them unmeasured again, so a state entered on RTT is not held by old news.
 
 use std::{
     collections::{HashSet, VecDeque},
@@ -63,6 +64,13 @@ impl WindowedMax {
         }
     }
 
+    /// Forgets values older than `window` (pushes do too, but an idle link pushes nothing).
+    fn expire(&mut self, now: Duration, window: Duration) {
+        while self.q.front().is_some_and(|&(t, _)| now.saturating_sub(t) > window) {
+            self.q.pop_front();
+        }
+    }
+
     fn get(&self) -> Option<f64> {
         self.q.front().map(|&(_, v)| v)
     }
@@ -94,6 +102,10 @@ pub struct Estimator {
     peer_names: HashSet<String>,
     last: Option<Duration>,
     rtt: Ewma,
+    /// When the last srtt sample and the last percentiles came: RTT signals older than the
+    /// window are unmeasured.
+    srtt_seen: Option<Duration>,
+    percentiles_seen: Option<Duration>,
     /// Shares are ratios of EWMAs (marked over all packets), so each packet weighs the same
     /// however the ticks slice them.
     ce_pps: Ewma,
@@ -123,6 +135,8 @@ impl Estimator {
             link,
             last: None,
             rtt: e(),
+            srtt_seen: None,
+            percentiles_seen: None,
             ce_pps: e(),
             rx_pps: e(),
             retrans_pps: e(),
@@ -182,6 +196,8 @@ impl Estimator {
         s.goodput_fraction = s.goodput_bps / self.link.capacity_bps;
         self.delivery.push(now, s.goodput_bps, dur(self.cfg.window));
         s.delivery_bps = self.delivery.get().unwrap_or(0.0);
+        let window = dur(self.cfg.window);
+        let aged = |seen: Option<Duration>| seen.is_none_or(|t| now.saturating_sub(t) > window);
         if a.srtt_weight > 0.0 {
             let before = self.rtt.value;
             let r = self.rtt.update(a.srtt_sum / a.srtt_weight, dt);
@@ -190,16 +206,28 @@ impl Estimator {
                 _ => 0.0,
             };
             s.rtt_ms = Some(r);
+            self.srtt_seen = Some(now);
+        } else if aged(self.srtt_seen) {
+            // No sample for a window: the next one starts the EWMA afresh.
+            self.rtt.value = None;
+            (s.rtt_ms, s.rtt_gradient) = (None, 0.0);
         }
         if let Some(min) = a.min_ms {
             self.baseline.push(now, -min, dur(self.cfg.baseline_window));
         }
+        self.baseline.expire(now, dur(self.cfg.baseline_window));
         s.baseline_ms = self.baseline.get().map(|v| -v);
-        s.rtt_p50_ms = a.p50_ms.or(s.rtt_p50_ms);
-        s.rtt_p99_ms = a.p99_ms.or(s.rtt_p99_ms);
+        if a.p50_ms.is_some() || a.p99_ms.is_some() {
+            s.rtt_p50_ms = a.p50_ms.or(s.rtt_p50_ms);
+            s.rtt_p99_ms = a.p99_ms.or(s.rtt_p99_ms);
+            self.percentiles_seen = Some(now);
+        } else if aged(self.percentiles_seen) {
+            (s.rtt_p50_ms, s.rtt_p99_ms) = (None, None);
+        }
         if let Some(p99) = a.p99_ms {
             self.peak_p99.push(now, p99, dur(self.cfg.peak_window));
         }
+        self.peak_p99.expire(now, dur(self.cfg.peak_window));
         s.peak_p99_ms = self.peak_p99.get();
         s.jitter_ms = match (s.rtt_p50_ms, s.rtt_p99_ms) {
             (Some(a), Some(b)) => (b - a).max(0.0),

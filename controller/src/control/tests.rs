@@ -278,6 +278,66 @@ fn timeouts_follow_rtt_p99_and_rise_at_once() {
 }
 
 #[test]
+fn an_idle_link_forgets_old_rtt_walks_back_and_lowers_its_timeouts() {
+    // Windows of 2 s (RTT) and 5 s (peak p99): old RTT ages out within the test.
+    let short = POLICY.replace(
+        "[estimator]\n",
+        "[estimator]\nwindow = \"2s\"\nbaseline_window = \"2s\"\npeak_window = \"5s\"\n",
+    );
+    let p = Policy::parse(&short, "test").unwrap_or_else(|e| panic!("{e}"));
+    // 3 s of a 500 ms p99 (severe), then no traffic at all for 20 s: no rates, no RTT.
+    let idle = |at_ms| {
+        let mut s = snap(at_ms, 0.0, 0.0, 0.0, 0.0);
+        let p = &mut s.peers[0];
+        (p.rx_pps, p.tx_pps, p.retrans_per_s, p.goodput_bps) = (0.0, 0.0, 0.0, 0.0);
+        (p.rtt, p.flows) = (RttSnapshot::default(), 0);
+        s
+    };
+    let mut core = Core::new(p);
+    let ds: Vec<Decision> = (0..230)
+        .flat_map(|t| {
+            core.step(&if t < 30 { snap(t * 100, 170.0, 500.0, 0.0, 0.0) } else { idle(t * 100) })
+        })
+        .collect();
+    let severe = ds.iter().find(|d| d.state == "severe").expect("severe on a 500 ms p99");
+    // 4 x 0.5 s needs 2^19; the watchdog 3000 x 0.5 s.
+    assert_eq!((severe.knobs.nccl_ib_timeout, severe.knobs.watchdog_s), (19, 1500));
+    // The p99 is unmeasured 2 s into the silence, so severe's exit holds from 5 s; 2 s later
+    // the link steps down, and down again after another exit window.
+    let changes = state_changes(&ds);
+    assert_eq!(
+        changes.iter().map(|(_, s)| s.as_str()).collect::<Vec<_>>(),
+        ["healthy", "severe", "congested", "healthy"],
+        "{changes:?}"
+    );
+    let (down_at, _) = changes[2];
+    assert!((6_900..=7_200).contains(&down_at), "stepped down at {down_at} ms");
+    let d = ds.iter().find(|d| d.at_ms == down_at).unwrap();
+    assert!(d.reason.contains("rtt_p99 unmeasured"), "{}", d.reason);
+    // The peak p99 left its 5 s window at ~8 s: timeouts come down, paced by the dwell.
+    let last = ds.last().unwrap();
+    assert_eq!(
+        (last.state.as_str(), last.knobs.nccl_ib_timeout, last.knobs.watchdog_s),
+        ("healthy", 14, 300)
+    );
+    let s = core.signals()[0].1;
+    assert_eq!(
+        (s.rtt_ms, s.rtt_p99_ms, s.peak_p99_ms, s.baseline_ms),
+        (None, None, None, None),
+        "{s:?}"
+    );
+    assert_eq!((s.jitter_ms, s.rtt_inflation), (0.0, 0.0));
+    // Traffic again: measured afresh, the EWMA starts from the new RTT, not the old one.
+    let again = core.step(&snap(23_000, 90.0, 95.0, 0.0, 0.0));
+    let s = core.signals()[0].1;
+    assert_eq!(
+        (s.rtt_ms, s.rtt_p99_ms, s.baseline_ms),
+        (Some(90.0), Some(95.0), Some(90.0)),
+        "{again:?}"
+    );
+}
+
+#[test]
 fn a_reload_keeps_the_state_and_baseline_and_explains_the_new_knobs() {
     let mut core = Core::new(policy());
     let mut ds = Vec::new();

@@ -1,19 +1,19 @@
-//! Prometheus metrics (`prometheus-client`), served over HTTP on 127.0.0.1:9464 by default:
+//! Prometheus metrics (`prometheus-client`), served over HTTP on 127.0.0.1:9464 by default
+//! (`serve.rs`):
 //! signals per link and peer, state, knobs, decisions, map pressure and the daemon's health.
 //! The loop sets values each tick; process figures are read from /proc when scraped.
 
-use std::{net::SocketAddr, sync::atomic::AtomicU64, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{atomic::AtomicU64, Arc, Mutex},
+};
 
-use http_body_util::Full;
-use hyper::{body::Bytes, server::conn::http1, service::service_fn, Request, Response};
-use hyper_util::rt::TokioIo;
 use prometheus_client::{
     encoding::text::encode,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
-use tokio::net::TcpListener;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use crate::{
     control::{estimator::Signals, knobs::Knobs},
@@ -28,6 +28,27 @@ type F64 = Gauge<f64, AtomicU64>;
 
 fn labels(pairs: &[(&str, &str)]) -> Labels {
     pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+}
+
+const LINK_RTT_STATS: [&str; 5] = ["ewma", "baseline", "p50", "p99", "peak_p99"];
+const PEER_RTT_STATS: [&str; 4] = ["srtt", "min", "p50", "p99"];
+const DIRECTIONS: [&str; 2] = ["rx", "tx"];
+
+/// The label values the per-link and per-peer series were written with, so that a reload can
+/// remove the series of links, states and peers the new policy no longer has (they would
+/// otherwise keep their last value: two states of one link reading 1).
+#[derive(Default)]
+struct Shown {
+    links: BTreeSet<String>,
+    states: BTreeSet<String>,
+    /// interface -> peers.
+    peers: BTreeMap<String, BTreeSet<String>>,
+}
+
+fn note(set: &mut BTreeSet<String>, v: &str) {
+    if !set.contains(v) {
+        set.insert(v.to_owned());
+    }
 }
 
 /// Every metric the daemon exports. Cloning shares the values.
@@ -52,11 +73,13 @@ pub struct Metrics {
     pub map_capacity: Family<Labels, Gauge>,
     pub reloads: Family<Labels, Counter>,
     pub actuator_errors: Family<Labels, Counter>,
+    pub sensing_errors: Counter,
     resident: Gauge,
     cpu: Counter<f64, AtomicU64>,
     tuner_processes: Gauge,
     tuner_calls: Family<Labels, Gauge>,
     tuner_choices: Family<Labels, Gauge>,
+    shown: Arc<Mutex<Shown>>,
 }
 
 fn family<M>(r: &mut Registry, name: &str, help: &str) -> Family<Labels, M>
@@ -152,6 +175,12 @@ impl Metrics {
         for a in ["dscp", "env_file", "sysctl", "roce_tc"] {
             let _ = actuator_errors.get_or_create(&labels(&[("actuator", a)]));
         }
+        let sensing_errors = Counter::default();
+        r.register(
+            "sensing_errors",
+            "Ticks skipped because a sensing read failed",
+            sensing_errors.clone(),
+        );
         let resident = Gauge::default();
         r.register("process_resident_bytes", "Resident set size", resident.clone());
         let cpu = Counter::<f64, AtomicU64>::default();
@@ -203,11 +232,13 @@ impl Metrics {
             map_capacity,
             reloads,
             actuator_errors,
+            sensing_errors,
             resident,
             cpu,
             tuner_processes,
             tuner_calls,
             tuner_choices,
+            shown: Arc::default(),
         }
     }
 
@@ -240,6 +271,10 @@ impl Metrics {
 
     /// A link's state (out of `states`, the ladder), knobs and signals.
     pub fn link(&self, link: &str, states: &[String], state: &str, k: &Knobs, s: &Signals) {
+        if let Ok(mut shown) = self.shown.lock() {
+            note(&mut shown.links, link);
+            states.iter().for_each(|st| note(&mut shown.states, st));
+        }
         let l = labels(&[("link", link)]);
         for st in states {
             let on = i64::from(st == state);
@@ -247,17 +282,13 @@ impl Metrics {
         }
         let level = states.iter().position(|s| s == state).unwrap_or(0);
         self.link_state_level.get_or_create(&l).set(level as i64);
-        for (stat, v) in [
-            ("ewma", s.rtt_ms),
-            ("baseline", s.baseline_ms),
-            ("p50", s.rtt_p50_ms),
-            ("p99", s.rtt_p99_ms),
-            ("peak_p99", s.peak_p99_ms),
-        ] {
-            if let Some(v) = v {
-                self.link_rtt
-                    .get_or_create(&labels(&[("link", link), ("stat", stat)]))
-                    .set(v / 1e3);
+        let rtt = [s.rtt_ms, s.baseline_ms, s.rtt_p50_ms, s.rtt_p99_ms, s.peak_p99_ms];
+        for (stat, v) in LINK_RTT_STATS.into_iter().zip(rtt) {
+            let ls = labels(&[("link", link), ("stat", stat)]);
+            // Unmeasured (an idle link): no series, rather than the last value forever.
+            match v {
+                Some(v) => _ = self.link_rtt.get_or_create(&ls).set(v / 1e3),
+                None => _ = self.link_rtt.remove(&ls),
             }
         }
         for (name, v) in [
@@ -292,26 +323,35 @@ impl Metrics {
     }
 
     pub fn decision(&self, link: &str, state: &str) {
+        if let Ok(mut shown) = self.shown.lock() {
+            note(&mut shown.links, link);
+            note(&mut shown.states, state);
+        }
         self.decisions.get_or_create(&labels(&[("link", link), ("state", state)])).inc();
     }
 
     /// Per (interface, peer) and per NIC figures of a snapshot.
     pub fn snapshot(&self, snap: &Snapshot) {
-        for p in &snap.peers {
-            let l = labels(&[("interface", &p.link), ("peer", &p.peer)]);
-            for (stat, v) in [
-                ("srtt", p.rtt.srtt_ms),
-                ("min", p.rtt.min_ms),
-                ("p50", p.rtt.p50_ms),
-                ("p99", p.rtt.p99_ms),
-            ] {
-                if let Some(v) = v {
-                    let mut ls = l.clone();
-                    ls.push(("stat".into(), stat.into()));
-                    self.peer_rtt.get_or_create(&ls).set(v / 1e3);
+        if let Ok(mut shown) = self.shown.lock() {
+            for p in &snap.peers {
+                match shown.peers.get_mut(p.link.as_str()) {
+                    Some(set) => note(set, &p.peer),
+                    None => _ = shown.peers.insert(p.link.clone(), [p.peer.clone()].into()),
                 }
             }
-            for (dir, v) in [("rx", p.rx_bps), ("tx", p.tx_bps)] {
+        }
+        for p in &snap.peers {
+            let l = labels(&[("interface", &p.link), ("peer", &p.peer)]);
+            let rtt = [p.rtt.srtt_ms, p.rtt.min_ms, p.rtt.p50_ms, p.rtt.p99_ms];
+            for (stat, v) in PEER_RTT_STATS.into_iter().zip(rtt) {
+                let mut ls = l.clone();
+                ls.push(("stat".into(), stat.into()));
+                match v {
+                    Some(v) => _ = self.peer_rtt.get_or_create(&ls).set(v / 1e3),
+                    None => _ = self.peer_rtt.remove(&ls),
+                }
+            }
+            for (dir, v) in DIRECTIONS.into_iter().zip([p.rx_bps, p.tx_bps]) {
                 let mut ls = l.clone();
                 ls.push(("direction".into(), dir.into()));
                 self.peer_bits.get_or_create(&ls).set(v);
@@ -337,6 +377,51 @@ impl Metrics {
             ] {
                 Self::set(&self.nic, name, &l, v);
             }
+        }
+    }
+
+    /// Removes the series of links, states and (interface, peer) rows that are not in these
+    /// lists (a reloaded policy's), whatever values they were written with.
+    pub fn retain(&self, links: &[String], states: &[String], peers: &[(String, String)]) {
+        let Ok(mut shown) = self.shown.lock() else { return };
+        let all_states: BTreeSet<&String> = shown.states.iter().chain(states).collect();
+        for link in &shown.links {
+            let link_gone = !links.contains(link);
+            for st in &all_states {
+                if link_gone || !states.contains(st) {
+                    let ls = labels(&[("link", link), ("state", st)]);
+                    self.link_state.remove(&ls);
+                    self.decisions.remove(&ls);
+                }
+            }
+            if !link_gone {
+                continue;
+            }
+            let l = labels(&[("link", link)]);
+            self.link_state_level.remove(&l);
+            for stat in LINK_RTT_STATS {
+                self.link_rtt.remove(&labels(&[("link", link), ("stat", stat)]));
+            }
+            for (_, f) in self.link_f64.iter().chain(&self.knobs) {
+                f.remove(&l);
+            }
+            for m in crate::control::knobs::Compression::MODES {
+                self.knob_compression.remove(&labels(&[("link", link), ("mode", m)]));
+            }
+        }
+        for (iface, names) in &shown.peers {
+            for peer in names.iter().filter(|p| !peers.contains(&(iface.clone(), (*p).clone()))) {
+                let at = |k: &str, v: &str| labels(&[("interface", iface), ("peer", peer), (k, v)]);
+                PEER_RTT_STATS.iter().for_each(|st| _ = self.peer_rtt.remove(&at("stat", st)));
+                DIRECTIONS.iter().for_each(|d| _ = self.peer_bits.remove(&at("direction", d)));
+                let l = labels(&[("interface", iface), ("peer", peer)]);
+                self.peer_f64.iter().for_each(|(_, f)| _ = f.remove(&l));
+            }
+        }
+        shown.links.retain(|l| links.contains(l));
+        shown.states.retain(|s| states.contains(s));
+        for (iface, names) in shown.peers.iter_mut() {
+            names.retain(|p| peers.contains(&(iface.clone(), p.clone())));
         }
     }
 
@@ -382,52 +467,54 @@ pub fn process_figures() -> Option<(u64, f64)> {
     Some((pages * page, ticks / hz))
 }
 
-/// Serves `GET /metrics` (anything else: 404) until the task is dropped.
-pub async fn serve(listener: TcpListener, metrics: Metrics) {
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                warn!("metrics: accept: {e}");
-                continue;
-            }
-        };
-        let m = metrics.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-                let m = m.clone();
-                async move { Ok::<_, std::convert::Infallible>(respond(&m, &req)) }
-            });
-            if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await
-            {
-                debug!(%peer, "metrics connection: {e}");
-            }
-        });
-    }
-}
-
-fn respond(m: &Metrics, req: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
-    let (status, ctype, body) = if req.uri().path() == "/metrics" {
-        (200, "application/openmetrics-text; version=1.0.0; charset=utf-8", m.render())
-    } else {
-        (404, "text/plain", "not found: metrics are at /metrics\n".to_owned())
-    };
-    Response::builder()
-        .status(status)
-        .header("content-type", ctype)
-        .body(Full::new(Bytes::from(body)))
-        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
-}
-
-/// Binds the metrics address; a clear error if it is taken.
-pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("metrics address {addr}: {e}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::tuner_stats::{TunerChoice, TunerProcess};
+
+    #[test]
+    fn retain_removes_the_series_of_renamed_links_states_and_peers() {
+        let m = Metrics::new(false);
+        let k = Knobs {
+            compression: crate::control::knobs::Compression::None,
+            chunk_bytes: 1 << 20,
+            nccl_ib_timeout: 18,
+            nccl_ib_retry_cnt: 7,
+            watchdog_s: 600,
+            dscp: 26,
+            roce_traffic_class: 106,
+            tcp_buffer_bytes: 1 << 22,
+        };
+        let s = Signals { rtt_ms: Some(20.0), rtt_p99_ms: Some(30.0), ..Signals::default() };
+        let own = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let peer = |iface: &str, peer: &str| crate::sensors::PeerSnapshot {
+            link: iface.into(),
+            peer: peer.into(),
+            rtt: crate::sensors::RttSnapshot { srtt_ms: Some(20.0), ..Default::default() },
+            ..Default::default()
+        };
+        let snap = |peers| Snapshot { peers, ..Snapshot::default() };
+        m.link("wan", &own(&["healthy", "congested"]), "healthy", &k, &s);
+        m.decision("wan", "healthy");
+        m.snapshot(&snap(vec![peer("eth0", "b"), peer("eth0", "other")]));
+        // Renamed: the state, the link and the peer.
+        m.retain(&own(&["lan"]), &own(&["calm", "congested"]), &[("eth0".into(), "other".into())]);
+        m.link("lan", &own(&["calm", "congested"]), "calm", &k, &Signals::default());
+        m.snapshot(&snap(vec![peer("eth0", "other")]));
+        let text = m.render();
+        let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        for old in ["\"healthy\"", "link=\"wan\"", "peer=\"b\""] {
+            assert!(!samples.iter().any(|l| l.contains(old)), "{old} left in:\n{text}");
+        }
+        let on: Vec<&&str> = samples
+            .iter()
+            .filter(|l| l.starts_with("linkpilot_link_state{") && l.ends_with(" 1"))
+            .collect();
+        assert_eq!(on, [&"linkpilot_link_state{link=\"lan\",state=\"calm\"} 1"], "{text}");
+        // Unmeasured RTT has no series (the new link's signals have none).
+        assert!(!samples.iter().any(|l| l.starts_with("linkpilot_link_rtt_seconds")), "{text}");
+        assert!(samples.iter().any(|l| l.contains("peer=\"other\",stat=\"srtt\"")), "{text}");
+    }
 
     #[test]
     fn tuner_choices_are_counted_and_forgotten_when_gone() {

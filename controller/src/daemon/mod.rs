@@ -4,8 +4,10 @@
 //! policy reload (SIGHUP, file change), Prometheus metrics and the status socket.
 
 mod actuate;
+mod health;
 pub mod metrics;
 mod reload;
+mod serve;
 pub mod status;
 
 use std::{
@@ -37,6 +39,7 @@ use crate::{
     tuner_stats::{self, TunerProcess},
 };
 use actuate::Actuators;
+use health::SensingHealth;
 use metrics::Metrics;
 use reload::PolicyWatch;
 use status::{LinkStatus, PeerStatus, Status};
@@ -95,6 +98,9 @@ pub struct RunOptions {
     /// kernels before 6.6.
     #[arg(long, hide = true)]
     pub netlink_tc: bool,
+    /// Stop once sensing has failed on every tick for this long (and at least 10 ticks).
+    #[arg(long, value_name = "SECONDS", default_value_t = health::GIVE_UP_AFTER.as_secs(), hide = true)]
+    pub sensing_give_up_s: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -174,12 +180,12 @@ fn lock(path: &PathBuf) -> anyhow::Result<nix::fcntl::Flock<fs::File>> {
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let f = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .with_context(|| format!("opening {}", path.display()))?;
+    // Not through a symlink: the file is truncated once locked.
+    let f = crate::files::open_nofollow(
+        path,
+        fs::OpenOptions::new().create(true).truncate(false).write(true),
+    )
+    .with_context(|| format!("opening {}", path.display()))?;
     let mut locked = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
         .map_err(|(_, e)| {
             let other = fs::read_to_string(path).unwrap_or_default();
@@ -224,6 +230,7 @@ struct Daemon {
     /// The tuner plugin's counters of each training process, and when they were last read.
     tuner: Vec<TunerProcess>,
     tuner_read: Option<Instant>,
+    health: SensingHealth,
 }
 
 /// Reading the flow table costs ~0.5 us per flow: a big table is read less often than the
@@ -250,10 +257,10 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     let instance_lock = if o.dry_run { None } else { Some(lock(&o.lock)?) };
     let metrics = Metrics::new(o.dry_run);
-    let metrics_listener = match o.metrics_addr {
-        MetricsAddr::Off => None,
-        MetricsAddr::At(a) => Some(metrics::bind(a).await?),
-    };
+    if let MetricsAddr::At(a) = o.metrics_addr {
+        // Scrapes on a thread of their own: they never delay a tick (serve.rs).
+        serve::spawn(serve::bind(a)?, metrics.clone())?;
+    }
     let status_listener = status::bind(&o.status_socket)?;
     let decision_log = open_append(&o.decision_log)?;
     let record = open_append(&o.record)?;
@@ -310,11 +317,9 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         }
     }
     let status: status::Shared = Arc::new(Mutex::new(Status::default()));
-    let servers = [
-        metrics_listener.map(|l| tokio::spawn(metrics::serve(l, metrics.clone()))),
-        Some(tokio::spawn(status::serve(status_listener, status.clone()))),
-    ];
+    let status_server = tokio::spawn(status::serve(status_listener, status.clone()));
     info!(ifaces = ?names, dry_run = o.dry_run, "linkpilot running; SIGTERM or Ctrl-C to stop, SIGHUP reloads");
+    let o_give_up = o.sensing_give_up_s;
     let mut d = Daemon {
         rows: peers.rows(),
         sensors: Sensors::new(Duration::from_nanos(policy.estimator.window.0)),
@@ -338,6 +343,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         ports_found: None,
         tuner: Vec::new(),
         tuner_read: None,
+        health: SensingHealth::new(Duration::from_secs(o_give_up)),
     };
 
     let mut ticker = tokio::time::interval(tick);
@@ -366,7 +372,16 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
                 }
             }
-            d.tick()?;
+            // A failed read skips this tick (no decision, no heartbeat); only a lasting
+            // failure stops the daemon (health.rs).
+            match d.tick() {
+                Ok(()) => {
+                    if let Some((ticks, lasted)) = d.health.ok(Instant::now()) {
+                        info!("sensing recovered after {ticks} failed tick(s) in {lasted:.1?}");
+                    }
+                }
+                Err(e) => d.sensing_failed(e)?,
+            }
             n += 1;
             if d.o.ticks.is_some_and(|t| n >= t) {
                 return Ok(());
@@ -374,9 +389,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         }
     }
     .await;
-    for s in servers.into_iter().flatten() {
-        s.abort();
-    }
+    status_server.abort();
     let _ = fs::remove_file(&d.o.status_socket);
     // Roll back whatever happened above.
     d.act.restore();
@@ -386,6 +399,25 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
 }
 
 impl Daemon {
+    /// Counts and shows a failed tick; Err when the failure has lasted too long.
+    fn sensing_failed(&mut self, e: anyhow::Error) -> anyhow::Result<()> {
+        let verdict = self.health.failed(&e, Instant::now());
+        // The first failure of a streak, then ever more rarely: no log flood at 10 ticks/s.
+        if self.health.failing_ticks().is_power_of_two() {
+            warn!(
+                failing_ticks = self.health.failing_ticks(),
+                "sensing failed, tick skipped: {e:#}"
+            );
+        }
+        self.metrics.sensing_errors.inc();
+        if let Ok(mut st) = self.status.lock() {
+            st.sensing_errors = self.health.total;
+            st.sensing_failing_ticks = self.health.failing_ticks();
+            st.last_sensing_error.clone_from(&self.health.last_error);
+        }
+        verdict
+    }
+
     /// One tick: read, decide, apply, report.
     fn tick(&mut self) -> anyhow::Result<()> {
         let work = Instant::now();
@@ -398,7 +430,8 @@ impl Daemon {
         // The RDMA ports on the watched interfaces: found every 10 s (devices come and go),
         // their state and signal counters re-read every tick.
         if self.ports_found.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
-            let all = rdma::discover(&self.o.rdma_root).unwrap_or_else(|e| {
+            // Only ports bound to a netdev of this namespace (rdma.rs: names alone mislead).
+            let all = rdma::discover_here(&self.o.rdma_root).unwrap_or_else(|e| {
                 warn!("{e}");
                 Vec::new()
             });
@@ -513,6 +546,9 @@ impl Daemon {
             reloads_applied: reload("applied"),
             reloads_rejected: reload("rejected"),
             last_reload_error,
+            sensing_errors: self.health.total,
+            sensing_failing_ticks: 0,
+            last_sensing_error: self.health.last_error.clone(),
             flows,
             flows_capacity: u64::from(MAX_FLOWS),
             sysctls_released: self
@@ -539,6 +575,17 @@ impl Daemon {
                 })
                 .collect(),
         };
+    }
+
+    /// Removes the metric series of links, states and peers the running policy no longer has.
+    fn forget_series(&self) {
+        let p = self.core.policy();
+        let links: Vec<String> = p.links.iter().map(|l| l.name.clone()).collect();
+        let states: Vec<String> = p.states.iter().map(|s| s.name.clone()).collect();
+        let rows: Vec<(String, String)> = (self.ifaces.iter())
+            .flat_map(|i| self.rows.iter().map(|(_, peer)| (i.name.clone(), peer.clone())))
+            .collect();
+        self.metrics.retain(&links, &states, &rows);
     }
 
     /// Loads the policy file again. An invalid one (or one that changes the interfaces, which
@@ -579,9 +626,10 @@ impl Daemon {
                 let back = self.probes.set_peers(&self.peers.prefixes);
                 return rejected(self, format!("setting the peers: {e}; restoring them: {back:?}"));
             }
-            self.rows = peers.rows();
-            self.peers = peers;
         }
+        // Also when only names changed (same ids and prefixes): rows and rules go by name.
+        self.rows = peers.rows();
+        self.peers = peers;
         // Peer ids may now name other peers, or the window changed: rates and RTT windows
         // start again from the next reading.
         if new_peers || policy.estimator.window != self.core.policy().estimator.window {
@@ -594,6 +642,7 @@ impl Daemon {
             b.set_heartbeat_interval(t.max(Duration::from_millis(100)), monotonic_ns());
         }
         self.core.reload(policy);
+        self.forget_series();
         Metrics::count(&self.metrics.reloads, "result", "applied");
         info!("policy reloaded from {}", self.o.policy.display());
         tick
@@ -603,6 +652,18 @@ impl Daemon {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lock_is_never_taken_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        fs::write(&target, "precious").unwrap();
+        let path = dir.path().join("linkpilot.lock");
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        let e = format!("{:#}", lock(&path).unwrap_err());
+        assert!(e.contains("is a symbolic link; refusing to follow it"), "{e}");
+        assert_eq!(fs::read_to_string(&target).unwrap(), "precious", "not truncated");
+    }
 
     #[test]
     fn big_flow_tables_are_read_less_often_but_at_least_every_two_seconds_or_tick() {

@@ -42,6 +42,13 @@ pub struct Status {
     pub reloads_applied: u64,
     pub reloads_rejected: u64,
     pub last_reload_error: Option<String>,
+    /// Ticks skipped because a sensing read failed: in all, in a row now, the latest error.
+    #[serde(default)]
+    pub sensing_errors: u64,
+    #[serde(default)]
+    pub sensing_failing_ticks: u32,
+    #[serde(default)]
+    pub last_sensing_error: Option<String>,
     pub flows: u64,
     pub flows_capacity: u64,
     /// Sysctls an administrator changed under us, no longer managed.
@@ -78,20 +85,36 @@ pub struct PeerStatus {
 
 pub type Shared = Arc<Mutex<Status>>;
 
-/// Creates the socket (replacing a stale one, never a live one), readable and writable by the
-/// owner only.
+/// Creates the socket (replacing a stale one, never a live one, and nothing that is not a
+/// socket), readable and writable by the owner only.
 pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    // A socket someone answers on is a running daemon's (a dry run takes no lock).
-    if StdUnixStream::connect(path).is_ok() {
-        anyhow::bail!("{}: another linkpilot answers there; pass --status-socket", path.display());
-    }
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
+    match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("removing the stale {}", path.display())),
+        Err(e) => return Err(e).with_context(|| format!("checking {}", path.display())),
+        // Only a socket of ours may be replaced: a file, link or directory someone put there
+        // is theirs.
+        Ok(m) if !m.file_type().is_socket() => anyhow::bail!(
+            "{}: exists and is not a socket (a {}); remove it or pass --status-socket",
+            path.display(),
+            if m.file_type().is_symlink() {
+                "symbolic link"
+            } else if m.is_dir() {
+                "directory"
+            } else {
+                "file"
+            }
+        ),
+        // A socket someone answers on is a running daemon's (a dry run takes no lock).
+        Ok(_) if StdUnixStream::connect(path).is_ok() => anyhow::bail!(
+            "{}: another linkpilot answers there; pass --status-socket",
+            path.display()
+        ),
+        Ok(_) => std::fs::remove_file(path)
+            .with_context(|| format!("removing the stale {}", path.display()))?,
     }
     let listener =
         UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
@@ -105,8 +128,17 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
 pub async fn serve(listener: UnixListener, shared: Shared) {
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
+    let mut backoff = super::serve::AcceptBackoff::default();
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                let delay = backoff.failed("status", &e, std::time::Instant::now());
+                tokio::time::sleep(delay).await;
+                continue;
+            }
+        };
+        backoff.ok();
         let allowed = stream.peer_cred().is_ok_and(|c| c.uid() == 0 || c.uid() == me);
         let shared = shared.clone();
         tokio::spawn(async move {
@@ -133,8 +165,13 @@ pub async fn serve(listener: UnixListener, shared: Shared) {
                     _ => return,
                 }
             };
-            if let Err(e) = w.write_all(format!("{reply}\n").as_bytes()).await {
-                debug!("status reply: {e}");
+            // A client that does not read its reply is not kept waiting for.
+            let line = format!("{reply}\n");
+            let write = w.write_all(line.as_bytes());
+            match tokio::time::timeout(Duration::from_secs(2), write).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => debug!("status reply: {e}"),
+                Err(_) => debug!("status reply: the client did not read it within 2 s"),
             }
         });
     }
@@ -191,6 +228,12 @@ pub fn render(s: &Status) -> String {
     );
     if let Some(e) = &s.last_reload_error {
         out += &format!("last rejected reload: {}\n", e.lines().next().unwrap_or(""));
+    }
+    if let Some(e) = &s.last_sensing_error {
+        out += &format!(
+            "sensing: {} failed tick(s), {} in a row now; last: {e}\n",
+            s.sensing_errors, s.sensing_failing_ticks
+        );
     }
     if !s.sysctls_released.is_empty() {
         out +=
@@ -309,6 +352,31 @@ fn render_tuner(procs: &[TunerProcess]) -> String {
 mod tests {
     use super::*;
     use crate::tuner_stats::TunerChoice;
+
+    #[tokio::test]
+    async fn bind_replaces_only_a_stale_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("status.sock");
+        // A stale socket (its listener gone) is replaced; a live one is refused.
+        drop(bind(&path).unwrap());
+        let live = bind(&path).unwrap();
+        let e = bind(&path).unwrap_err().to_string();
+        assert!(e.contains("another linkpilot answers there"), "{e}");
+        drop(live);
+        std::fs::remove_file(&path).unwrap();
+        // A regular file or a symlink at the path is someone else's: refused, left alone.
+        std::fs::write(&path, "data").unwrap();
+        let e = bind(&path).unwrap_err().to_string();
+        assert!(e.contains("exists and is not a socket (a file)"), "{e}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "data");
+        std::fs::remove_file(&path).unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, "data").unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        let e = bind(&path).unwrap_err().to_string();
+        assert!(e.contains("not a socket (a symbolic link)"), "{e}");
+        assert!(std::fs::symlink_metadata(&path).unwrap().file_type().is_symlink());
+    }
 
     #[test]
     fn the_tuner_section_shows_each_processes_choices() {

@@ -135,6 +135,15 @@ pub(super) fn check(raw: RawPolicy, e: &mut Errors) -> Policy {
     names.dedup();
     if names.len() > MAX_PEERS as usize {
         e.at(0..0, format!("{} peers named; the programs count at most {MAX_PEERS}", names.len()));
+    } else {
+        // What the daemon loads into the programs' peer trie: prefixes of all links' peers,
+        // each of one peer, at most MAX_PEER_PREFIXES.
+        let prefixes = links.iter().flat_map(|l| {
+            l.peers.iter().flat_map(|(n, nets)| nets.iter().map(move |net| (n.as_str(), *net)))
+        });
+        if let Err(err) = crate::peers::PeerIds::assign(prefixes) {
+            e.at(0..0, err.to_string());
+        }
     }
     // One egress DSCP rule per interface and peer of a link (per interface for a link that names
     // no peer): the programs hold MAX_DSCP_RULES.

@@ -226,6 +226,28 @@ fn limits_the_programs_and_the_board_have_are_checked() {
         })
         .collect();
     assert_eq!(errors(&eight), "OK");
+    // 15 peers of 18 prefixes: few enough peers and DSCP rules, but 270 prefixes for a trie
+    // of 256.
+    let peers: String = (0..15)
+        .map(|i| {
+            let cidrs: Vec<String> = (0..18).map(|j| format!("\"10.{i}.{j}.0/24\"")).collect();
+            format!("[[link.peer]]\nname = \"p{i}\"\ncidrs = [{}]\n", cidrs.join(", "))
+        })
+        .collect();
+    let e = errors(&format!(
+        "\n[[link]]\nname = \"many\"\ninterfaces = [\"e1\"]\ncapacity = \"1Gbit/s\"\n{peers}"
+    ));
+    assert_eq!(
+        e,
+        "p.toml:1:1: 270 peer prefixes (CIDRs of all peers together, IPv4 as IPv4-mapped IPv6); \
+         the programs' peer table holds at most 256"
+    );
+    // One prefix under two peers (one spelt IPv4-mapped): refused, naming both.
+    let e = errors(
+        "\n[[link.peer]]\nname = \"us\"\ncidrs = [\"198.18.2.0/24\"]\n\
+         [[link.peer]]\nname = \"eu\"\ncidrs = [\"::ffff:198.18.2.0/120\"]\n",
+    );
+    assert!(e.contains("peer \"eu\"") && e.contains("of peer \"us\" already"), "{e}");
     let e = errors("\n[bounds]\ntcp_buffers = { min = \"4MiB\", max = \"4GiB\" }\n");
     assert!(e.contains("tcp_buffers max 4GiB must be below 2GiB"), "{e}");
     for bad in ["k = nan", "k = inf", "k = -1.0"] {
