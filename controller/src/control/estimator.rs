@@ -160,20 +160,6 @@ impl Estimator {
         self.peer_names.is_empty() || self.peer_names.contains(peer)
     }
 
-    /// Folds one snapshot in and returns the link's signals.
-    pub fn update(&mut self, snap: &Snapshot) -> Signals {
-        let mut agg = Aggregate::default();
-        for p in &snap.peers {
-            if self.link.interfaces.contains(&p.link) && self.counts_peer(&p.peer) {
-                agg.add(p);
-            }
-        }
-        for l in snap.links.iter().filter(|l| self.link.interfaces.contains(&l.link)) {
-            agg.add_nic(l);
-        }
-        self.update_aggregate(snap.at_ms, &agg)
-    }
-
     /// Folds in this link's share of a snapshot taken at `at_ms`.
     pub fn update_aggregate(&mut self, at_ms: u64, a: &Aggregate) -> Signals {
         let now = Duration::from_millis(at_ms);
@@ -310,12 +296,29 @@ mod tests {
         }
     }
 
-    fn link() -> Link {
-        Link {
-            name: "wan".into(),
-            interfaces: vec!["eth0".into()],
-            capacity_bps: 1e9,
-            peers: vec![("us".into(), vec![])],
+    /// An estimator fed the way the core feeds it: its link's rows picked from a snapshot by
+    /// `Core::aggregate`, the one place that decides which rows belong to which link.
+    struct Fed {
+        core: crate::control::decide::Core,
+        e: Estimator,
+    }
+
+    impl Fed {
+        fn new() -> Self {
+            let policy = crate::control::policy::Policy::parse(
+                "[[link]]\nname = \"wan\"\ninterfaces = [\"eth0\"]\ncapacity = \"1Gbit/s\"\n\
+                 [[link.peer]]\nname = \"us\"\ncidrs = [\"198.18.2.0/24\"]\n\
+                 [[state]]\nname = \"healthy\"\n[state.knobs]\ncompression = \"none\"\ndscp = 26\nroce_traffic_class = 106\n",
+                "test",
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            let link = policy.links[0].clone();
+            Self { core: crate::control::decide::Core::new(policy), e: Estimator::new(cfg(), link) }
+        }
+
+        fn update(&mut self, snap: &Snapshot) -> Signals {
+            let aggs = self.core.aggregate(snap);
+            self.e.update_aggregate(snap.at_ms, &aggs[0])
         }
     }
 
@@ -344,7 +347,7 @@ mod tests {
 
     #[test]
     fn baseline_is_the_windowed_min_and_inflation_follows() {
-        let mut e = Estimator::new(cfg(), link());
+        let mut e = Fed::new();
         e.update(&snap(0, 180.0, 0.0));
         let s = e.update(&snap(1, 180.0, 0.0));
         assert_eq!((s.baseline_ms, s.rtt_inflation), (Some(180.0), 0.0));
@@ -360,7 +363,7 @@ mod tests {
 
     #[test]
     fn other_peers_do_not_count_and_gaps_weigh_as_time() {
-        let mut e = Estimator::new(cfg(), link());
+        let mut e = Fed::new();
         assert_eq!(e.update(&snap(0, 180.0, 0.0)).ce_fraction, 0.0, "'other' is not on the link");
         // A 10 s gap (missed ticks): the new value dominates (1 - 2^-10).
         let s = e.update(&snap(10, 180.0, 0.1));
@@ -370,13 +373,13 @@ mod tests {
 
     #[test]
     fn shares_weigh_packets_and_a_trickle_is_unmeasured() {
-        let mut e = Estimator::new(cfg(), link());
+        let mut e = Fed::new();
         let mut trickle = snap(0, 180.0, 0.5);
         trickle.peers[0].rx_pps = 20.0; // a handshake's worth, half of it marked
         assert_eq!(e.update(&trickle).ce_fraction, 0.0, "below min_packet_rate");
         // 1,000 packets/s with none marked, then a tick of 10,000 with 10% marked: the share is
         // of all packets in the EWMA, not the mean of two per-tick shares.
-        let mut e = Estimator::new(cfg(), link());
+        let mut e = Fed::new();
         e.update(&snap(0, 180.0, 0.0));
         let mut burst = snap(1, 180.0, 0.1);
         burst.peers[0].rx_pps = 10_000.0;
