@@ -45,6 +45,20 @@ pub mod nccl {
     pub const ANY: u8 = 255;
 }
 
+/// Bits of [`BoardHeader::pending`]: actuators whose part of the board's decisions is not in
+/// place yet (their write failed; the daemon retries every tick until it holds).
+pub mod pending {
+    pub const DSCP: u32 = 1 << 0;
+    pub const ENV_FILE: u32 = 1 << 1;
+    /// TCP buffer sysctls.
+    pub const SYSCTL: u32 = 1 << 2;
+    /// The policy's `[host]` sysctls.
+    pub const HOST_SYSCTL: u32 = 1 << 3;
+    pub const ROCE_TC: u32 = 1 << 4;
+    /// Actuator names by bit position, as status and metrics spell them.
+    pub const NAMES: [&str; 5] = ["dscp", "env_file", "sysctl", "host_sysctl", "roce_tc"];
+}
+
 /// The header, at offset 0.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -66,7 +80,9 @@ pub struct BoardHeader {
     pub decision_id: u64,
     /// Link slots in use.
     pub n_links: u32,
-    pub _pad: u32,
+    /// [`pending`] bits: 0 when everything the board shows is in place. Padding before this
+    /// field existed, so older version-2 daemons write 0.
+    pub pending: u32,
 }
 
 /// One link's knobs, in slots after the header.
@@ -145,6 +161,7 @@ pub mod offsets {
     pub const HEARTBEAT_NS: usize = 24;
     pub const HEARTBEAT_INTERVAL_MS: usize = 32;
     pub const N_LINKS: usize = 48;
+    pub const PENDING: usize = 52;
     pub const LINKS: usize = 56;
     pub const LINK_SIZE: usize = 128;
 }
@@ -157,6 +174,7 @@ const _: () = assert!(
     core::mem::offset_of!(BoardHeader, heartbeat_interval_ms) == offsets::HEARTBEAT_INTERVAL_MS
 );
 const _: () = assert!(core::mem::offset_of!(BoardHeader, n_links) == offsets::N_LINKS);
+const _: () = assert!(core::mem::offset_of!(BoardHeader, pending) == offsets::PENDING);
 const _: () = assert!(core::mem::offset_of!(BoardLink, chunk_bytes) == 80);
 const _: () = assert!(core::mem::offset_of!(BoardLink, watchdog_s) == 96);
 const _: () = assert!(core::mem::offset_of!(BoardLink, decision_id) == 104);

@@ -137,7 +137,7 @@ impl BoardWriter {
             pid: std::process::id(),
             decision_id: 0,
             n_links: 0,
-            _pad: 0,
+            pending: 0,
         };
         let board = Board { header, links: [BoardLink::default(); BOARD_MAX_LINKS] };
         // SAFETY: Board is repr(C) plain data without padding holes (size asserted in common).
@@ -185,6 +185,11 @@ impl BoardWriter {
             .max(self.board.header.decision_id);
         self.board.header.heartbeat_ns = now_ns;
         self.write();
+    }
+
+    /// Sets the [`linkpilot_common::board::pending`] bits the next write carries.
+    pub fn set_pending(&mut self, bits: u32) {
+        self.board.header.pending = bits;
     }
 
     /// Changes the heartbeat interval readers judge staleness by (a reloaded policy's tick).
@@ -424,6 +429,7 @@ print(json.dumps(out))
             max_channels: 4,
         };
         set_nccl(&mut hk, rule, 1 << 20, Some(180.25));
+        w.set_pending(linkpilot_common::board::pending::SYSCTL);
         w.publish(&[hk, board_link("eu", "x", 1, &k2, 9)], now);
         let python = concat!(env!("CARGO_MANIFEST_DIR"), "/../python");
         let out = std::process::Command::new("python3")
@@ -442,6 +448,7 @@ print(json.dumps(out))
         );
         assert_eq!((v["decision_id"].as_u64(), v["heartbeat_ns"].as_u64()), (Some(42), Some(now)));
         assert_eq!(v["heartbeat_interval_ms"].as_u64(), Some(60_000));
+        assert_eq!(v["pending"], serde_json::json!(["sysctl"]));
         assert_eq!(v["codecs"], serde_json::json!(["topk:0.01", "int4"]));
         let l = &v["links"][0];
         assert_eq!((l["name"].as_str(), l["state"].as_str()), (Some("hk-us"), Some("severe")));

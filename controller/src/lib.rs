@@ -10,6 +10,7 @@ pub mod bench_sensors;
 pub mod board;
 pub mod board_feed;
 pub mod control;
+pub mod crash_state;
 pub mod daemon;
 pub mod envfile;
 pub mod files;

@@ -27,6 +27,7 @@ def render(s: BoardSnapshot) -> str:
     lines = [
         f"knob board {s.path}: pid {s.pid}, decision {s.decision_id}, heartbeat "
         f"{s.age_ms:.1f}ms ago (every {s.heartbeat_interval_ms}ms): {verdict}",
+        *([f"not in place yet (retried): {', '.join(s.pending)}"] if s.pending else []),
         _COLUMNS.format(
             "LINK", "STATE", "CODEC", "CHUNK", "TCPBUF", "WDOG", "IBTO", "RETRY", "DSCP", "TC",
             "DECISION",

@@ -30,8 +30,10 @@ CODECS = ("none", "fp16", "bf16", "int8", "int4", "topk")
 NCCL_ALGOS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
 NCCL_PROTOS = ("ll", "ll128", "simple")
 _NCCL_ANY = 255
+#: Actuators by bit of the header's ``pending`` mask (common/src/board.rs, ``pending::NAMES``).
+ACTUATORS = ("dscp", "env_file", "sysctl", "host_sysctl", "roce_tc")
 
-_HEADER = struct.Struct("<8sIIQQIIQI4x")  # magic .. n_links, padding
+_HEADER = struct.Struct("<8sIIQQIIQII")  # magic .. n_links, pending
 _LINK = struct.Struct("<32s32sIIdQQIBBBBQQIBBBx")
 _LINKS_AT = _HEADER.size
 _SEQ_WORD = 16 // 8  # seq, as an index into the board viewed as u64 words
@@ -105,6 +107,9 @@ class BoardSnapshot:
     stale: bool
     age_ms: float
     links: tuple[LinkKnobs, ...]
+    #: Actuators whose part of these decisions is not in place yet (their write failed; the
+    #: daemon retries every tick), e.g. ``("sysctl",)``. Empty: everything shown is in place.
+    pending: tuple[str, ...] = ()
 
     def link(self, name: str) -> LinkKnobs | None:
         return next((k for k in self.links if k.name == name), None)
@@ -239,7 +244,8 @@ class KnobBoard:
         if data is None:
             raise BoardBusy(self.path, f"the daemon kept writing: no stable copy in {self.tries} tries")
         now = time.monotonic_ns()
-        _, _, _, _, heartbeat_ns, interval_ms, pid, decision_id, n_links = _HEADER.unpack_from(data)
+        (_, _, _, _, heartbeat_ns, interval_ms, pid, decision_id, n_links,
+         pending) = _HEADER.unpack_from(data)
         if n_links > MAX_LINKS:
             raise BoardFormatError(self.path, f"{n_links} links, a board has room for {MAX_LINKS}")
         # Most reads see only a new heartbeat: reuse the parsed links when their bytes match.
@@ -258,6 +264,11 @@ class KnobBoard:
             stale=age_ns > 2 * max(interval_ms, 1) * 1_000_000,
             age_ms=age_ns / 1e6,
             links=links,
+            pending=tuple(
+                ACTUATORS[bit] if bit < len(ACTUATORS) else f"bit{bit}"
+                for bit in range(32)
+                if pending >> bit & 1
+            ),
         )
 
     def _link(self, data: bytes, i: int) -> LinkKnobs:

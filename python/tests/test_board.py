@@ -206,3 +206,12 @@ def test_default_path(monkeypatch: pytest.MonkeyPatch) -> None:
     assert KnobBoard().path == "/run/linkpilot/knobs"
     monkeypatch.setenv("LINKPILOT_BOARD", "/tmp/elsewhere")
     assert KnobBoard().path == "/tmp/elsewhere"
+
+
+def test_pending_actuators_are_named(tmp_path: Path, good_board: bytes) -> None:
+    """The header's pending mask (offset 52): what of the decisions is not in place yet."""
+    with KnobBoard(tmp_path / "good") as board:
+        assert board.read().pending == ()
+    bits = (1 << 1) | (1 << 4) | (1 << 9)
+    with KnobBoard(patched(tmp_path, good_board, 52, bits.to_bytes(4, "little"))) as board:
+        assert board.read().pending == ("env_file", "roce_tc", "bit9")

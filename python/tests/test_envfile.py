@@ -35,7 +35,7 @@ def test_the_daemons_file_loads(daemon_env_file: Path) -> None:
     assert got == {
         "NCCL_IB_TIMEOUT": "22", "NCCL_IB_RETRY_CNT": "7", "NCCL_IB_TC": "106",
         "NCCL_BUFFSIZE": "8388608", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-        "LINKPILOT_COLLECTIVE_TIMEOUT_S": "600", "LINKPILOT_COMPRESSION": "none",
+        "LINKPILOT_COLLECTIVE_TIMEOUT_S": "600", "LINKPILOT_COMPRESSION": "int8",
         "LINKPILOT_LINK": "hk-us", "LINKPILOT_STATE": "healthy", "LINKPILOT_DECISION_ID": "1",
     }
     assert environ == {**got, "UNRELATED": "x"}

@@ -73,15 +73,26 @@ impl Daemon {
         if !dir.join("policy.toml").exists() {
             std::fs::write(dir.join("policy.toml"), policy).expect("policy");
         }
-        let p = |f: &str| dir.join(f).display().to_string();
-        let child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{netns}"))
-            .arg(linkpilot_bin())
-            .args(["run", "--policy", &p("policy.toml"), "--board", &p("knobs")])
-            .args(["--env-file", &p("nccl.env"), "--sysctl-state", &p("sysctl.json")])
-            .args(["--decision-log", &p("decisions.jsonl"), "--record", &p("trace.jsonl")])
-            .args(["--status-socket", &p("status.sock"), "--lock", &p("lock")])
-            .args(["--tuner-stats", &p("tuner")])
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{netns}")).arg(linkpilot_bin()).arg("run");
+        // Every file in `dir`, unless `extra` names another.
+        for (flag, file) in [
+            ("--policy", "policy.toml"),
+            ("--board", "knobs"),
+            ("--env-file", "nccl.env"),
+            ("--sysctl-state", "sysctl.json"),
+            ("--roce-tc-state", "roce-tc.json"),
+            ("--decision-log", "decisions.jsonl"),
+            ("--record", "trace.jsonl"),
+            ("--status-socket", "status.sock"),
+            ("--lock", "lock"),
+            ("--tuner-stats", "tuner"),
+        ] {
+            if !extra.contains(&flag) {
+                cmd.arg(flag).arg(dir.join(file));
+            }
+        }
+        let child = cmd
             .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())

@@ -168,6 +168,7 @@ pub fn run(flows: u32, secs: u64) -> anyhow::Result<()> {
             .args(["--board", &p("knobs").display().to_string()])
             .args(["--env-file", &p("nccl.env").display().to_string()])
             .args(["--sysctl-state", &p("sysctl.json").display().to_string()])
+            .args(["--roce-tc-state", &p("roce-tc.json").display().to_string()])
             .args(["--status-socket", &p("status.sock").display().to_string()])
             .args(["--lock", &p("lock").display().to_string()])
             .args(["--tuner-stats", &p("tuner").display().to_string()])

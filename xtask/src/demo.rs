@@ -76,6 +76,7 @@ pub fn run(seconds: Option<u64>) -> anyhow::Result<()> {
             .args(["run", "--policy", &policy.display().to_string()])
             .args(["--board", &p("knobs"), "--env-file", &p("nccl.env")])
             .args(["--sysctl-state", &p("sysctl-originals.json"), "--lock", &p("lock")])
+            .args(["--roce-tc-state", &p("roce-tc-originals.json")])
             .args(["--decision-log", &p("decisions.jsonl"), "--record", &p("trace.jsonl")])
             .args(["--status-socket", &p("status.sock"), "--tuner-stats", &p("tuner")])
             .env("RUST_LOG", "info")

@@ -1,18 +1,22 @@
 //! The actuators: what a decision changes outside the core. The egress DSCP map, the knob
 //! board, the NCCL env file (with the policy's `[env]`), TCP buffer sysctls and the policy's
 //! `[host]` sysctls, and the RDMA ports' default RoCE traffic class.
-//! Each fails alone: an error is logged and counted, and the others still apply.
+//! Each fails alone: an error is logged and counted, the others still apply, and the failed one
+//! is pending (the ledger, the board's `pending` bits) and retried every tick until it holds.
 
-use std::path::PathBuf;
+use std::{
+    path::PathBuf,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
 
 use anyhow::Context;
 use linkpilot_common::{board::BoardLink, DscpRule, ANY_PEER};
 use tracing::{info, warn};
 
-use super::metrics::Metrics;
+use super::{ledger::Ledger, metrics::Metrics, RunOptions};
 use crate::{
     board::{self, board_link, set_nccl, BoardWriter},
-    control::{Core, Decision},
+    control::{knobs::bytes, Core, Decision},
     envfile,
     iface::Iface,
     peers::PeerIds,
@@ -34,6 +38,27 @@ pub struct Actuators {
     pub roce: Option<RoceTc>,
     /// The link slots last published, kept current between decisions (the RTT baseline).
     pub published: Vec<BoardLink>,
+    /// What each actuator has in place; pending ones are retried every tick.
+    pub ledger: Ledger,
+    /// The newest decision applied (the env file names it).
+    latest: u64,
+}
+
+/// The sysctls and RoCE classes, opened (a killed run's originals restored) once the instance
+/// lock is held and before anything is attached: a state file that cannot be trusted stops the
+/// start with nothing changed.
+pub fn open_restorable(o: &RunOptions) -> anyhow::Result<(Option<Sysctls>, Option<RoceTc>)> {
+    if o.dry_run {
+        return Ok((None, None));
+    }
+    Ok((
+        Some(Sysctls::open(&o.sysctl_root, &o.sysctl_state)?),
+        Some(RoceTc::open(&o.rdma_cm_root, &o.roce_tc_state)?),
+    ))
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64()
 }
 
 /// Whether the board's RTT baseline is worth republishing: first measured, or off by over 10%.
@@ -72,17 +97,42 @@ pub fn dscp_rules(core: &Core, peers: &PeerIds, ifaces: &[Iface]) -> Vec<DscpRul
     named
 }
 
-fn report(metrics: &Metrics, actuator: &str, r: anyhow::Result<()>) {
-    if let Err(e) = r {
-        warn!(actuator, "{e:#}");
-        Metrics::count(&metrics.actuator_errors, "actuator", actuator);
-    }
-}
-
 impl Actuators {
+    /// With the board (unless a dry run) and the opened sysctls and RoCE classes.
+    pub fn new(
+        o: &RunOptions,
+        tick: Duration,
+        (sysctls, roce): (Option<Sysctls>, Option<RoceTc>),
+        ifaces: Vec<Iface>,
+    ) -> anyhow::Result<Self> {
+        let board = if o.dry_run {
+            None
+        } else {
+            let beat = tick.max(Duration::from_millis(100));
+            Some(BoardWriter::create(&o.board, beat, monotonic_ns())?)
+        };
+        Ok(Self {
+            ifaces,
+            board,
+            env_file: o.env_file.clone(),
+            nccl_tuner: o.nccl_tuner.clone(),
+            sysctls,
+            roce,
+            published: Vec::new(),
+            ledger: Ledger::default(),
+            latest: 0,
+        })
+    }
+
+    fn record(&mut self, m: &Metrics, actuator: &str, wanted: String, r: anyhow::Result<()>) {
+        if !self.ledger.record(actuator, wanted, r, unix_now()) {
+            Metrics::count(&m.actuator_errors, "actuator", actuator);
+        }
+    }
+
     /// Tells readers the daemon is alive; republishes the links instead when a link's RTT
     /// baseline moved (the tuner plugin gives it to NCCL when a communicator starts).
-    pub fn heartbeat(&mut self, core: &Core) {
+    fn heartbeat(&mut self, core: &Core) {
         let Some(b) = &mut self.board else { return };
         let signals = core.signals();
         let mut moved = false;
@@ -102,8 +152,10 @@ impl Actuators {
         }
     }
 
-    /// Applies the core's current knobs after `decisions`. `ports` are the RDMA ports seen
-    /// this tick. Order: DSCP, env file, sysctls, RoCE class, then the board.
+    /// Applies the core's current knobs: all of them after `decisions` (if any), else only
+    /// the pending ones, again. `ports` are the RDMA ports seen this tick. Order: DSCP, env
+    /// file, sysctls, RoCE class, then the board, whose `pending` bits name what of its
+    /// decisions is not in place; without decisions the board only beats.
     pub fn apply(
         &mut self,
         core: &Core,
@@ -113,80 +165,92 @@ impl Actuators {
         ports: &[RdmaPort],
         metrics: &Metrics,
     ) {
-        report(
-            metrics,
-            "dscp",
-            probes.set_dscp_rules(&dscp_rules(core, peers, &self.ifaces)).map_err(Into::into),
-        );
+        let fresh = !decisions.is_empty();
+        if let Some(id) = decisions.iter().map(|d| d.id).max() {
+            self.latest = id;
+        }
+        let due = |l: &Ledger, a: &str| fresh || l.is_pending(a);
         let current = core.current();
-        let latest = decisions.iter().map(|d| d.id).max().unwrap_or(0);
-        if let Some((link, state, k)) = current.first() {
+        if due(&self.ledger, "dscp") {
+            let r = probes.set_dscp_rules(&dscp_rules(core, peers, &self.ifaces));
+            let wanted: Vec<String> =
+                current.iter().map(|(l, _, k)| format!("{l}={}", k.dscp)).collect();
+            self.record(metrics, "dscp", wanted.join(" "), r.map_err(Into::into));
+        }
+        if let Some((link, state, k)) = current.first().filter(|_| due(&self.ledger, "env_file")) {
             let tuner = envfile::installed_tuner(&self.nccl_tuner)
                 .map(|plugin| envfile::Tuner { plugin, chunk_max: core.policy().bounds.chunk_max });
-            let text = envfile::render(link, state, k, latest, tuner.as_ref(), &core.policy().env);
+            let env = &core.policy().env;
+            let text = envfile::render(link, state, k, self.latest, tuner.as_ref(), env);
             let r = envfile::write_atomic(&self.env_file, &text)
                 .with_context(|| format!("writing {}", self.env_file.display()));
-            report(metrics, "env_file", r);
+            self.record(metrics, "env_file", format!("{link} {state} #{}", self.latest), r);
         }
-        if let Some(s) = &mut self.sysctls {
+        if let Some(s) = self.sysctls.as_mut().filter(|_| due(&self.ledger, "sysctl")) {
             let max = current.iter().map(|(_, _, k)| k.tcp_buffer_bytes).max().unwrap_or(0);
-            if max > 0 {
-                let r = s.apply(max).map(|changes| {
-                    for change in changes {
-                        info!("sysctl {change}");
-                    }
-                });
-                report(metrics, "sysctl", r.map_err(Into::into));
-            }
-            // The policy's [host] sysctls (those a reloaded policy dropped go back).
-            let r = s.apply_host(&sysctl::host_values(&core.policy().host)).map(|changes| {
-                for change in changes {
-                    info!("sysctl {change}");
-                }
-            });
-            report(metrics, "sysctl", r.map_err(Into::into));
+            let r = if max > 0 { s.apply(max).map(log_changes) } else { Ok(()) };
+            let wanted = if max > 0 { bytes(max) } else { String::new() };
+            self.record(metrics, "sysctl", wanted, r.map_err(Into::into));
         }
-        if let Some(roce) = &mut self.roce {
+        if let Some(s) = self.sysctls.as_mut().filter(|_| due(&self.ledger, "host_sysctl")) {
+            // The policy's [host] sysctls (those a reloaded policy dropped go back).
+            let host = sysctl::host_values(&core.policy().host);
+            let r = s.apply_host(&host).map(log_changes);
+            let wanted: Vec<String> =
+                host.iter().map(|(k, v)| format!("{}={v}", k.replace('/', "."))).collect();
+            self.record(metrics, "host_sysctl", wanted.join(" "), r.map_err(Into::into));
+        }
+        if let Some(roce) = self.roce.as_mut().filter(|_| due(&self.ledger, "roce_tc")) {
+            let (mut wanted, mut first) = (Vec::new(), None);
             for (link, _, k) in &current {
                 let Some(l) = core.policy().links.iter().find(|l| l.name == *link) else {
                     continue;
                 };
-                for iface in &l.interfaces {
-                    for p in ports_of(ports, iface) {
-                        let r = roce.set(&p.device, p.port, k.roce_traffic_class).map(|c| {
-                            if let Some(c) = c {
-                                info!("roce {c}");
-                            }
-                        });
-                        report(metrics, "roce_tc", r.map_err(Into::into));
+                for p in l.interfaces.iter().flat_map(|i| ports_of(ports, i)) {
+                    wanted.push(format!("{}/{}={}", p.device, p.port, k.roce_traffic_class));
+                    match roce.set(&p.device, p.port, k.roce_traffic_class) {
+                        Ok(Some(c)) => info!("roce {c}"),
+                        Ok(None) => {}
+                        // Every port is tried; the first failure is the one reported.
+                        Err(e) => {
+                            first.get_or_insert(e);
+                        }
                     }
                 }
             }
+            self.record(
+                metrics,
+                "roce_tc",
+                wanted.join(" "),
+                first.map_or(Ok(()), |e| Err(e.into())),
+            );
         }
-        // The board last: when it shows a decision, everything else of it is in place.
-        if let Some(b) = &mut self.board {
-            let policy = core.policy();
-            let signals = core.signals();
-            let links: Vec<_> = current
-                .iter()
-                .map(|(link, state, k)| {
-                    let idx = policy.states.iter().position(|s| s.name == *state).unwrap_or(0);
-                    let id = decisions
-                        .iter()
-                        .filter(|d| d.link == *link)
-                        .map(|d| d.id)
-                        .max()
-                        .unwrap_or(latest);
-                    let mut l = board_link(link, state, idx as u32, k, id);
-                    let rtt =
-                        signals.iter().find(|(n, _)| n == link).and_then(|(_, s)| s.baseline_ms);
-                    set_nccl(&mut l, policy.nccl.rule(idx), policy.nccl.min_bytes, rtt);
-                    l
-                })
-                .collect();
-            b.publish(&links, monotonic_ns());
-            self.published = links;
+        let Some(b) = &mut self.board else { return };
+        b.set_pending(self.ledger.bits());
+        if !fresh {
+            return self.heartbeat(core);
         }
+        // The board last: what it shows is in place, but for what its pending bits name.
+        let policy = core.policy();
+        let signals = core.signals();
+        let links: Vec<_> = current
+            .iter()
+            .map(|(link, state, k)| {
+                let idx = policy.states.iter().position(|s| s.name == *state).unwrap_or(0);
+                let id = decisions
+                    .iter()
+                    .filter(|d| d.link == *link)
+                    .map(|d| d.id)
+                    .max()
+                    .unwrap_or(self.latest);
+                let mut l = board_link(link, state, idx as u32, k, id);
+                let rtt = signals.iter().find(|(n, _)| n == link).and_then(|(_, s)| s.baseline_ms);
+                set_nccl(&mut l, policy.nccl.rule(idx), policy.nccl.min_bytes, rtt);
+                l
+            })
+            .collect();
+        b.publish(&links, monotonic_ns());
+        self.published = links;
     }
 
     /// Puts back what was changed (sysctls, RoCE traffic classes).
@@ -201,6 +265,12 @@ impl Actuators {
                 warn!("restoring RoCE traffic classes: {e}");
             }
         }
+    }
+}
+
+fn log_changes(changes: Vec<String>) {
+    for change in changes {
+        info!("sysctl {change}");
     }
 }
 

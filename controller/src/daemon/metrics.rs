@@ -15,6 +15,7 @@ use prometheus_client::{
 };
 use tracing::warn;
 
+use super::ledger::ActuatorStatus;
 use crate::{
     control::{estimator::Signals, knobs::Knobs},
     sensors::Snapshot,
@@ -74,6 +75,8 @@ pub struct Metrics {
     pub reloads: Family<Labels, Counter>,
     pub actuator_errors: Family<Labels, Counter>,
     pub sensing_errors: Counter,
+    actuator_pending: Family<Labels, Gauge>,
+    actuator_released: Family<Labels, Gauge>,
     resident: Gauge,
     cpu: Counter<f64, AtomicU64>,
     tuner_processes: Gauge,
@@ -167,13 +170,27 @@ impl Metrics {
         let map_entries = family(r, "map_entries", "Entries in a kernel map");
         let map_capacity = family(r, "map_capacity", "Capacity of a kernel map");
         let reloads = family(r, "policy_reloads", "Policy reloads: applied or rejected");
-        let actuator_errors = family(r, "actuator_errors", "Failed actuator writes");
+        let actuator_errors =
+            family(r, "actuator_errors", "Failed actuator writes (retries of pending ones too)");
+        let actuator_pending = family(
+            r,
+            "actuator_pending",
+            "1 while an actuator's last write failed: what the decisions want is not in place; \
+             retried every tick",
+        );
+        let actuator_released = family(
+            r,
+            "actuator_released",
+            "Settings an administrator changed under us, handed back: no longer managed or \
+             restored",
+        );
         // Zero series from the start: "no data" would read as "never happened" too.
         for r in ["applied", "rejected"] {
             let _ = reloads.get_or_create(&labels(&[("result", r)]));
         }
-        for a in ["dscp", "env_file", "sysctl", "roce_tc"] {
+        for a in linkpilot_common::board::pending::NAMES {
             let _ = actuator_errors.get_or_create(&labels(&[("actuator", a)]));
+            let _ = actuator_pending.get_or_create(&labels(&[("actuator", a)]));
         }
         let sensing_errors = Counter::default();
         r.register(
@@ -233,6 +250,8 @@ impl Metrics {
             reloads,
             actuator_errors,
             sensing_errors,
+            actuator_pending,
+            actuator_released,
             resident,
             cpu,
             tuner_processes,
@@ -319,6 +338,17 @@ impl Metrics {
             ("knob_tcp_buffer_bytes", k.tcp_buffer_bytes as f64),
         ] {
             Self::set(&self.knobs, name, &l, v);
+        }
+    }
+
+    /// Each actuator's standing, and how many settings of each kind were handed back.
+    pub fn actuators(&self, standing: &[ActuatorStatus], released: &[(&str, usize)]) {
+        for a in standing {
+            let l = labels(&[("actuator", &a.actuator)]);
+            self.actuator_pending.get_or_create(&l).set(i64::from(a.pending));
+        }
+        for (actuator, n) in released {
+            self.actuator_released.get_or_create(&labels(&[("actuator", actuator)])).set(*n as i64);
         }
     }
 

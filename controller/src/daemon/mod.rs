@@ -5,6 +5,7 @@
 
 mod actuate;
 mod health;
+pub mod ledger;
 pub mod metrics;
 mod reload;
 mod serve;
@@ -25,7 +26,6 @@ use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info, warn};
 
 use crate::{
-    board::BoardWriter,
     control::{Core, Policy},
     envfile,
     iface::{self, Iface},
@@ -33,9 +33,7 @@ use crate::{
     peers::PeerIds,
     probes::{self, monotonic_ns, Probes},
     rdma,
-    roce_tc::RoceTc,
     sensors::{Readings, Sensors, Snapshot},
-    sysctl::Sysctls,
     tuner_stats::{self, TunerProcess},
 };
 use actuate::Actuators;
@@ -94,6 +92,9 @@ pub struct RunOptions {
     /// rdma_cm's configfs, where the ports' default RoCE traffic class is set.
     #[arg(long, default_value = crate::roce_tc::CONFIGFS_ROOT)]
     pub rdma_cm_root: PathBuf,
+    /// Where the RoCE traffic classes' originals are kept while linkpilot manages them.
+    #[arg(long, default_value = crate::roce_tc::DEFAULT_STATE)]
+    pub roce_tc_state: PathBuf,
     /// Attach classifiers through the clsact qdisc (netlink) even where TCX exists, as on
     /// kernels before 6.6.
     #[arg(long, hide = true)]
@@ -264,6 +265,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let status_listener = status::bind(&o.status_socket)?;
     let decision_log = open_append(&o.decision_log)?;
     let record = open_append(&o.record)?;
+    let restorable = actuate::open_restorable(&o)?;
 
     // Only with the lock held: a dry run must not touch what a running daemon attached.
     for iface in ifaces.iter().filter(|_| instance_lock.is_some()) {
@@ -287,27 +289,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     probes.attach_tracepoints()?;
 
     let tick = Duration::from_nanos(policy.tick.0);
-    let act = Actuators {
-        ifaces: ifaces.clone(),
-        sysctls: if o.dry_run {
-            None
-        } else {
-            Some(Sysctls::open(&o.sysctl_root, &o.sysctl_state)?)
-        },
-        board: if o.dry_run {
-            None
-        } else {
-            Some(BoardWriter::create(
-                &o.board,
-                tick.max(Duration::from_millis(100)),
-                monotonic_ns(),
-            )?)
-        },
-        env_file: o.env_file.clone(),
-        nccl_tuner: o.nccl_tuner.clone(),
-        roce: (!o.dry_run).then(|| RoceTc::new(&o.rdma_cm_root)),
-        published: Vec::new(),
-    };
+    let act = Actuators::new(&o, tick, restorable, ifaces.clone())?;
     if !o.dry_run {
         if let Err(e) = tuner_stats::create_dir(&o.tuner_stats) {
             warn!(
@@ -472,18 +454,15 @@ impl Daemon {
             }
         }
         if !self.o.dry_run {
-            if decisions.is_empty() {
-                self.act.heartbeat(&self.core);
-            } else {
-                self.act.apply(
-                    &self.core,
-                    &decisions,
-                    &self.peers,
-                    &mut self.probes,
-                    ports,
-                    &self.metrics,
-                );
-            }
+            // Without decisions: pending actuators retried, then the board's heartbeat.
+            self.act.apply(
+                &self.core,
+                &decisions,
+                &self.peers,
+                &mut self.probes,
+                ports,
+                &self.metrics,
+            );
         }
         self.report(&snap, flows, work.elapsed());
         Ok(())
@@ -522,6 +501,12 @@ impl Daemon {
             self.tuner = tuner_stats::scan(&self.o.tuner_stats, !self.o.dry_run);
             m.tuner(&self.tuner);
         }
+        let (sysctls, roce) = (self.act.sysctls.as_ref(), self.act.roce.as_ref());
+        let released = [
+            ("sysctl", sysctls.map_or(0, |s| s.released().len())),
+            ("roce_tc", roce.map_or(0, |r| r.released().len())),
+        ];
+        m.actuators(self.act.ledger.entries(), &released);
         m.map("flows", flows, u64::from(MAX_FLOWS));
         m.map("peers", self.peers.names.len() as u64, u64::from(MAX_PEERS));
         m.ticks.inc();
@@ -551,12 +536,10 @@ impl Daemon {
             last_sensing_error: self.health.last_error.clone(),
             flows,
             flows_capacity: u64::from(MAX_FLOWS),
-            sysctls_released: self
-                .act
-                .sysctls
-                .as_ref()
-                .map(|s| s.released().to_vec())
-                .unwrap_or_default(),
+            sysctls_released: sysctls.map(|s| s.released().to_vec()).unwrap_or_default(),
+            sysctls_unmanaged: sysctls.map(|s| s.unmanaged().to_vec()).unwrap_or_default(),
+            roce_tc_released: roce.map(|r| r.released().to_vec()).unwrap_or_default(),
+            actuators: self.act.ledger.entries().to_vec(),
             links,
             nccl_tuner: self.tuner.clone(),
             peers: snap

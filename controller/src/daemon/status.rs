@@ -19,6 +19,7 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
+use super::ledger::ActuatorStatus;
 use crate::{
     control::{estimator::Signals, knobs::bytes, Knobs},
     tuner_stats::TunerProcess,
@@ -53,6 +54,15 @@ pub struct Status {
     pub flows_capacity: u64,
     /// Sysctls an administrator changed under us, no longer managed.
     pub sysctls_released: Vec<String>,
+    /// Sysctls absent or read-only here (another network namespace), left alone.
+    #[serde(default)]
+    pub sysctls_unmanaged: Vec<String>,
+    /// RoCE port classes an administrator changed under us, no longer managed.
+    #[serde(default)]
+    pub roce_tc_released: Vec<String>,
+    /// Each actuator: what the decisions want, what is in place, whether it is pending.
+    #[serde(default)]
+    pub actuators: Vec<ActuatorStatus>,
     pub links: Vec<LinkStatus>,
     /// Training processes whose NCCL tuner plugin follows the board: what they asked NCCL for.
     #[serde(default)]
@@ -235,10 +245,15 @@ pub fn render(s: &Status) -> String {
             s.sensing_errors, s.sensing_failing_ticks
         );
     }
-    if !s.sysctls_released.is_empty() {
-        out +=
-            &format!("released (changed by an administrator): {}\n", s.sysctls_released.join(", "));
+    let released: Vec<&str> =
+        s.sysctls_released.iter().chain(&s.roce_tc_released).map(String::as_str).collect();
+    if !released.is_empty() {
+        out += &format!("released (changed by an administrator): {}\n", released.join(", "));
     }
+    if !s.sysctls_unmanaged.is_empty() {
+        out += &format!("not managed here: {}\n", s.sysctls_unmanaged.join(", "));
+    }
+    out += &render_actuators(s);
     out += &format!(
         "\n{:<12} {:<10} {:>9} {:>9} {:>7} {:>7} {:>8} {:>6} {:>4} {:>3} {:>4} {:>8}\n",
         "LINK",
@@ -295,6 +310,37 @@ pub fn render(s: &Status) -> String {
         );
     }
     out
+}
+
+/// One line per actuator; a pending one says since when and why.
+fn render_actuators(s: &Status) -> String {
+    let mut out = String::new();
+    for a in &s.actuators {
+        let or_dash = |v: &str| if v.is_empty() { "-".to_owned() } else { v.to_owned() };
+        if !a.pending {
+            out += &format!("  {:<12} in place: {}\n", a.actuator, or_dash(&a.wanted));
+            continue;
+        }
+        let since = a.pending_since.map_or(String::new(), |t| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs_f64();
+            format!(" for {:.0}s", (now - t).max(0.0))
+        });
+        out += &format!(
+            "  {:<12} PENDING{since} ({} failed writes): wants {}, has {}; {}\n",
+            a.actuator,
+            a.errors,
+            or_dash(&a.wanted),
+            a.applied.as_deref().map_or("nothing yet".to_owned(), or_dash),
+            a.last_error.as_deref().unwrap_or("")
+        );
+    }
+    if out.is_empty() {
+        return out;
+    }
+    format!("actuators\n{out}")
 }
 
 /// The NCCL tuner plugin's section of the table: per process, what it asked NCCL for.
@@ -376,6 +422,29 @@ mod tests {
         let e = bind(&path).unwrap_err().to_string();
         assert!(e.contains("not a socket (a symbolic link)"), "{e}");
         assert!(std::fs::symlink_metadata(&path).unwrap().file_type().is_symlink());
+    }
+
+    #[test]
+    fn pending_actuators_say_what_they_want_have_and_why() {
+        let a = |actuator: &str, pending: bool| ActuatorStatus {
+            actuator: actuator.into(),
+            wanted: "wan congested #7".into(),
+            applied: Some("wan healthy #3".into()),
+            pending,
+            pending_since: pending.then_some(0.0),
+            last_error: pending.then(|| "writing /run/x/nccl.env: Read-only file system".into()),
+            errors: 12,
+        };
+        let s =
+            Status { actuators: vec![a("dscp", false), a("env_file", true)], ..Status::default() };
+        let text = render(&s);
+        assert!(
+            text.contains("\nactuators\n  dscp         in place: wan congested #7\n"),
+            "{text}"
+        );
+        let line = text.lines().find(|l| l.contains("env_file")).unwrap();
+        assert!(line.contains("PENDING for ") && line.contains("(12 failed writes)"), "{line}");
+        assert!(line.contains("wants wan congested #7, has wan healthy #3; writing"), "{line}");
     }
 
     #[test]

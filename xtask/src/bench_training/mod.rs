@@ -201,6 +201,7 @@ fn start_daemon(
         .args(["run", "--policy", &policy_file.display().to_string()])
         .args(["--board", &p("knobs"), "--env-file", &p("nccl.env")])
         .args(["--sysctl-state", &p("sysctl-originals.json"), "--lock", &p("lock")])
+        .args(["--roce-tc-state", &p("roce-tc-originals.json")])
         .args(["--decision-log", &p("decisions.jsonl"), "--status-socket", &p("status.sock")])
         .args(["--metrics-addr", "off", "--tuner-stats", &p("tuner")])
         .env("RUST_LOG", "info")

@@ -1,0 +1,234 @@
+//! What the daemon changes outside itself is undone truly and said honestly, judged from
+//! outside: a SIGKILLed run's RoCE class goes back to the value from before it (not what the
+//! killed run left), an administrator's change made during a run survives its stop (`sysctl -n`,
+//! the configfs file), and an actuator that cannot write shows as pending in status, metrics and
+//! on the board until it holds, with no new decision needed.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use linkpilot::board::BoardReader;
+use linkpilot_common::board::pending;
+use linkpilot_tests::{
+    daemon::{sample, scrape, sysctl, wait_for, Daemon},
+    linkpilot_bin,
+    netns::Pair,
+};
+use nix::{sys::signal::Signal, unistd::Pid};
+
+const POLICY: &str = r#"
+[daemon]
+tick = "100ms"
+[host]
+tcp_ecn = 1
+[[link]]
+name = "wan"
+interfaces = ["lpa0"]
+capacity = "50Mbit/s"
+[[state]]
+name = "healthy"
+[state.knobs]
+compression = "none"
+dscp = 26
+roce_traffic_class = 106
+[[state]]
+name = "congested"
+enter = { ce_fraction = "1%" }
+exit = { ce_fraction = "0.2%" }
+[state.knobs]
+compression = "int8"
+dscp = 10
+roce_traffic_class = 42
+"#;
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lp-rev-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    dir
+}
+
+/// The ConnectX sysfs fixture with port 1 on `iface`, and an rdma_cm configfs look-alike whose
+/// class is 0: the `run` arguments for them and the class file.
+fn rdma_fixture(dir: &Path, iface: &str) -> (Vec<String>, PathBuf) {
+    let sysfs = dir.join("sysfs");
+    let fixture =
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../controller/tests/fixtures/sysfs-infiniband");
+    linkpilot_tests::sh(&["cp", "-r", fixture, sysfs.to_str().expect("utf-8")]);
+    for entry in std::fs::read_dir(sysfs.join("mlx5_0/ports/1/gid_attrs/ndevs")).expect("ndevs") {
+        std::fs::write(entry.expect("entry").path(), format!("{iface}\n")).expect("ndev");
+    }
+    let tos = dir.join("rdma_cm/mlx5_0/ports/1/default_roce_tos");
+    std::fs::create_dir_all(tos.parent().expect("dir")).expect("configfs fixture");
+    std::fs::write(&tos, "0\n").expect("tos");
+    let args = ["--rdma-root", &sysfs.display().to_string(), "--rdma-cm-root"]
+        .map(str::to_owned)
+        .into_iter()
+        .chain([dir.join("rdma_cm").display().to_string()])
+        .collect();
+    (args, tos)
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default().trim().to_owned()
+}
+
+/// `linkpilot status --json`, or null while the daemon does not answer yet.
+fn status(dir: &Path) -> serde_json::Value {
+    let out = linkpilot_tests::run(&[
+        &linkpilot_bin().display().to_string(),
+        "status",
+        "--json",
+        "--socket",
+        &dir.join("status.sock").display().to_string(),
+    ]);
+    serde_json::from_slice(&out.stdout).unwrap_or_default()
+}
+
+fn stop(d: &mut Daemon) {
+    nix::sys::signal::kill(Pid::from_raw(d.child.id() as i32), Signal::SIGTERM).expect("SIGTERM");
+    assert!(d.child.wait().expect("exit").success(), "{}", d.log());
+}
+
+#[test]
+fn a_sigkilled_runs_roce_class_goes_back_to_the_value_from_before_it() {
+    let pair = Pair::new("198.18.71.1", "198.18.71.2");
+    let dir = temp_dir("roce-kill");
+    let (rdma, tos) = rdma_fixture(&dir, pair.a_if);
+    let mut extra: Vec<&str> = rdma.iter().map(String::as_str).collect();
+    extra.extend(["--metrics-addr", "off"]);
+    let mut first = Daemon::start_with(&pair.a.name, &dir, POLICY, &extra);
+    wait_for("the first run's class", Duration::from_secs(20), || read(&tos) == "106");
+    assert!(dir.join("roce-tc.json").exists(), "the original is saved before the write");
+    first.child.kill().expect("SIGKILL");
+    first.child.wait().expect("exit");
+    assert_eq!(read(&tos), "106", "a killed run restores nothing");
+
+    std::fs::remove_file(dir.join("knobs")).expect("the old board");
+    let mut second = Daemon::start_with(&pair.a.name, &dir, POLICY, &extra);
+    wait_for("the second run's board", Duration::from_secs(20), || {
+        BoardReader::open(&dir.join("knobs"))
+            .and_then(|b| b.read(100))
+            .is_ok_and(|b| b.header.n_links == 1)
+    });
+    assert_eq!(read(&tos), "106", "the second run's own class");
+    let log = second.log();
+    assert!(log.contains("a previous run left RoCE traffic classes changed"), "{log}");
+    stop(&mut second);
+    // The value from before the first run, not the 106 the killed run left.
+    assert_eq!(read(&tos), "0", "{}", second.log());
+    assert!(!dir.join("roce-tc.json").exists(), "nothing left to restore");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_administrators_change_during_the_run_survives_the_stop() {
+    let pair = Pair::new("198.18.72.1", "198.18.72.2");
+    let ns = pair.a.name.clone();
+    let dir = temp_dir("admin");
+    let (rdma, tos) = rdma_fixture(&dir, pair.a_if);
+    let mut extra: Vec<&str> = rdma.iter().map(String::as_str).collect();
+    extra.extend(["--metrics-addr", "off"]);
+    let original = sysctl(&ns, "net.ipv4.tcp_ecn");
+    assert!(original != "1" && original != "0", "a fresh namespace's tcp_ecn: {original}");
+    let mut d = Daemon::start_with(&ns, &dir, POLICY, &extra);
+    wait_for("the policy's tcp_ecn and class", Duration::from_secs(20), || {
+        sysctl(&ns, "net.ipv4.tcp_ecn") == "1" && read(&tos) == "106"
+    });
+    // Values that are neither the daemon's nor the originals.
+    pair.a.exec(&["sysctl", "-qw", "net.ipv4.tcp_ecn=0"]);
+    std::fs::write(&tos, "184\n").expect("the administrator's class");
+    stop(&mut d);
+    let log = d.log();
+    assert_eq!(sysctl(&ns, "net.ipv4.tcp_ecn"), "0", "{log}");
+    assert_eq!(read(&tos), "184", "{log}");
+    assert!(log.contains("changed by someone else"), "{log}");
+    assert!(!dir.join("sysctl.json").exists() && !dir.join("roce-tc.json").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A tmpfs mounted read-only on a directory, unmounted when dropped (also on failure).
+struct ReadOnlyMount(PathBuf);
+
+impl ReadOnlyMount {
+    fn new(at: &Path) -> Self {
+        std::fs::create_dir_all(at).expect("mount point");
+        let at_s = at.to_str().expect("utf-8");
+        linkpilot_tests::sh(&["mount", "-t", "tmpfs", "-o", "ro,size=1m", "lp-rev", at_s]);
+        Self(at.to_owned())
+    }
+
+    fn make_writable(&self) {
+        linkpilot_tests::sh(&["mount", "-o", "remount,rw", self.0.to_str().expect("utf-8")]);
+    }
+}
+
+impl Drop for ReadOnlyMount {
+    fn drop(&mut self) {
+        let _ = linkpilot_tests::run(&["umount", self.0.to_str().unwrap_or("")]);
+    }
+}
+
+#[test]
+fn a_failing_actuator_is_pending_until_it_holds() {
+    let pair = Pair::new("198.18.73.1", "198.18.73.2");
+    let ns = pair.a.name.clone();
+    let dir = temp_dir("pending");
+    // The env file's directory is a read-only file system (EROFS) until the test fixes it.
+    let ro = ReadOnlyMount::new(&dir.join("run"));
+    let env_file = dir.join("run/nccl.env");
+    let env_arg = env_file.display().to_string();
+    let mut d = Daemon::start_with(&ns, &dir, POLICY, &["--env-file", &env_arg]);
+    let env_status = || {
+        status(&dir)["actuators"]
+            .as_array()
+            .and_then(|a| a.iter().find(|a| a["actuator"] == "env_file").cloned())
+            .unwrap_or_default()
+    };
+    wait_for("env_file pending in status", Duration::from_secs(20), || {
+        env_status()["pending"] == true
+    });
+    let st = env_status();
+    assert_eq!(st["wanted"], "wan healthy #1", "{st}");
+    assert!(st["applied"].is_null(), "nothing written yet: {st}");
+    assert!(st["pending_since"].as_f64().is_some_and(|t| t > 0.0), "{st}");
+    let error = st["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains(&env_arg) && error.contains("Read-only file system"), "{st}");
+    let m = scrape(&ns);
+    assert_eq!(sample(&m, "linkpilot_actuator_pending{actuator=\"env_file\"}"), Some(1.0), "{m}");
+    assert_eq!(sample(&m, "linkpilot_actuator_pending{actuator=\"dscp\"}"), Some(0.0), "{m}");
+    assert!(sample(&m, "linkpilot_actuator_errors_total{actuator=\"env_file\"}")
+        .is_some_and(|n| n >= 1.0));
+    // The board shows the decision, and that its env file part is not in place.
+    let board = BoardReader::open(&dir.join("knobs")).expect("board");
+    let b = board.read(100).expect("read");
+    assert_eq!((b.header.n_links, b.header.pending), (1, pending::ENV_FILE));
+    // Retried every tick: a few ticks after the file system is writable it holds, with the
+    // same decision (no new one is needed).
+    let errors_before = st["errors"].as_u64().unwrap_or(0);
+    ro.make_writable();
+    wait_for("the env file", Duration::from_secs(3), || env_file.exists());
+    let env = std::fs::read_to_string(&env_file).expect("env file");
+    assert!(env.contains("LINKPILOT_STATE=healthy") && env.contains("NCCL_IB_TC=106"), "{env}");
+    wait_for("env_file in place in status", Duration::from_secs(3), || {
+        env_status()["pending"] == false
+    });
+    let st = env_status();
+    assert_eq!(st["applied"], "wan healthy #1", "{st}");
+    assert!(st["pending_since"].is_null() && st["errors"].as_u64() >= Some(errors_before));
+    let m = scrape(&ns);
+    assert_eq!(sample(&m, "linkpilot_actuator_pending{actuator=\"env_file\"}"), Some(0.0), "{m}");
+    assert_eq!(board.read(100).expect("read").header.pending, 0);
+    let table = linkpilot_tests::sh(&[
+        &linkpilot_bin().display().to_string(),
+        "status",
+        "--socket",
+        &dir.join("status.sock").display().to_string(),
+    ]);
+    assert!(table.contains("env_file     in place: wan healthy #1"), "{table}");
+    stop(&mut d);
+    drop(ro);
+    let _ = std::fs::remove_dir_all(&dir);
+}
