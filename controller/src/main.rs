@@ -1,26 +1,15 @@
 //! The `linkpilot` command line.
 
-use std::{
-    process::ExitCode,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
-};
+use std::{process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use ipnet::IpNet;
-use linkpilot::{
-    iface::{self, Iface},
-    kernel,
-    peers::PeerIds,
-    probes::Probes,
-    sensors::{Readings, Sensors},
-    watch::{
-        dscp_rules, parse_dscp, peer_row, rates, table_header, table_row, DscpArg, FlowSample,
-        PeerTotals, Sample, Totals,
-    },
+use linkpilot::sense::{
+    watch::{parse_dscp, DscpArg},
+    watch_run,
 };
-use tokio::signal::unix::{signal, SignalKind};
-use tracing::{error, warn};
+use tracing::error;
 
 #[derive(Parser)]
 #[command(name = "linkpilot", version, about = "eBPF-based adaptive link controller")]
@@ -46,14 +35,14 @@ enum Command {
     /// --policy, what a policy starts with before any measurement.
     Env {
         /// The env file to print.
-        #[arg(long, default_value = linkpilot::envfile::DEFAULT_PATH, conflicts_with = "policy")]
+        #[arg(long, default_value = linkpilot::actuate::envfile::DEFAULT_PATH, conflicts_with = "policy")]
         file: std::path::PathBuf,
         /// Print the starting values of this policy's first link instead.
         #[arg(long)]
         policy: Option<std::path::PathBuf>,
         /// With --policy: the NCCL tuner plugin, named (NCCL_TUNER_PLUGIN, with NCCL_BUFFSIZE
         /// the policy's largest chunk) if installed there; "off": never.
-        #[arg(long, default_value = linkpilot::envfile::DEFAULT_TUNER, requires = "policy")]
+        #[arg(long, default_value = linkpilot::actuate::envfile::DEFAULT_TUNER, requires = "policy")]
         nccl_tuner: std::path::PathBuf,
     },
     /// The knob board without a daemon: `linkpilot board feed --board PATH`.
@@ -196,20 +185,6 @@ enum PolicyAction {
     },
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn peers() {
-        assert!(parse_peer("us=198.18.2.0/24").is_ok());
-        assert_eq!(parse_peer("h=198.18.2.1").unwrap().1.prefix_len(), 32);
-        assert!(parse_peer("other=10.0.0.0/8").is_err());
-        assert!(parse_peer("a/b=10.0.0.0/8").is_err(), "'/' separates --dscp's interface");
-        assert!(parse_peer("x=nonsense").is_err());
-    }
-}
-
 fn main() -> ExitCode {
     // Exit quietly when stdout is a closed pipe (`linkpilot rdma | head`), as Unix tools do,
     // instead of panicking on the failed write. Programs and links are fd-owned: exit detaches.
@@ -245,7 +220,7 @@ fn main() -> ExitCode {
             })
         }
         Command::Board { action: BoardAction::Feed { board, heartbeat_ms } } => {
-            linkpilot::board_feed::run(
+            linkpilot::board::feed::run(
                 &board,
                 Duration::from_millis(heartbeat_ms),
                 std::io::BufReader::new(std::io::stdin()),
@@ -258,22 +233,24 @@ fn main() -> ExitCode {
         Command::Replay { trace, policy, plot, json } => {
             replay(&trace, &policy, plot.as_deref(), json)
         }
-        Command::BenchPrograms { repeat, rounds } => linkpilot::bench::run(repeat, rounds.max(1)),
+        Command::BenchPrograms { repeat, rounds } => {
+            linkpilot::bench::programs::run(repeat, rounds.max(1))
+        }
         Command::BenchControl { links, peers, ticks } => {
             linkpilot::control::bench::run(links as usize, peers as usize, ticks)
         }
         Command::BenchSensors { flows, peers, ticks } => {
-            linkpilot::bench_sensors::run(flows, peers, ticks)
+            linkpilot::bench::sensors::run(flows, peers, ticks)
         }
         Command::Watch { ifaces, json, flows, snapshots, peers, dscp, rdma_root, count } => {
             let output = if snapshots {
-                Output::Snapshots
+                watch_run::Output::Snapshots
             } else if json {
-                Output::Json { flows }
+                watch_run::Output::Json { flows }
             } else {
-                Output::Table
+                watch_run::Output::Table
             };
-            runtime.block_on(watch(&ifaces, output, &peers, &dscp, &rdma_root, count))
+            runtime.block_on(watch_run::run(&ifaces, output, &peers, &dscp, &rdma_root, count))
         }
     };
     match result {
@@ -317,13 +294,20 @@ fn env(
     let chunk_max = policy.bounds.chunk_max;
     let extra = policy.env.clone();
     let mut core = linkpilot::control::Core::new(policy);
-    let start = core.step(&linkpilot::sensors::Snapshot::default());
+    let start = core.step(&linkpilot::sense::sensors::Snapshot::default());
     let d = start.first().context("the policy has no link")?;
-    let tuner = linkpilot::envfile::installed_tuner(nccl_tuner)
-        .map(|plugin| linkpilot::envfile::Tuner { plugin, chunk_max });
+    let tuner = linkpilot::actuate::envfile::installed_tuner(nccl_tuner)
+        .map(|plugin| linkpilot::actuate::envfile::Tuner { plugin, chunk_max });
     print!(
         "{}",
-        linkpilot::envfile::render(&d.link, &d.state, &d.knobs, d.id, tuner.as_ref(), &extra)
+        linkpilot::actuate::envfile::render(
+            &d.link,
+            &d.state,
+            &d.knobs,
+            d.id,
+            tuner.as_ref(),
+            &extra
+        )
     );
     Ok(())
 }
@@ -359,7 +343,7 @@ fn replay(
         .with_context(|| format!("opening the trace {}", trace.display()))?;
     let snaps = replay::read_trace(std::io::BufReader::new(file), &trace.display().to_string())?;
     // `@default-route` meant the recording host's WAN interface: the trace's only one.
-    let default = linkpilot::iface::DEFAULT_ROUTE;
+    let default = linkpilot::kernel::iface::DEFAULT_ROUTE;
     if policy.names_interface(default) {
         let mut links: Vec<&str> =
             snaps.iter().flat_map(|s| s.peers.iter().map(|p| p.link.as_str())).collect();
@@ -389,7 +373,7 @@ fn replay(
 }
 
 fn rdma(root: &std::path::Path, json: bool) -> anyhow::Result<()> {
-    let verbs = linkpilot::verbs::discover()?;
+    let verbs = linkpilot::rdma::verbs::discover()?;
     let ports = linkpilot::rdma::discover(root)?;
     if json {
         let out = serde_json::json!({ "verbs": verbs, "ports": ports });
@@ -426,142 +410,16 @@ fn rdma(root: &std::path::Path, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What `watch` prints.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Output {
-    Table,
-    Json { flows: bool },
-    Snapshots,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-async fn watch(
-    names: &[String],
-    output: Output,
-    peers: &[(String, IpNet)],
-    dscp: &[DscpArg],
-    rdma_root: &std::path::Path,
-    count: Option<u64>,
-) -> anyhow::Result<()> {
-    let ifaces = names.iter().map(|n| Iface::resolve(n)).collect::<Result<Vec<_>, _>>()?;
-    let peer_ids = PeerIds::assign(peers.iter().map(|(n, net)| (n.as_str(), *net)))?;
-    let rules = dscp_rules(dscp, &ifaces, &peer_ids)?;
-    let offsets = kernel::preflight()?;
-    // Signal handlers first, so a Ctrl-C during attach still detaches cleanly.
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-
-    let mut probes = Probes::load(offsets)?;
-    probes.set_peers(&peer_ids.prefixes)?;
-    probes.set_dscp_rules(&rules)?;
-    probes
-        .sync_local_addrs(&iface::local_addrs(&ifaces).context("listing interface addresses")?)?;
-    for iface in &ifaces {
-        probes.watch(iface)?;
+    #[test]
+    fn peers() {
+        assert!(parse_peer("us=198.18.2.0/24").is_ok());
+        assert_eq!(parse_peer("h=198.18.2.1").unwrap().1.prefix_len(), 32);
+        assert!(parse_peer("other=10.0.0.0/8").is_err());
+        assert!(parse_peer("a/b=10.0.0.0/8").is_err(), "'/' separates --dscp's interface");
+        assert!(parse_peer("x=nonsense").is_err());
     }
-    probes.attach_tracepoints()?;
-    tracing::info!(ifaces = ?names, "watching; Ctrl-C or SIGTERM to stop");
-
-    let mut prev: Vec<Totals> = vec![Totals::default(); ifaces.len()];
-    // Peer rows: configured peers by id, then "other" (id 0).
-    let peer_rows = peer_ids.rows();
-    let mut prev_peers: Vec<Vec<PeerTotals>> = ifaces
-        .iter()
-        .map(|_| peer_rows.iter().map(|(_, n)| PeerTotals::new(n, &Default::default())).collect())
-        .collect();
-    let mut last_read = Instant::now();
-    let mut ticker = tokio::time::interval(Duration::from_secs(1));
-    ticker.tick().await;
-    let mut ticks = 0u64;
-    if output == Output::Table {
-        println!("{}", table_header());
-    }
-    let started = Instant::now();
-    let mut sensors = Sensors::new(Duration::from_secs(10));
-    loop {
-        let stop = tokio::select! {
-            _ = ticker.tick() => false,
-            _ = sigterm.recv() => true,
-            _ = sigint.recv() => true,
-        };
-        // Addresses can change while we watch; retransmissions are attributed by address.
-        match iface::local_addrs(&ifaces) {
-            Ok(addrs) => probes.sync_local_addrs(&addrs)?,
-            Err(e) => warn!("listing interface addresses: {e}"),
-        }
-        let now = Instant::now();
-        let elapsed = now - last_read;
-        last_read = now;
-        ticks += 1;
-        let last = stop || count.is_some_and(|c| ticks >= c);
-        if output == Output::Snapshots {
-            let kernel_ns = linkpilot::probes::monotonic_ns();
-            let mut readings =
-                Readings { kernel_ns, flows: probes.flows()?, ..Readings::default() };
-            let ports = linkpilot::rdma::discover_here(rdma_root).unwrap_or_else(|e| {
-                warn!("{e}");
-                Vec::new()
-            });
-            probes.read_rows(&ifaces, &peer_rows, &ports, &mut readings)?;
-            println!("{}", serde_json::to_string(&sensors.tick(started.elapsed(), &readings))?);
-            if last {
-                break;
-            }
-            continue;
-        }
-        // The flow table is read once per tick, not once per interface.
-        let all_flows =
-            if output == (Output::Json { flows: true }) { probes.flows()? } else { Vec::new() };
-        for (i, iface) in ifaces.iter().enumerate() {
-            let totals = Totals::from(probes.stats(iface.ifindex)?);
-            let r = rates(&prev[i], &totals, elapsed);
-            prev[i] = totals;
-            let peers = peer_rows
-                .iter()
-                .map(|(id, name)| {
-                    Ok(PeerTotals::new(name, &probes.peer_stats(iface.ifindex, *id)?))
-                })
-                .collect::<Result<Vec<_>, linkpilot::probes::ProbeError>>()?;
-            let peer_rows: Vec<String> = prev_peers[i]
-                .iter()
-                .zip(&peers)
-                .map(|(a, b)| peer_row(a, b, elapsed.as_secs_f64()))
-                .collect();
-            prev_peers[i] = peers.clone();
-            if let Output::Json { flows: list_flows } = output {
-                let flows = list_flows.then(|| {
-                    all_flows
-                        .iter()
-                        .filter(|(_, f)| f.ifindex == iface.ifindex)
-                        .map(|(k, f)| FlowSample::new(k, f))
-                        .collect()
-                });
-                let sample = Sample {
-                    flows,
-                    unix_ms: SystemTime::now()
-                        .duration_since(UNIX_EPOCH)
-                        .unwrap_or_default()
-                        .as_millis(),
-                    iface: iface.name.clone(),
-                    ifindex: iface.ifindex,
-                    interval_s: elapsed.as_secs_f64(),
-                    rates: r,
-                    totals,
-                    peers,
-                    last,
-                };
-                println!("{}", serde_json::to_string(&sample)?);
-            } else {
-                println!("{}", table_row(&iface.name, &r));
-                for row in peer_rows {
-                    println!("{row}");
-                }
-            }
-        }
-        if last {
-            break;
-        }
-    }
-    drop(probes);
-    tracing::info!("detached");
-    Ok(())
 }

@@ -8,7 +8,7 @@ use std::{
 
 use linkpilot::{
     board::{is_stale, name, BoardReader},
-    probes::monotonic_ns,
+    kernel::probes::monotonic_ns,
 };
 use linkpilot_common::board::compression as code;
 

@@ -12,7 +12,7 @@ use std::{
 use linkpilot::{
     board::{board_link, set_nccl, BoardWriter},
     control::{policy::NcclRule, Compression, Knobs},
-    probes::monotonic_ns,
+    kernel::probes::monotonic_ns,
 };
 use linkpilot_common::board::nccl;
 use nccl_tuner_linkpilot::ncclTunerPlugin_v6 as V6;

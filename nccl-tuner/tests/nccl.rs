@@ -13,10 +13,10 @@ use std::{
 };
 
 use linkpilot::{
+    board::tuner_stats,
     board::{board_link, set_nccl, BoardWriter},
     control::{policy::NcclRule, Compression, Knobs},
-    probes::monotonic_ns,
-    tuner_stats,
+    kernel::probes::monotonic_ns,
 };
 use linkpilot_common::board::{nccl, BoardLink};
 

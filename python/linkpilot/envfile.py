@@ -2,7 +2,7 @@
 that applies it. Standard library only; torch is imported inside :func:`init_process_group`.
 
 The syntax is exactly what the daemon's own parser (``envfile::parse`` in
-controller/src/envfile.rs) accepts: lines split at ``\\n``; each line trimmed of Unicode white
+controller/src/actuate/envfile.rs) accepts: lines split at ``\\n``; each line trimmed of Unicode white
 space; blank lines and lines starting with ``#`` skipped; every other line split at its first
 ``=`` into key and value, kept as they are (no quotes, no ``export``). On top of that, keys must
 be valid environment names, since they are about to become environment variables.

@@ -6,7 +6,7 @@ use std::{
     os::fd::{FromRawFd, OwnedFd},
 };
 
-use linkpilot::batch::lookup_all;
+use linkpilot::kernel::batch::lookup_all;
 
 /// `union bpf_attr`'s map_create head.
 #[repr(C)]

@@ -151,7 +151,7 @@ fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
     // Readers see the daemon gone within two heartbeats.
     thread::sleep(Duration::from_millis(250));
     let b = board.read(100).expect("read");
-    assert!(is_stale(&b, linkpilot::probes::monotonic_ns()), "the board should be stale");
+    assert!(is_stale(&b, linkpilot::kernel::probes::monotonic_ns()), "the board should be stale");
     let decisions = std::fs::read_to_string(dir.join("decisions.jsonl")).unwrap_or_default();
     let trace = std::fs::read_to_string(dir.join("trace.jsonl")).unwrap_or_default();
     eprintln!("congested {took:?} after the sender started; decisions:\n{decisions}");
@@ -180,9 +180,9 @@ fn sigkill_then_restart_leaves_one_set_of_attachments_and_the_original_sysctls()
     assert_eq!(one_set, 5, "2 TCX + 3 tracepoint links: {:?}", linkpilot_tests::oracle::links());
     // SIGKILL: no rollback; the state file and the changed sysctl stay behind.
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
-    assert!(!is_stale(&board.read(100).expect("read"), linkpilot::probes::monotonic_ns()));
+    assert!(!is_stale(&board.read(100).expect("read"), linkpilot::kernel::probes::monotonic_ns()));
     first.child.kill().expect("SIGKILL");
-    let killed = linkpilot::probes::monotonic_ns();
+    let killed = linkpilot::kernel::probes::monotonic_ns();
     first.child.wait().expect("exit");
     // Readers call the board stale two heartbeat intervals after the last beat; that beat was
     // at most one interval (plus a late tick) before the death, so staleness comes within two
@@ -196,7 +196,7 @@ fn sigkill_then_restart_leaves_one_set_of_attachments_and_the_original_sysctls()
         before_death / 1_000_000
     );
     wait_for("the board to go stale", Duration::from_secs(2), || {
-        board.read(100).is_ok_and(|b| is_stale(&b, linkpilot::probes::monotonic_ns()))
+        board.read(100).is_ok_and(|b| is_stale(&b, linkpilot::kernel::probes::monotonic_ns()))
     });
     assert!(dir.join("sysctl.json").exists());
     assert_ne!(tcp_rmem_max(&hk.netns), rmem_before);

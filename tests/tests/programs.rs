@@ -1,7 +1,7 @@
 //! The TC programs on crafted packets through BPF_PROG_TEST_RUN: malformed and truncated
 //! packets are counted and never misparsed, and the programs never drop anything.
 
-use linkpilot::{iface::Iface, kernel, probes::Probes};
+use linkpilot::{kernel::checks, kernel::iface::Iface, kernel::probes::Probes};
 use linkpilot_common::{IfaceStats, PeerStats};
 
 const TC_ACT_UNSPEC: i32 = -1;
@@ -142,8 +142,8 @@ fn snapshot(p: &Probes) -> (IfaceStats, PeerStats) {
 
 #[test]
 fn malformed_and_truncated_packets_are_counted_never_misparsed_never_dropped() {
-    kernel::check_privileges().expect("root");
-    let (offsets, _) = kernel::kernel_offsets(true);
+    checks::check_privileges().expect("root");
+    let (offsets, _) = checks::kernel_offsets(true);
     let mut probes = Probes::load(offsets).expect("load");
     // Both ends of the fixtures belong to the peer, so ingress (source) and egress (destination)
     // attribute alike.
@@ -189,8 +189,8 @@ fn malformed_and_truncated_packets_are_counted_never_misparsed_never_dropped() {
 
 #[test]
 fn egress_dscp_histogram_and_ipv4_mapped_peers() {
-    kernel::check_privileges().expect("root");
-    let (offsets, _) = kernel::kernel_offsets(true);
+    checks::check_privileges().expect("root");
+    let (offsets, _) = checks::kernel_offsets(true);
     let mut probes = Probes::load(offsets).expect("load");
     // Egress: the peer is the destination, 198.18.2.10.
     probes.set_peers(&[(2, "198.18.2.0/24".parse().unwrap())]).expect("peers");
@@ -209,8 +209,8 @@ fn egress_dscp_histogram_and_ipv4_mapped_peers() {
 #[test]
 fn batched_flow_table_read_equals_aya_iteration() {
     use linkpilot_common::{FlowKey, FlowState};
-    kernel::check_privileges().expect("root");
-    let (offsets, _) = kernel::kernel_offsets(true);
+    checks::check_privileges().expect("root");
+    let (offsets, _) = checks::kernel_offsets(true);
     let mut probes = Probes::load(offsets).expect("load");
     // More than one batch (4096), with distinct keys and values.
     let flows: Vec<(FlowKey, FlowState)> = (0..10_000u32)
@@ -238,8 +238,8 @@ fn batched_flow_table_read_equals_aya_iteration() {
 
 #[test]
 fn peer_changes_invalidate_the_address_cache() {
-    kernel::check_privileges().expect("root");
-    let (offsets, _) = kernel::kernel_offsets(true);
+    checks::check_privileges().expect("root");
+    let (offsets, _) = checks::kernel_offsets(true);
     let mut probes = Probes::load(offsets).expect("load");
     probes.set_peers(&[(1, "198.18.7.0/24".parse().unwrap())]).expect("peers");
     probes.count_on(&Iface::resolve("lo").expect("lo")).expect("count on lo");

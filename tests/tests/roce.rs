@@ -1,7 +1,7 @@
 //! RoCEv2 parsing on packets built by scapy's RoCE layer (`scapy.contrib.roce`), run through
 //! the TC program with BPF_PROG_TEST_RUN: BTH classes, CNPs, ACK/NAK syndromes, repeated PSNs.
 
-use linkpilot::{iface::Iface, kernel, probes::Probes};
+use linkpilot::{kernel::checks, kernel::iface::Iface, kernel::probes::Probes};
 use linkpilot_tests::sh;
 
 /// Builds the packets with Debian's scapy (the system interpreter, which has it) and returns
@@ -46,10 +46,10 @@ for name, p in pkts:
 
 #[test]
 fn scapy_rocev2_packets_are_classified() {
-    kernel::check_privileges().expect("root");
+    checks::check_privileges().expect("root");
     let packets = scapy_packets();
     assert_eq!(packets.len(), 13, "scapy built every packet");
-    let (offsets, _) = kernel::kernel_offsets(true);
+    let (offsets, _) = checks::kernel_offsets(true);
     let mut probes = Probes::load(offsets).expect("load");
     let hk = ["198.18.1.0/24", "2001:db8:1::/48"].map(|p| (1, p.parse().unwrap()));
     probes.set_peers(&hk).expect("peers");

@@ -210,7 +210,7 @@ fn snapshots_carry_rtt_percentiles_and_rates() {
     hk.exec(&["iperf3", "-c", &us.ipv4.to_string(), "-b", "10M", "-t", "4"]).expect("iperf3 -c");
     server.wait().expect("iperf3 server");
     let (lines, log) = watcher.stop_lines(Signal::SIGINT);
-    let snaps: Vec<linkpilot::sensors::Snapshot> = lines
+    let snaps: Vec<linkpilot::sense::sensors::Snapshot> = lines
         .iter()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad snapshot {l}: {e}\n{log}")))
         .collect();
@@ -308,7 +308,7 @@ fn nic_counters_join_the_snapshot_of_their_link() {
     thread::sleep(Duration::from_millis(2500));
     let (lines, log) = watcher.stop_lines(Signal::SIGINT);
     let _ = std::fs::remove_dir_all(&root);
-    let snaps: Vec<linkpilot::sensors::Snapshot> = lines
+    let snaps: Vec<linkpilot::sense::sensors::Snapshot> = lines
         .iter()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad snapshot {l}: {e}\n{log}")))
         .collect();

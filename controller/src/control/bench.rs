@@ -8,7 +8,7 @@ use super::{
     decide::Core,
     policy::{Link, Policy, SHIPPED},
 };
-use crate::sensors::{PeerSnapshot, RttSnapshot, Snapshot};
+use crate::sense::sensors::{PeerSnapshot, RttSnapshot, Snapshot};
 
 /// The default policy with `links` links of `peers` named peers each (interfaces eth0..).
 fn policy(links: usize, peers: usize) -> Policy {

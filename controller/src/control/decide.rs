@@ -11,7 +11,7 @@ use super::{
     knobs::{bytes, Knobs},
     policy::{higher_is_worse, Policy, Setting, Thresholds},
 };
-use crate::sensors::Snapshot;
+use crate::sense::sensors::Snapshot;
 
 /// One change of a link's state or knobs, with why.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -145,7 +145,7 @@ fn exited(t: &Thresholds, s: &Signals) -> Option<Vec<String>> {
 /// FNV-1a of a row's interface and peer names: comparing it with the last layout's costs far
 /// less than comparing the strings (a collision could only misfile a row until the layout next
 /// changes, at odds of 2^-64).
-fn row_key(row: &crate::sensors::PeerSnapshot) -> u64 {
+fn row_key(row: &crate::sense::sensors::PeerSnapshot) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in row.link.bytes().chain([0xff]).chain(row.peer.bytes()) {
         h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);

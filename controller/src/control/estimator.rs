@@ -13,7 +13,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use super::policy::{EstimatorConfig, Link};
-use crate::sensors::{LinkSnapshot, PeerSnapshot};
+use crate::sense::sensors::{LinkSnapshot, PeerSnapshot};
 
 /// The link's signals after one tick.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -283,7 +283,7 @@ impl Aggregate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sensors::{RttSnapshot, Snapshot};
+    use crate::sense::sensors::{RttSnapshot, Snapshot};
     use linkpilot_common::units::Nanos;
 
     fn cfg() -> EstimatorConfig {

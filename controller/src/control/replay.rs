@@ -8,7 +8,7 @@ use super::{
     estimator::Signals,
     policy::Policy,
 };
-use crate::sensors::Snapshot;
+use crate::sense::sensors::Snapshot;
 
 /// What a replay produced.
 pub struct Replay {

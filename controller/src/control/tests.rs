@@ -8,7 +8,7 @@ use super::{
     knobs::Compression,
     policy::{Policy, SHIPPED},
 };
-use crate::sensors::{PeerSnapshot, RttSnapshot, Snapshot};
+use crate::sense::sensors::{PeerSnapshot, RttSnapshot, Snapshot};
 
 /// Healthy / congested (CE 1%, exit 0.2%) / severe (CE 10% or p99 400 ms); fast EWMA.
 const POLICY: &str = r#"
@@ -61,7 +61,7 @@ fn policy() -> Policy {
 fn shipped(name: &str) -> Policy {
     let (_, src) = SHIPPED.iter().find(|(n, _)| *n == name).unwrap_or_else(|| panic!("{name}"));
     let mut p = Policy::parse(src, name).unwrap_or_else(|e| panic!("{e}"));
-    p.rename_interface(crate::iface::DEFAULT_ROUTE, "eth0");
+    p.rename_interface(crate::kernel::iface::DEFAULT_ROUTE, "eth0");
     assert!(p.links.iter().all(|l| l.interfaces.iter().any(|i| i == "eth0")), "{name}");
     p
 }
@@ -218,7 +218,7 @@ fn gaps_restart_the_exit_window_rather_than_skip_it() {
 
 #[test]
 fn counter_resets_between_sensors_and_core_cause_no_alarm() {
-    use crate::sensors::{PeerReading, Readings, Sensors};
+    use crate::sense::sensors::{PeerReading, Readings, Sensors};
     use linkpilot_common::PeerStats;
     use std::time::Duration;
     let stats = |n: u64| {

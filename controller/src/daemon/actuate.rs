@@ -15,15 +15,15 @@ use tracing::{info, warn};
 
 use super::{ledger::Ledger, metrics::Metrics, RunOptions};
 use crate::{
+    actuate::envfile,
+    actuate::roce_tc::RoceTc,
+    actuate::sysctl::{self, Sysctls},
     board::{self, board_link, set_nccl, BoardWriter},
     control::{knobs::bytes, Core, Decision},
-    envfile,
-    iface::Iface,
-    peers::PeerIds,
-    probes::{monotonic_ns, Probes},
+    kernel::iface::Iface,
+    kernel::peers::PeerIds,
+    kernel::probes::{monotonic_ns, Probes},
     rdma::{ports_of, RdmaPort},
-    roce_tc::RoceTc,
-    sysctl::{self, Sysctls},
 };
 
 pub struct Actuators {
@@ -277,7 +277,7 @@ fn log_changes(changes: Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{control::Policy, sensors::Snapshot};
+    use crate::{control::Policy, sense::sensors::Snapshot};
 
     /// "lan" names no peer, on eth0 and eth1; "wan" and "dr" both name "us" on their own
     /// interfaces.

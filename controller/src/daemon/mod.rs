@@ -5,119 +5,42 @@
 
 mod actuate;
 mod health;
-pub mod ledger;
-pub mod metrics;
+pub(crate) mod ledger;
+pub(crate) mod metrics;
+mod options;
 mod reload;
+mod report;
 mod serve;
 pub mod status;
 
 use std::{
     fs,
     io::Write,
-    net::SocketAddr,
     path::PathBuf,
     sync::{Arc, Mutex},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use anyhow::Context;
-use linkpilot_common::{MAX_FLOWS, MAX_PEERS};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info, warn};
 
 use crate::{
+    board::tuner_stats::{self, TunerProcess},
     control::{Core, Policy},
-    envfile,
-    iface::{self, Iface},
-    kernel,
-    peers::PeerIds,
-    probes::{self, monotonic_ns, Probes},
+    kernel::checks,
+    kernel::iface::{self, Iface},
+    kernel::peers::PeerIds,
+    kernel::probes::{self, monotonic_ns, Probes},
     rdma,
-    sensors::{Readings, Sensors, Snapshot},
-    tuner_stats::{self, TunerProcess},
+    sense::sensors::{Readings, Sensors},
 };
 use actuate::Actuators;
 use health::SensingHealth;
 use metrics::Metrics;
+pub use options::{MetricsAddr, RunOptions};
 use reload::PolicyWatch;
-use status::{LinkStatus, PeerStatus, Status};
-
-/// Where everything goes; the defaults are the production paths. Also `linkpilot run`'s
-/// command line.
-#[derive(Clone, Debug, clap::Args)]
-pub struct RunOptions {
-    /// The policy file.
-    #[arg(long, default_value = crate::control::policy::DEFAULT_PATH)]
-    pub policy: PathBuf,
-    /// Compute and log every decision; change nothing.
-    #[arg(long)]
-    pub dry_run: bool,
-    #[arg(long, default_value = crate::board::DEFAULT_PATH)]
-    pub board: PathBuf,
-    #[arg(long, default_value = envfile::DEFAULT_PATH)]
-    pub env_file: PathBuf,
-    /// The NCCL tuner plugin: while it is installed there, the env file names it
-    /// (NCCL_TUNER_PLUGIN) and sets NCCL_BUFFSIZE to the policy's largest chunk; "off": never.
-    #[arg(long, default_value = envfile::DEFAULT_TUNER)]
-    pub nccl_tuner: PathBuf,
-    /// Where training processes' tuner plugins keep their counters (created world-writable
-    /// and sticky); status and metrics show them.
-    #[arg(long, default_value = crate::tuner_stats::DEFAULT_DIR)]
-    pub tuner_stats: PathBuf,
-    #[arg(long, default_value = crate::sysctl::PROC_SYS, hide = true)]
-    pub sysctl_root: PathBuf,
-    #[arg(long, default_value = crate::sysctl::DEFAULT_STATE)]
-    pub sysctl_state: PathBuf,
-    /// Append every decision as a JSON line here.
-    #[arg(long, value_name = "FILE")]
-    pub decision_log: Option<PathBuf>,
-    /// Append every snapshot as a JSON line here (the format `replay` reads).
-    #[arg(long, value_name = "FILE")]
-    pub record: Option<PathBuf>,
-    /// Stop after this many ticks (tests, demos).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-    pub ticks: Option<u64>,
-    /// Prometheus metrics (HTTP, /metrics); "off" serves none.
-    #[arg(long, default_value = metrics::DEFAULT_ADDR, value_parser = parse_metrics_addr)]
-    pub metrics_addr: MetricsAddr,
-    /// The status API's Unix socket (root-only).
-    #[arg(long, default_value = status::DEFAULT_SOCKET)]
-    pub status_socket: PathBuf,
-    /// One daemon per host: held locked while running.
-    #[arg(long, default_value = "/run/linkpilot/linkpilot.lock")]
-    pub lock: PathBuf,
-    /// RDMA devices' sysfs (their ports' netdevs and congestion counters).
-    #[arg(long, default_value = crate::rdma::SYSFS_ROOT)]
-    pub rdma_root: PathBuf,
-    /// rdma_cm's configfs, where the ports' default RoCE traffic class is set.
-    #[arg(long, default_value = crate::roce_tc::CONFIGFS_ROOT)]
-    pub rdma_cm_root: PathBuf,
-    /// Where the RoCE traffic classes' originals are kept while linkpilot manages them.
-    #[arg(long, default_value = crate::roce_tc::DEFAULT_STATE)]
-    pub roce_tc_state: PathBuf,
-    /// Attach classifiers through the clsact qdisc (netlink) even where TCX exists, as on
-    /// kernels before 6.6.
-    #[arg(long, hide = true)]
-    pub netlink_tc: bool,
-    /// Stop once sensing has failed on every tick for this long (and at least 10 ticks).
-    #[arg(long, value_name = "SECONDS", default_value_t = health::GIVE_UP_AFTER.as_secs(), hide = true)]
-    pub sensing_give_up_s: u64,
-}
-
-#[derive(Clone, Copy, Debug)]
-pub enum MetricsAddr {
-    Off,
-    At(SocketAddr),
-}
-
-fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
-    if s == "off" {
-        return Ok(MetricsAddr::Off);
-    }
-    s.parse().map(MetricsAddr::At).map_err(|_| {
-        format!("{s:?} is not an address: expected IP:PORT (e.g. 127.0.0.1:9464) or \"off\"")
-    })
-}
+use status::Status;
 
 /// Peer ids across the policy's links (a name shared by links is one peer).
 fn peer_table(policy: &Policy) -> anyhow::Result<PeerIds> {
@@ -182,7 +105,7 @@ fn lock(path: &PathBuf) -> anyhow::Result<nix::fcntl::Flock<fs::File>> {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     // Not through a symlink: the file is truncated once locked.
-    let f = crate::files::open_nofollow(
+    let f = crate::actuate::files::open_nofollow(
         path,
         fs::OpenOptions::new().create(true).truncate(false).write(true),
     )
@@ -252,7 +175,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let names = interfaces(&policy);
     let ifaces = names.iter().map(|n| Iface::resolve(n)).collect::<Result<Vec<_>, _>>()?;
     let peers = peer_table(&policy)?;
-    let offsets = kernel::preflight()?;
+    let offsets = checks::preflight()?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
@@ -466,109 +389,6 @@ impl Daemon {
         }
         self.report(&snap, flows, work.elapsed());
         Ok(())
-    }
-
-    /// Metrics and the status API after a tick.
-    fn report(&mut self, snap: &Snapshot, flows: u64, work: Duration) {
-        let m = &self.metrics;
-        let states: Vec<String> =
-            self.core.policy().states.iter().map(|s| s.name.clone()).collect();
-        let signals = self.core.signals();
-        let mut links = Vec::new();
-        for (link, state, k) in self.core.current() {
-            let s = signals.iter().find(|(l, _)| *l == link).map(|(_, s)| *s).unwrap_or_default();
-            m.link(link, &states, state, &k, &s);
-            let (id, reason) = self
-                .last
-                .iter()
-                .find(|(l, _, _)| l == link)
-                .map(|(_, id, r)| (*id, r.clone()))
-                .unwrap_or_default();
-            links.push(LinkStatus {
-                link: link.to_owned(),
-                state: state.to_owned(),
-                knobs: k,
-                signals: s,
-                decision_id: id,
-                reason,
-            });
-        }
-        m.snapshot(snap);
-        // Training processes' tuner counters: a directory listing and a read per process, at
-        // most once a second.
-        if self.tuner_read.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-            self.tuner_read = Some(Instant::now());
-            self.tuner = tuner_stats::scan(&self.o.tuner_stats, !self.o.dry_run);
-            m.tuner(&self.tuner);
-        }
-        let (sysctls, roce) = (self.act.sysctls.as_ref(), self.act.roce.as_ref());
-        let released = [
-            ("sysctl", sysctls.map_or(0, |s| s.released().len())),
-            ("roce_tc", roce.map_or(0, |r| r.released().len())),
-        ];
-        m.actuators(self.act.ledger.entries(), &released);
-        m.map("flows", flows, u64::from(MAX_FLOWS));
-        m.map("peers", self.peers.names.len() as u64, u64::from(MAX_PEERS));
-        m.ticks.inc();
-        m.tick_duration.observe(work.as_secs_f64());
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-        m.last_tick.set(now.as_secs_f64());
-        let reload = |r: &str| {
-            m.reloads.get(&vec![("result".to_owned(), r.to_owned())]).map_or(0, |c| c.get())
-        };
-        let Ok(mut st) = self.status.lock() else { return };
-        let last_reload_error = st.last_reload_error.take();
-        *st = Status {
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            pid: std::process::id(),
-            uptime_s: self.started.elapsed().as_secs_f64(),
-            policy: self.o.policy.display().to_string(),
-            dry_run: self.o.dry_run,
-            interfaces: self.ifaces.iter().map(|i| i.name.clone()).collect(),
-            tick_ms: self.core.policy().tick.0 as f64 / 1e6,
-            ticks: m.ticks.get(),
-            last_tick_work_ms: work.as_secs_f64() * 1e3,
-            reloads_applied: reload("applied"),
-            reloads_rejected: reload("rejected"),
-            last_reload_error,
-            sensing_errors: self.health.total,
-            sensing_failing_ticks: 0,
-            last_sensing_error: self.health.last_error.clone(),
-            flows,
-            flows_capacity: u64::from(MAX_FLOWS),
-            sysctls_released: sysctls.map(|s| s.released().to_vec()).unwrap_or_default(),
-            sysctls_unmanaged: sysctls.map(|s| s.unmanaged().to_vec()).unwrap_or_default(),
-            roce_tc_released: roce.map(|r| r.released().to_vec()).unwrap_or_default(),
-            actuators: self.act.ledger.entries().to_vec(),
-            links,
-            nccl_tuner: self.tuner.clone(),
-            peers: snap
-                .peers
-                .iter()
-                .map(|p| PeerStatus {
-                    interface: p.link.clone(),
-                    peer: p.peer.clone(),
-                    srtt_ms: p.rtt.srtt_ms,
-                    p99_ms: p.rtt.p99_ms,
-                    rx_bps: p.rx_bps,
-                    tx_bps: p.tx_bps,
-                    ce_fraction: p.ce_fraction,
-                    retrans_per_s: p.retrans_per_s,
-                    flows: p.flows,
-                })
-                .collect(),
-        };
-    }
-
-    /// Removes the metric series of links, states and peers the running policy no longer has.
-    fn forget_series(&self) {
-        let p = self.core.policy();
-        let links: Vec<String> = p.links.iter().map(|l| l.name.clone()).collect();
-        let states: Vec<String> = p.states.iter().map(|s| s.name.clone()).collect();
-        let rows: Vec<(String, String)> = (self.ifaces.iter())
-            .flat_map(|i| self.rows.iter().map(|(_, peer)| (i.name.clone(), peer.clone())))
-            .collect();
-        self.metrics.retain(&links, &states, &rows);
     }
 
     /// Loads the policy file again. An invalid one (or one that changes the interfaces, which

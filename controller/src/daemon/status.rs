@@ -21,8 +21,8 @@ use tracing::{debug, warn};
 
 use super::ledger::ActuatorStatus;
 use crate::{
+    board::tuner_stats::TunerProcess,
     control::{estimator::Signals, knobs::bytes, Knobs},
-    tuner_stats::TunerProcess,
 };
 
 pub const DEFAULT_SOCKET: &str = "/run/linkpilot/status.sock";
@@ -397,7 +397,7 @@ fn render_tuner(procs: &[TunerProcess]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tuner_stats::TunerChoice;
+    use crate::board::tuner_stats::TunerChoice;
 
     #[tokio::test]
     async fn bind_replaces_only_a_stale_socket() {

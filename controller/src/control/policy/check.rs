@@ -16,7 +16,7 @@ use super::{
     higher_is_worse, secs, Bounds, Errors, EstimatorConfig, Host, Hysteresis, Link, Nccl, NcclRule,
     Policy, State, StateKnobs, Thresholds,
 };
-use crate::envfile;
+use crate::actuate::envfile;
 
 /// Why a link, peer or state name cannot be used, if it cannot: names go into the env file
 /// (`KEY=value` lines), the knob board (31 bytes) and metrics labels.
@@ -141,7 +141,7 @@ pub(super) fn check(raw: RawPolicy, e: &mut Errors) -> Policy {
         let prefixes = links.iter().flat_map(|l| {
             l.peers.iter().flat_map(|(n, nets)| nets.iter().map(move |net| (n.as_str(), *net)))
         });
-        if let Err(err) = crate::peers::PeerIds::assign(prefixes) {
+        if let Err(err) = crate::kernel::peers::PeerIds::assign(prefixes) {
             e.at(0..0, err.to_string());
         }
     }

@@ -68,10 +68,10 @@ mod tests {
             std::os::unix::fs::symlink(&precious, dir.path().join(name)).unwrap();
         }
         let env = dir.path().join("nccl.env");
-        crate::envfile::write_atomic(&env, "A=1\n").unwrap();
+        crate::actuate::envfile::write_atomic(&env, "A=1\n").unwrap();
         let board = dir.path().join("knobs");
         crate::board::BoardWriter::create(&board, std::time::Duration::from_secs(1), 1).unwrap();
-        let e = crate::sysctl::Sysctls::open(dir.path(), &dir.path().join("sysctl.json"))
+        let e = crate::actuate::sysctl::Sysctls::open(dir.path(), &dir.path().join("sysctl.json"))
             .err()
             .expect("a symlinked state file is refused")
             .to_string();

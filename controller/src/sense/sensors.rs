@@ -10,7 +10,7 @@ use std::{
 use linkpilot_common::{FlowKey, FlowState, PeerStats};
 use serde::{Deserialize, Serialize};
 
-use crate::{rdma::RdmaPort, rtt_window::RttWindow};
+use crate::{rdma::RdmaPort, sense::rtt_window::RttWindow};
 
 /// One (interface, peer) row of a reading.
 #[derive(Clone, Debug, Default)]

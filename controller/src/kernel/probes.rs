@@ -25,7 +25,7 @@ use linkpilot_common::{
 };
 use tracing::{debug, info};
 
-use crate::iface::Iface;
+use crate::kernel::iface::Iface;
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`, so userspace can compare
 /// it with the programs' timestamps.
@@ -81,7 +81,7 @@ pub struct Probes {
     /// Peer ids in use, besides PEER_OTHER.
     peer_ids: Vec<u32>,
     /// What the trie holds: (trie key, peer id).
-    prefixes: Vec<(crate::peers::TrieKey, u32)>,
+    prefixes: Vec<(crate::kernel::peers::TrieKey, u32)>,
     /// Interfaces with counters (watched, or set up for test runs).
     counted: Vec<u32>,
     watched: Vec<Iface>,
@@ -149,9 +149,9 @@ impl Probes {
         // holds both (the trie's capacity is MAX_PEER_PREFIXES); only new or re-assigned
         // prefixes are written. `self.prefixes` follows each step, so that a failed update can
         // be undone by setting the previous list again.
-        let want: Vec<(crate::peers::TrieKey, u32)> =
+        let want: Vec<(crate::kernel::peers::TrieKey, u32)> =
             prefixes.iter().map(|&(id, net)| (mapped(net), id)).collect();
-        let gone: Vec<crate::peers::TrieKey> = (self.prefixes.iter())
+        let gone: Vec<crate::kernel::peers::TrieKey> = (self.prefixes.iter())
             .map(|(k, _)| *k)
             .filter(|k| !want.iter().any(|(w, _)| w == k))
             .collect();
@@ -268,12 +268,12 @@ impl Probes {
         ifaces: &[Iface],
         rows: &[(u32, String)],
         ports: &[crate::rdma::RdmaPort],
-        r: &mut crate::sensors::Readings,
+        r: &mut crate::sense::sensors::Readings,
     ) -> Result<(), ProbeError> {
         for iface in ifaces {
             for (id, name) in rows {
                 let stats = self.peer_stats(iface.ifindex, *id)?;
-                r.peers.push(crate::sensors::PeerReading {
+                r.peers.push(crate::sense::sensors::PeerReading {
                     link: iface.name.clone(),
                     ifindex: iface.ifindex,
                     peer: name.clone(),
@@ -311,7 +311,7 @@ impl Probes {
     pub fn flows(&self) -> Result<Vec<(FlowKey, FlowState)>, ProbeError> {
         let missing = ProbeError::Missing { kind: "map", name: MAP_FLOWS };
         let Some(Map::LruHashMap(data)) = self.ebpf.map(MAP_FLOWS) else { return Err(missing) };
-        crate::batch::lookup_all(data.fd(), MAX_FLOWS as usize).map_err(|e| {
+        crate::kernel::batch::lookup_all(data.fd(), MAX_FLOWS as usize).map_err(|e| {
             map_error(
                 MAP_FLOWS,
                 MapError::SyscallError(aya::sys::SyscallError {
@@ -464,7 +464,7 @@ impl Probes {
     }
 }
 
-pub use crate::peers::mapped;
+pub use crate::kernel::peers::mapped;
 
 fn map_error(map: &'static str, e: MapError) -> ProbeError {
     ProbeError::Map { map, source: Box::new(e) }

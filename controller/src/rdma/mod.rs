@@ -3,6 +3,9 @@
 //! never see the traffic. The root is configurable so tests run on a fixture tree; a machine
 //! without RDMA reports no devices and everything else keeps working.
 
+pub(crate) mod netlink;
+pub mod verbs;
+
 use std::{
     collections::BTreeMap,
     fs,
@@ -152,7 +155,7 @@ pub fn refresh(root: &Path, ports: &mut [RdmaPort]) {
 
 /// The ports of the devices under `root` that serve this network namespace, with the netdevs
 /// they serve here. For the kernel's own devices (`root` is [`SYSFS_ROOT`]) the kernel is
-/// asked which netdev each port is bound to ([`crate::rdma_nl`]): sysfs names are names in
+/// asked which netdev each port is bound to ([`crate::rdma::netlink`]): sysfs names are names in
 /// whatever namespace each netdev lives in, so a daemon whose veth is `eth0` would otherwise
 /// take the host's `eth0` port for its own. Another root (a fixture tree) is taken as it is.
 pub fn discover_here(root: &Path) -> Result<Vec<RdmaPort>, RdmaError> {
@@ -160,7 +163,7 @@ pub fn discover_here(root: &Path) -> Result<Vec<RdmaPort>, RdmaError> {
     if root != Path::new(SYSFS_ROOT) || ports.is_empty() {
         return Ok(ports);
     }
-    let here = crate::rdma_nl::port_netdevs()
+    let here = crate::rdma::netlink::port_netdevs()
         .map_err(|source| RdmaError { path: "RDMA netlink (port netdevs)".into(), source })?;
     Ok(in_namespace(ports, &here, |n| nix::net::if_::if_nametoindex(n).is_ok()))
 }
@@ -169,7 +172,7 @@ pub fn discover_here(root: &Path) -> Result<Vec<RdmaPort>, RdmaError> {
 /// and those of their GIDs' netdevs (VLANs...) that are interfaces here too (`is_here`).
 pub fn in_namespace(
     ports: Vec<RdmaPort>,
-    here: &crate::rdma_nl::PortNetdevs,
+    here: &crate::rdma::netlink::PortNetdevs,
     is_here: impl Fn(&str) -> bool,
 ) -> Vec<RdmaPort> {
     ports
@@ -241,7 +244,7 @@ mod tests {
         // the name alone would take the host's port.
         let ports = discover(&fixture()).unwrap();
         assert_eq!(ports_of(&ports, "eth2").count(), 1, "by name, as sysfs says");
-        let none = crate::rdma_nl::PortNetdevs::new();
+        let none = crate::rdma::netlink::PortNetdevs::new();
         let elsewhere = in_namespace(ports.clone(), &none, |_| true);
         assert_eq!(ports_of(&elsewhere, "eth2").count(), 0, "its netdev is not ours");
         // The kernel names it to us (as ens1f0 here): that name, plus GID netdevs that are

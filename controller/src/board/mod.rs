@@ -3,6 +3,9 @@
 //! seqlock in the header, so a reader copying the board while the daemon writes sees the old
 //! or the new values, never a mix.
 
+pub mod feed;
+pub mod tuner_stats;
+
 use std::{
     fs,
     io::{self, Write},
@@ -142,7 +145,7 @@ impl BoardWriter {
         let board = Board { header, links: [BoardLink::default(); BOARD_MAX_LINKS] };
         // SAFETY: Board is repr(C) plain data without padding holes (size asserted in common).
         let bytes = unsafe { std::slice::from_raw_parts((&raw const board).cast::<u8>(), SIZE) };
-        let mut tmp = crate::files::temp_beside(path)?;
+        let mut tmp = crate::actuate::files::temp_beside(path)?;
         tmp.write_all(bytes)?;
         // The renamed file itself is mapped, never whatever the path names by then.
         let file = tmp.persist(path).map_err(|e| e.error)?;
@@ -409,7 +412,7 @@ print(json.dumps(out))
     fn the_python_package_reader_agrees() {
         let dir = std::env::temp_dir().join(format!("lp-board-py-{}", std::process::id()));
         let path = dir.join("knobs");
-        let now = crate::probes::monotonic_ns();
+        let now = crate::kernel::probes::monotonic_ns();
         let mut w = BoardWriter::create(&path, Duration::from_secs(60), now).unwrap();
         let k = Knobs {
             compression: Compression::TopK(0.01),

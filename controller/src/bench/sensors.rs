@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use linkpilot_common::{v4_mapped, FlowKey, FlowState, PeerStats, AF_INET};
 
 use crate::{
-    kernel,
-    probes::{monotonic_ns, Probes},
-    sensors::{PeerReading, Readings, Sensors},
+    kernel::checks,
+    kernel::probes::{monotonic_ns, Probes},
+    sense::sensors::{PeerReading, Readings, Sensors},
 };
 
 /// Resident set size of this process, bytes.
@@ -50,8 +50,8 @@ fn synthetic_flows(flows: u32, peers: u32) -> Vec<(FlowKey, FlowState)> {
 
 /// Measures and prints.
 pub fn run(flows: u32, peers: u32, ticks: u32) -> anyhow::Result<()> {
-    kernel::check_privileges()?;
-    let (offsets, _) = kernel::kernel_offsets(true);
+    checks::check_privileges()?;
+    let (offsets, _) = checks::kernel_offsets(true);
     let mut probes = Probes::load(offsets)?;
     let rss_start = rss();
     probes.insert_flows(&synthetic_flows(flows, peers))?;

@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use crate::{
-    iface::Iface,
-    kernel,
-    probes::{ProbeError, Probes},
+    kernel::checks,
+    kernel::iface::Iface,
+    kernel::probes::{ProbeError, Probes},
 };
 
 /// A packet to measure with.
@@ -69,8 +69,8 @@ fn median(
 
 /// Measures and prints the table.
 pub fn run(repeat: u32, rounds: usize) -> anyhow::Result<()> {
-    kernel::check_privileges()?;
-    let (offsets, _) = kernel::kernel_offsets(true);
+    checks::check_privileges()?;
+    let (offsets, _) = checks::kernel_offsets(true);
     let mut probes = Probes::load(offsets)?;
     // Peers and counters as in production, on loopback (the test skb's device).
     probes.set_peers(&[(1, "198.18.1.0/24".parse()?), (2, "2001:db8:1::/48".parse()?)])?;

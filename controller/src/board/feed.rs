@@ -17,7 +17,7 @@ use serde::Deserialize;
 use crate::{
     board::{board_link, BoardWriter},
     control::{Compression, Knobs},
-    probes::monotonic_ns,
+    kernel::probes::monotonic_ns,
 };
 
 /// One input line: `{"links": [...]}`.

@@ -17,9 +17,9 @@ use tracing::warn;
 
 use super::ledger::ActuatorStatus;
 use crate::{
+    board::tuner_stats::TunerProcess,
     control::{estimator::Signals, knobs::Knobs},
-    sensors::Snapshot,
-    tuner_stats::TunerProcess,
+    sense::sensors::Snapshot,
 };
 
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
@@ -498,88 +498,4 @@ pub fn process_figures() -> Option<(u64, f64)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::tuner_stats::{TunerChoice, TunerProcess};
-
-    #[test]
-    fn retain_removes_the_series_of_renamed_links_states_and_peers() {
-        let m = Metrics::new(false);
-        let k = Knobs {
-            compression: crate::control::knobs::Compression::None,
-            chunk_bytes: 1 << 20,
-            nccl_ib_timeout: 18,
-            nccl_ib_retry_cnt: 7,
-            watchdog_s: 600,
-            dscp: 26,
-            roce_traffic_class: 106,
-            tcp_buffer_bytes: 1 << 22,
-        };
-        let s = Signals { rtt_ms: Some(20.0), rtt_p99_ms: Some(30.0), ..Signals::default() };
-        let own = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-        let peer = |iface: &str, peer: &str| crate::sensors::PeerSnapshot {
-            link: iface.into(),
-            peer: peer.into(),
-            rtt: crate::sensors::RttSnapshot { srtt_ms: Some(20.0), ..Default::default() },
-            ..Default::default()
-        };
-        let snap = |peers| Snapshot { peers, ..Snapshot::default() };
-        m.link("wan", &own(&["healthy", "congested"]), "healthy", &k, &s);
-        m.decision("wan", "healthy");
-        m.snapshot(&snap(vec![peer("eth0", "b"), peer("eth0", "other")]));
-        // Renamed: the state, the link and the peer.
-        m.retain(&own(&["lan"]), &own(&["calm", "congested"]), &[("eth0".into(), "other".into())]);
-        m.link("lan", &own(&["calm", "congested"]), "calm", &k, &Signals::default());
-        m.snapshot(&snap(vec![peer("eth0", "other")]));
-        let text = m.render();
-        let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
-        for old in ["\"healthy\"", "link=\"wan\"", "peer=\"b\""] {
-            assert!(!samples.iter().any(|l| l.contains(old)), "{old} left in:\n{text}");
-        }
-        let on: Vec<&&str> = samples
-            .iter()
-            .filter(|l| l.starts_with("linkpilot_link_state{") && l.ends_with(" 1"))
-            .collect();
-        assert_eq!(on, [&"linkpilot_link_state{link=\"lan\",state=\"calm\"} 1"], "{text}");
-        // Unmeasured RTT has no series (the new link's signals have none).
-        assert!(!samples.iter().any(|l| l.starts_with("linkpilot_link_rtt_seconds")), "{text}");
-        assert!(samples.iter().any(|l| l.contains("peer=\"other\",stat=\"srtt\"")), "{text}");
-    }
-
-    #[test]
-    fn tuner_choices_are_counted_and_forgotten_when_gone() {
-        let m = Metrics::new(false);
-        let choice = |algo: Option<&str>, own: Option<&str>| TunerChoice {
-            collective: "allreduce".into(),
-            algo: algo.map(str::to_owned),
-            proto: algo.map(|_| "simple".to_owned()),
-            own_choice: own.map(str::to_owned),
-            ..TunerChoice::default()
-        };
-        let p = TunerProcess {
-            calls: 10,
-            board_calls: 8,
-            choices: vec![
-                choice(Some("tree"), None),
-                choice(Some("tree"), None),
-                choice(None, Some("x")),
-            ],
-            ..TunerProcess::default()
-        };
-        m.tuner(&[p.clone(), p]);
-        let text = m.render();
-        for line in [
-            "linkpilot_nccl_tuner_processes 2",
-            "linkpilot_nccl_tuner_calls{result=\"board\"} 16",
-            "linkpilot_nccl_tuner_calls{result=\"own\"} 4",
-            "linkpilot_nccl_tuner_choices{collective=\"allreduce\",algo=\"tree\",proto=\"simple\"} 4",
-            "linkpilot_nccl_tuner_choices{collective=\"allreduce\",algo=\"nccl\",proto=\"nccl\"} 2",
-        ] {
-            assert!(text.lines().any(|l| l == line), "{line} missing from:\n{text}");
-        }
-        m.tuner(&[]);
-        let text = m.render();
-        assert!(!text.contains("algo=\"tree\""), "{text}");
-        assert!(text.lines().any(|l| l == "linkpilot_nccl_tuner_processes 0"), "{text}");
-    }
-}
+mod tests;

@@ -13,7 +13,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::envfile::write_atomic;
+use crate::actuate::envfile::write_atomic;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -70,12 +70,11 @@ impl CrashState {
     ) -> Result<Self, StateError> {
         let p = || path.display().to_string();
         // Not through a symlink: what the file holds is written back to the system.
-        let text = crate::files::open_nofollow(path, fs::OpenOptions::new().read(true)).and_then(
-            |mut f| {
+        let text = crate::actuate::files::open_nofollow(path, fs::OpenOptions::new().read(true))
+            .and_then(|mut f| {
                 let mut text = String::new();
                 io::Read::read_to_string(&mut f, &mut text).map(|_| text)
-            },
-        );
+            });
         let saved: Saved = match text {
             Ok(text) => serde_json::from_str(&text)
                 .map_err(|source| StateError::Json { path: p(), source })?,
@@ -87,10 +86,6 @@ impl CrashState {
             check(key).map_err(|why| StateError::Key { path: p(), key: key.clone(), why })?;
         }
         Ok(Self { path: path.to_owned(), saved })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// Nothing to restore.

@@ -110,7 +110,7 @@ pub fn render(
 /// Replaces `path` with `contents` atomically: a fresh temporary file (never a fixed name, which
 /// someone could plant a symlink at), synced, then renamed over `path`.
 pub fn write_atomic(path: &Path, contents: &str) -> io::Result<()> {
-    let mut f = crate::files::temp_beside(path)?;
+    let mut f = crate::actuate::files::temp_beside(path)?;
     f.write_all(contents.as_bytes())?;
     f.as_file().sync_all()?;
     f.persist(path).map_err(|e| e.error)?;

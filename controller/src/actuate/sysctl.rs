@@ -14,7 +14,7 @@ use std::{
 
 use tracing::{info, warn};
 
-use crate::crash_state::{CrashState, StateError};
+use crate::actuate::crash_state::{CrashState, StateError};
 
 /// Where the kernel's sysctls are.
 pub const PROC_SYS: &str = "/proc/sys";

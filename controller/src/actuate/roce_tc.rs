@@ -14,7 +14,7 @@ use std::{
 
 use tracing::{info, warn};
 
-use crate::crash_state::{CrashState, StateError};
+use crate::actuate::crash_state::{CrashState, StateError};
 
 /// Where the kernel exposes rdma_cm's configfs.
 pub const CONFIGFS_ROOT: &str = "/sys/kernel/config/rdma_cm";

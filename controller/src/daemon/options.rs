@@ -1,0 +1,83 @@
+//! `linkpilot run`'s options: where everything goes, the defaults being the production paths.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use super::{health, metrics, status};
+use crate::actuate::envfile;
+
+/// Where everything goes; the defaults are the production paths. Also `linkpilot run`'s
+/// command line.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RunOptions {
+    /// The policy file.
+    #[arg(long, default_value = crate::control::policy::DEFAULT_PATH)]
+    pub policy: PathBuf,
+    /// Compute and log every decision; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[arg(long, default_value = crate::board::DEFAULT_PATH)]
+    pub board: PathBuf,
+    #[arg(long, default_value = envfile::DEFAULT_PATH)]
+    pub env_file: PathBuf,
+    /// The NCCL tuner plugin: while it is installed there, the env file names it
+    /// (NCCL_TUNER_PLUGIN) and sets NCCL_BUFFSIZE to the policy's largest chunk; "off": never.
+    #[arg(long, default_value = envfile::DEFAULT_TUNER)]
+    pub nccl_tuner: PathBuf,
+    /// Where training processes' tuner plugins keep their counters (created world-writable
+    /// and sticky); status and metrics show them.
+    #[arg(long, default_value = crate::board::tuner_stats::DEFAULT_DIR)]
+    pub tuner_stats: PathBuf,
+    #[arg(long, default_value = crate::actuate::sysctl::PROC_SYS, hide = true)]
+    pub sysctl_root: PathBuf,
+    #[arg(long, default_value = crate::actuate::sysctl::DEFAULT_STATE)]
+    pub sysctl_state: PathBuf,
+    /// Append every decision as a JSON line here.
+    #[arg(long, value_name = "FILE")]
+    pub decision_log: Option<PathBuf>,
+    /// Append every snapshot as a JSON line here (the format `replay` reads).
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
+    /// Stop after this many ticks (tests, demos).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ticks: Option<u64>,
+    /// Prometheus metrics (HTTP, /metrics); "off" serves none.
+    #[arg(long, default_value = metrics::DEFAULT_ADDR, value_parser = parse_metrics_addr)]
+    pub metrics_addr: MetricsAddr,
+    /// The status API's Unix socket (root-only).
+    #[arg(long, default_value = status::DEFAULT_SOCKET)]
+    pub status_socket: PathBuf,
+    /// One daemon per host: held locked while running.
+    #[arg(long, default_value = "/run/linkpilot/linkpilot.lock")]
+    pub lock: PathBuf,
+    /// RDMA devices' sysfs (their ports' netdevs and congestion counters).
+    #[arg(long, default_value = crate::rdma::SYSFS_ROOT)]
+    pub rdma_root: PathBuf,
+    /// rdma_cm's configfs, where the ports' default RoCE traffic class is set.
+    #[arg(long, default_value = crate::actuate::roce_tc::CONFIGFS_ROOT)]
+    pub rdma_cm_root: PathBuf,
+    /// Where the RoCE traffic classes' originals are kept while linkpilot manages them.
+    #[arg(long, default_value = crate::actuate::roce_tc::DEFAULT_STATE)]
+    pub roce_tc_state: PathBuf,
+    /// Attach classifiers through the clsact qdisc (netlink) even where TCX exists, as on
+    /// kernels before 6.6.
+    #[arg(long, hide = true)]
+    pub netlink_tc: bool,
+    /// Stop once sensing has failed on every tick for this long (and at least 10 ticks).
+    #[arg(long, value_name = "SECONDS", default_value_t = health::GIVE_UP_AFTER.as_secs(), hide = true)]
+    pub sensing_give_up_s: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum MetricsAddr {
+    Off,
+    At(SocketAddr),
+}
+
+fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
+    if s == "off" {
+        return Ok(MetricsAddr::Off);
+    }
+    s.parse().map(MetricsAddr::At).map_err(|_| {
+        format!("{s:?} is not an address: expected IP:PORT (e.g. 127.0.0.1:9464) or \"off\"")
+    })
+}

@@ -1,0 +1,117 @@
+//! What a tick reports: the Prometheus series and the status API's snapshot, and the series
+//! a reload leaves behind.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use linkpilot_common::{MAX_FLOWS, MAX_PEERS};
+
+use super::{
+    status::{LinkStatus, PeerStatus, Status},
+    Daemon,
+};
+use crate::{board::tuner_stats, sense::sensors::Snapshot};
+
+impl Daemon {
+    /// Metrics and the status API after a tick.
+    pub(super) fn report(&mut self, snap: &Snapshot, flows: u64, work: Duration) {
+        let m = &self.metrics;
+        let states: Vec<String> =
+            self.core.policy().states.iter().map(|s| s.name.clone()).collect();
+        let signals = self.core.signals();
+        let mut links = Vec::new();
+        for (link, state, k) in self.core.current() {
+            let s = signals.iter().find(|(l, _)| *l == link).map(|(_, s)| *s).unwrap_or_default();
+            m.link(link, &states, state, &k, &s);
+            let (id, reason) = self
+                .last
+                .iter()
+                .find(|(l, _, _)| l == link)
+                .map(|(_, id, r)| (*id, r.clone()))
+                .unwrap_or_default();
+            links.push(LinkStatus {
+                link: link.to_owned(),
+                state: state.to_owned(),
+                knobs: k,
+                signals: s,
+                decision_id: id,
+                reason,
+            });
+        }
+        m.snapshot(snap);
+        // Training processes' tuner counters: a directory listing and a read per process, at
+        // most once a second.
+        if self.tuner_read.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            self.tuner_read = Some(Instant::now());
+            self.tuner = tuner_stats::scan(&self.o.tuner_stats, !self.o.dry_run);
+            m.tuner(&self.tuner);
+        }
+        let (sysctls, roce) = (self.act.sysctls.as_ref(), self.act.roce.as_ref());
+        let released = [
+            ("sysctl", sysctls.map_or(0, |s| s.released().len())),
+            ("roce_tc", roce.map_or(0, |r| r.released().len())),
+        ];
+        m.actuators(self.act.ledger.entries(), &released);
+        m.map("flows", flows, u64::from(MAX_FLOWS));
+        m.map("peers", self.peers.names.len() as u64, u64::from(MAX_PEERS));
+        m.ticks.inc();
+        m.tick_duration.observe(work.as_secs_f64());
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        m.last_tick.set(now.as_secs_f64());
+        let reload = |r: &str| {
+            m.reloads.get(&vec![("result".to_owned(), r.to_owned())]).map_or(0, |c| c.get())
+        };
+        let Ok(mut st) = self.status.lock() else { return };
+        let last_reload_error = st.last_reload_error.take();
+        *st = Status {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            pid: std::process::id(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            policy: self.o.policy.display().to_string(),
+            dry_run: self.o.dry_run,
+            interfaces: self.ifaces.iter().map(|i| i.name.clone()).collect(),
+            tick_ms: self.core.policy().tick.0 as f64 / 1e6,
+            ticks: m.ticks.get(),
+            last_tick_work_ms: work.as_secs_f64() * 1e3,
+            reloads_applied: reload("applied"),
+            reloads_rejected: reload("rejected"),
+            last_reload_error,
+            sensing_errors: self.health.total,
+            sensing_failing_ticks: 0,
+            last_sensing_error: self.health.last_error.clone(),
+            flows,
+            flows_capacity: u64::from(MAX_FLOWS),
+            sysctls_released: sysctls.map(|s| s.released().to_vec()).unwrap_or_default(),
+            sysctls_unmanaged: sysctls.map(|s| s.unmanaged().to_vec()).unwrap_or_default(),
+            roce_tc_released: roce.map(|r| r.released().to_vec()).unwrap_or_default(),
+            actuators: self.act.ledger.entries().to_vec(),
+            links,
+            nccl_tuner: self.tuner.clone(),
+            peers: snap
+                .peers
+                .iter()
+                .map(|p| PeerStatus {
+                    interface: p.link.clone(),
+                    peer: p.peer.clone(),
+                    srtt_ms: p.rtt.srtt_ms,
+                    p99_ms: p.rtt.p99_ms,
+                    rx_bps: p.rx_bps,
+                    tx_bps: p.tx_bps,
+                    ce_fraction: p.ce_fraction,
+                    retrans_per_s: p.retrans_per_s,
+                    flows: p.flows,
+                })
+                .collect(),
+        };
+    }
+
+    /// Removes the metric series of links, states and peers the running policy no longer has.
+    pub(super) fn forget_series(&self) {
+        let p = self.core.policy();
+        let links: Vec<String> = p.links.iter().map(|l| l.name.clone()).collect();
+        let states: Vec<String> = p.states.iter().map(|s| s.name.clone()).collect();
+        let rows: Vec<(String, String)> = (self.ifaces.iter())
+            .flat_map(|i| self.rows.iter().map(|(_, peer)| (i.name.clone(), peer.clone())))
+            .collect();
+        self.metrics.retain(&links, &states, &rows);
+    }
+}
