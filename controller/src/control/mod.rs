@@ -2,6 +2,7 @@
 //! values, each with its reason) that snapshots lead to. No IO beyond reading a policy file, no
 //! aya, no clock: time comes with the snapshots, so replays are exact.
 
+mod auto;
 pub mod bench;
 pub mod decide;
 pub mod estimator;

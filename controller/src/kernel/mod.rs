@@ -7,4 +7,5 @@ pub mod batch;
 pub mod checks;
 pub mod iface;
 pub mod peers;
+mod probe_error;
 pub mod probes;

@@ -13,7 +13,7 @@ use aya::{
         ProgramError, SchedClassifier, TcAttachType, TracePoint,
     },
     util::KernelVersion,
-    Ebpf, EbpfError, EbpfLoader,
+    Ebpf, EbpfLoader,
 };
 use ipnet::IpNet;
 use linkpilot_common::{
@@ -25,6 +25,8 @@ use linkpilot_common::{
 };
 use tracing::{debug, info};
 
+pub use super::probe_error::ProbeError;
+use super::probe_error::{load_error, map_error};
 use crate::kernel::iface::Iface;
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`, so userspace can compare
@@ -41,32 +43,6 @@ const NO_EXIST: u64 = 1;
 
 /// The eBPF object built by build.rs from the `ebpf/` crate.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/linkpilot"));
-
-/// Failure to load, attach or use the eBPF programs.
-#[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
-    #[error("loading the eBPF object: {0}")]
-    Object(#[source] Box<EbpfError>),
-    #[error("the eBPF object has no {kind} named {name}")]
-    Missing { kind: &'static str, name: &'static str },
-    #[error("the kernel verifier rejected program {program}: {summary} (full log at debug level)")]
-    Verifier { program: &'static str, summary: String },
-    #[error("{action} program {program}: {source}")]
-    Program { action: &'static str, program: &'static str, source: Box<ProgramError> },
-    #[error("attaching {program} to {iface} ({direction}): {source}")]
-    Attach {
-        program: &'static str,
-        iface: String,
-        direction: &'static str,
-        source: Box<ProgramError>,
-    },
-    #[error("{count} DSCP rules given; at most {MAX_DSCP_RULES} fit")]
-    TooManyRules { count: usize },
-    #[error("peer id {id} is out of range: ids are 1 to {MAX_PEERS}")]
-    PeerId { id: u32 },
-    #[error("map {map}: {source}")]
-    Map { map: &'static str, source: Box<MapError> },
-}
 
 /// Loaded programs and the maps the controller uses.
 pub struct Probes {
@@ -466,10 +442,6 @@ impl Probes {
 
 pub use crate::kernel::peers::mapped;
 
-fn map_error(map: &'static str, e: MapError) -> ProbeError {
-    ProbeError::Map { map, source: Box::new(e) }
-}
-
 fn nr_cpus() -> Result<usize, ProbeError> {
     aya::util::nr_cpus().map_err(|(_, io_error)| {
         map_error(
@@ -499,37 +471,6 @@ where
     V::try_from(map).map_err(|e| map_error(name, e))
 }
 
-/// Logs the whole verifier log at debug level and keeps its last meaningful lines for the error.
-fn load_error(program: &'static str, error: ProgramError) -> ProbeError {
-    match error {
-        ProgramError::LoadError { io_error, verifier_log } => {
-            let log = verifier_log.to_string();
-            debug!(program, %log, "verifier log");
-            ProbeError::Verifier { program, summary: verifier_summary(&io_error, &log) }
-        }
-        e => ProbeError::Program { action: "loading", program, source: Box::new(e) },
-    }
-}
-
-/// The kernel's errno plus the last non-statistics lines of the verifier log, where the verifier
-/// states why it gave up.
-fn verifier_summary(io_error: &std::io::Error, log: &str) -> String {
-    let tail: Vec<&str> = log
-        .lines()
-        .map(str::trim)
-        .filter(|l| {
-            !l.is_empty() && !l.starts_with("processed ") && !l.starts_with("verification time")
-        })
-        .rev()
-        .take(3)
-        .collect();
-    if tail.is_empty() {
-        io_error.to_string()
-    } else {
-        format!("{io_error}: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" | "))
-    }
-}
-
 /// Removes our classifiers that a killed run left on `iface`'s clsact qdisc (netlink filters
 /// outlive their process; TCX links do not), identified by program name, never anything else.
 /// Returns what was removed. Also reports TCX attachments of ours that some other holder keeps
@@ -554,21 +495,4 @@ pub fn remove_stale(iface: &str) -> (Vec<String>, Vec<String>) {
         }
     }
     (removed, foreign)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn verifier_summary_keeps_the_reason() {
-        let log = "0: (b7) r0 = 0\n1: (79) r1 = *(u64 *)(r1 +8)\ninvalid bpf_context access off=8 size=8\n\
-                   processed 2 insns (limit 1000000) max_states_per_insn 0\n";
-        let io = std::io::Error::from_raw_os_error(libc::EACCES);
-        let s = verifier_summary(&io, log);
-        assert!(s.starts_with("Permission denied"), "{s}");
-        assert!(s.ends_with("invalid bpf_context access off=8 size=8"), "{s}");
-        assert!(!s.contains("processed"), "{s}");
-        assert_eq!(verifier_summary(&io, ""), io.to_string());
-    }
 }

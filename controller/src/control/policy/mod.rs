@@ -11,6 +11,7 @@ use super::knobs::Compression;
 
 mod check;
 mod file;
+mod sections;
 #[cfg(test)]
 mod tests;
 

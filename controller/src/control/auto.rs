@@ -1,0 +1,206 @@
+//! The knob values a state asks for: fixed ones from the policy, auto ones (chunk from the
+//! bandwidth-delay product, socket buffers, NCCL_IB_TIMEOUT and the watchdog from RTT p99)
+//! within bounds and step limits, paced to one measurement-driven change per minimum dwell.
+
+use std::time::Duration;
+
+use super::{
+    estimator::Signals,
+    knobs::{bytes, Knobs},
+    policy::{Policy, Setting},
+};
+
+/// Auto knobs whose changes are paced by the minimum dwell (timeouts may rise at once).
+#[derive(Clone, Copy)]
+enum Paced {
+    Chunk = 0,
+    Buffers = 1,
+    IbTimeout = 2,
+    Watchdog = 3,
+}
+
+fn pow2_round(x: f64) -> u64 {
+    if x <= 1.0 {
+        return 1;
+    }
+    let lo = 2f64.powi(x.log2().floor() as i32);
+    let v = if x / lo >= std::f64::consts::SQRT_2 { lo * 2.0 } else { lo };
+    v as u64
+}
+
+/// `target` moved at most a factor `step` away from `prev`, then clamped to `[min, max]`.
+fn limited(prev: u64, target: u64, step: f64, min: u64, max: u64) -> u64 {
+    let lo = (prev as f64 / step).ceil() as u64;
+    let hi = (prev as f64 * step).floor() as u64;
+    target.clamp(lo.min(hi), hi.max(lo)).clamp(min, max)
+}
+
+/// What the state and the signals ask for, within bounds (step limits apply against `prev`).
+pub(super) fn knobs_for(
+    p: &Policy,
+    // This link's nominal capacity.
+    capacity: f64,
+    state: usize,
+    s: &Signals,
+    prev: Option<&Knobs>,
+    // Explanations are formatted only when a decision is made: the same inputs, run again.
+    mut why: Option<&mut Vec<String>>,
+) -> Knobs {
+    let b = &p.bounds;
+    let k = &p.states[state].knobs;
+    let chunk = match k.chunk {
+        Setting::Fixed(c) => c,
+        Setting::Auto => match s.baseline_ms {
+            None => prev.map_or(b.chunk_initial, |k| k.chunk_bytes),
+            Some(base) => {
+                let rate =
+                    if s.delivery_bps > 0.0 { s.delivery_bps.min(capacity) } else { capacity };
+                let bdp = rate / 8.0 * base / 1e3;
+                let target = pow2_round(bdp / f64::from(b.chunk_in_flight));
+                let prev = prev.map_or(b.chunk_initial, |k| k.chunk_bytes);
+                let v = limited(prev, target, b.chunk_max_step, b.chunk_min, b.chunk_max);
+                if let Some(w) = why.as_mut() {
+                    w.push(format!(
+                        "chunk: BDP {} ({:.2} Gbit/s x {base:.1} ms) / {} in flight",
+                        bytes(bdp as u64),
+                        rate / 1e9,
+                        b.chunk_in_flight
+                    ));
+                }
+                v
+            }
+        },
+    };
+    let tcp_buffer_bytes = match k.tcp_buffers {
+        Setting::Fixed(v) => v,
+        Setting::Auto => match s.rtt_p99_ms {
+            None => prev.map_or(b.buffers_min, |k| k.tcp_buffer_bytes),
+            Some(p99) => {
+                let want = b.buffers_bdp_factor * capacity / 8.0 * p99 / 1e3;
+                let prev = prev.map_or(b.buffers_min, |k| k.tcp_buffer_bytes);
+                let v = limited(
+                    prev,
+                    pow2_round(want),
+                    b.buffers_max_step,
+                    b.buffers_min,
+                    b.buffers_max,
+                );
+                if let Some(w) = why.as_mut() {
+                    w.push(format!(
+                        "tcp_buffers: {} x capacity x RTT p99 {p99:.1} ms = {}",
+                        b.buffers_bdp_factor,
+                        bytes(want as u64)
+                    ));
+                }
+                v
+            }
+        },
+    };
+    // Timeouts follow the RTT p99; with none measured (an idle link), the peak window's, and
+    // once that too has aged out, the bounds' minimum: raised timeouts do not outlive the
+    // measurements that raised them. Falls are paced by the dwell, rises are at once.
+    let nccl_ib_timeout = match k.nccl_ib_timeout {
+        Setting::Fixed(t) => t,
+        Setting::Auto => match s.rtt_p99_ms.or(s.peak_p99_ms) {
+            None => b.ib_timeout_min,
+            Some(p99) => {
+                let need = b.ib_timeout_k * p99 / 1e3 / 4.096e-6;
+                let t = need.max(1.0).log2().ceil().clamp(0.0, 31.0) as u8;
+                let t = t.clamp(b.ib_timeout_min, b.ib_timeout_max);
+                if let Some(w) = why.as_mut() {
+                    let of = if s.rtt_p99_ms.is_some() { "RTT p99" } else { "peak RTT p99" };
+                    w.push(format!(
+                        "nccl_ib_timeout: 4.096us x 2^{t} >= {} x {of} {p99:.1} ms",
+                        b.ib_timeout_k
+                    ));
+                }
+                t
+            }
+        },
+    };
+    let watchdog_s = match k.watchdog_s {
+        Setting::Fixed(w) => w,
+        Setting::Auto => {
+            let want = match s.peak_p99_ms {
+                None => b.watchdog_min_s,
+                Some(peak) => {
+                    if let Some(w) = why.as_mut() {
+                        w.push(format!(
+                            "watchdog: {} x peak RTT p99 {peak:.1} ms",
+                            b.watchdog_rtt_multiple
+                        ));
+                    }
+                    let want = (b.watchdog_rtt_multiple * peak / 1e3 / 30.0).ceil() * 30.0;
+                    (want as u32).clamp(b.watchdog_min_s, b.watchdog_max_s)
+                }
+            };
+            let prev = prev.map_or(b.watchdog_min_s, |k| k.watchdog_s);
+            // Rises at once; falls by at most max_step per change.
+            let floor = (f64::from(prev) / b.watchdog_max_step).ceil() as u32;
+            want.max(floor.min(prev)).clamp(b.watchdog_min_s, b.watchdog_max_s)
+        }
+    };
+    Knobs {
+        compression: k.compression,
+        chunk_bytes: chunk,
+        nccl_ib_timeout,
+        nccl_ib_retry_cnt: k.nccl_ib_retry_cnt,
+        watchdog_s,
+        dscp: k.dscp,
+        roce_traffic_class: k.roce_traffic_class,
+        tcp_buffer_bytes,
+    }
+}
+
+/// Holds back measurement-driven knob changes to one per minimum dwell (a state change applies
+/// everything at once); timeouts may always rise, since a late rise can kill a job.
+pub(super) fn pace(
+    prev: Knobs,
+    mut target: Knobs,
+    state_changed: bool,
+    now: Duration,
+    dwell: Duration,
+    changed: &mut [Option<Duration>; 4],
+) -> Knobs {
+    let mut gate = |knob: Paced, moved: bool, urgent: bool| -> bool {
+        if !moved {
+            return true;
+        }
+        let ok = state_changed
+            || urgent
+            || changed[knob as usize].is_none_or(|t| now.saturating_sub(t) >= dwell);
+        if ok {
+            changed[knob as usize] = Some(now);
+        }
+        ok
+    };
+    if !gate(Paced::Chunk, target.chunk_bytes != prev.chunk_bytes, false) {
+        target.chunk_bytes = prev.chunk_bytes;
+    }
+    if !gate(Paced::Buffers, target.tcp_buffer_bytes != prev.tcp_buffer_bytes, false) {
+        target.tcp_buffer_bytes = prev.tcp_buffer_bytes;
+    }
+    let rise = target.nccl_ib_timeout > prev.nccl_ib_timeout;
+    if !gate(Paced::IbTimeout, target.nccl_ib_timeout != prev.nccl_ib_timeout, rise) {
+        target.nccl_ib_timeout = prev.nccl_ib_timeout;
+    }
+    let rise = target.watchdog_s > prev.watchdog_s;
+    if !gate(Paced::Watchdog, target.watchdog_s != prev.watchdog_s, rise) {
+        target.watchdog_s = prev.watchdog_s;
+    }
+    target
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helpers() {
+        assert_eq!(pow2_round(6.0 * 1024.0 * 1024.0), 8 << 20);
+        assert_eq!(pow2_round(5.0 * 1024.0 * 1024.0), 4 << 20);
+        assert_eq!(limited(8, 100, 2.0, 1, 1000), 16);
+        assert_eq!(limited(8, 1, 2.0, 1, 1000), 4);
+        assert_eq!(limited(8, 100, 2.0, 1, 10), 10);
+    }
+}

@@ -1,0 +1,169 @@
+//! The policy's `[host]`, `[env]` and `[nccl]` sections, checked: host sysctls within their
+//! ranges, NCCL variables the env file may carry, and the tuner plugin's rules per state.
+
+use std::collections::BTreeMap;
+
+use linkpilot_common::board::nccl;
+use toml::Spanned;
+
+use super::{
+    file::{RawHost, RawNccl},
+    Errors, Host, Nccl, NcclRule, State,
+};
+use crate::actuate::envfile;
+
+pub(super) fn check_host(h: &RawHost, e: &mut Errors) -> Host {
+    let tcp_ecn = h.tcp_ecn.as_ref().and_then(|v| {
+        let n = *v.get_ref();
+        if !(0..=2).contains(&n) {
+            e.at(
+                v.span(),
+                format!(
+                    "host tcp_ecn {n} must be 0 (off), 1 (ask for and accept ECN) or 2 (accept \
+                     when asked, the kernel's default)"
+                ),
+            );
+        }
+        u8::try_from(n).ok()
+    });
+    let netdev_max_backlog = h.netdev_max_backlog.as_ref().and_then(|v| {
+        let n = *v.get_ref();
+        // The sysctl is a C int.
+        if !(1..=i64::from(i32::MAX)).contains(&n) {
+            e.at(
+                v.span(),
+                format!("host netdev_max_backlog {n} must be 1 to {} (a C int)", i32::MAX),
+            );
+        }
+        u32::try_from(n).ok()
+    });
+    Host { tcp_ecn, netdev_max_backlog }
+}
+
+/// Characters an `[env]` value may use: the env file is `KEY=value` lines that shells source
+/// unquoted (`set -a; . FILE`) and parsers read as they are.
+fn env_value_ok(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"_-.,:/=+@%^".contains(&b)
+}
+
+pub(super) fn check_env(
+    raw: &BTreeMap<Spanned<String>, Spanned<String>>,
+    e: &mut Errors,
+) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    for (key, value) in raw {
+        let (k, v) = (key.get_ref(), value.get_ref());
+        if !envfile::is_env_name(k) {
+            e.at(
+                key.span(),
+                format!(
+                    "env {k:?} is not an environment variable name (a letter or '_', then \
+                     letters, digits and '_')"
+                ),
+            );
+        } else if envfile::is_computed(k) {
+            e.at(
+                key.span(),
+                format!(
+                    "env {k}: linkpilot computes it (NCCL_IB_TIMEOUT, NCCL_IB_RETRY_CNT, NCCL_IB_TC, \
+                     NCCL_BUFFSIZE, NCCL_TUNER_PLUGIN, TORCH_NCCL_ASYNC_ERROR_HANDLING, \
+                     LINKPILOT_*): set it through the knobs, not [env]"
+                ),
+            );
+        }
+        if v.bytes().any(|b| matches!(b, b'\n' | b'\r' | 0)) {
+            e.at(value.span(), format!("env {k}: value {v:?} must be one line without NUL"));
+        } else if !v.bytes().all(env_value_ok) {
+            e.at(
+                value.span(),
+                format!(
+                    "env {k}: value {v:?} may only use letters, digits and _ - . , : / = + @ % ^ \
+                     (the env file is sourced by shells, unquoted)"
+                ),
+            );
+        }
+        env.insert(k.clone(), v.clone());
+    }
+    env
+}
+
+/// NCCL's channel limit (MAXCHANNELS).
+const NCCL_MAX_CHANNELS: u8 = 64;
+
+/// One rule's names as codes, or an error at `span`.
+fn nccl_rule(
+    what: &str,
+    algo: Option<&str>,
+    proto: Option<&str>,
+    max_channels: Option<u8>,
+    span: std::ops::Range<usize>,
+    e: &mut Errors,
+) -> NcclRule {
+    let mut code = |kind: &str, name: Option<&str>, names: &[&str]| -> Option<u8> {
+        let name = name.filter(|n| *n != "auto")?;
+        let found = names.iter().position(|n| *n == name);
+        if found.is_none() {
+            e.at(
+                span.clone(),
+                format!("{what}: {kind} {name:?} is not one of auto, {}", names.join(", ")),
+            );
+        }
+        found.map(|i| i as u8)
+    };
+    let algo = code("algo", algo, &nccl::ALGOS);
+    let proto = code("proto", proto, &nccl::PROTOS);
+    let max_channels = max_channels.unwrap_or(0);
+    if max_channels > NCCL_MAX_CHANNELS {
+        e.at(
+            span,
+            format!(
+                "{what}: max_channels {max_channels} must be 0 (NCCL's count) to {NCCL_MAX_CHANNELS}"
+            ),
+        );
+    }
+    NcclRule { algo, proto, max_channels }
+}
+
+pub(super) fn check_nccl(raw: &Spanned<RawNccl>, states: &[State], e: &mut Errors) -> Nccl {
+    let n = raw.get_ref();
+    let min_bytes = n.min_bytes.0;
+    if min_bytes != 0 && !min_bytes.is_power_of_two() {
+        e.at(
+            raw.span(),
+            format!(
+                "nccl min_bytes {} must be 0 or a power of two (the plugin counts collectives in power-of-two size classes)",
+                n.min_bytes
+            ),
+        );
+    }
+    let written = n.algo.is_some() || n.proto.is_some() || n.max_channels.is_some();
+    let common =
+        nccl_rule("nccl", n.algo.as_deref(), n.proto.as_deref(), n.max_channels, raw.span(), e);
+    for (name, rule) in &n.state {
+        if !states.iter().any(|s| &s.name == name) {
+            let known: Vec<&str> = states.iter().map(|s| s.name.as_str()).collect();
+            e.at(
+                rule.span(),
+                format!("nccl.state.{name}: no such state (the ladder: {})", known.join(", ")),
+            );
+        }
+    }
+    let rules = states
+        .iter()
+        .enumerate()
+        .map(|(i, s)| match n.state.get(&s.name) {
+            Some(r) => {
+                let r = r.get_ref();
+                let what = format!("nccl.state.{}", s.name);
+                let span = n.state[&s.name].span();
+                nccl_rule(&what, r.algo.as_deref(), r.proto.as_deref(), r.max_channels, span, e)
+            }
+            None if written => common,
+            // Built in: NCCL's own choice while healthy; the Simple protocol (full bandwidth, no
+            // LL flags on the wire) once the link is worse.
+            None if i == 0 => NcclRule::default(),
+            None => NcclRule { proto: Some(nccl::PROTO_SIMPLE), ..NcclRule::default() },
+        })
+        .collect();
+    Nccl { min_bytes, rules }
+}
