@@ -2,11 +2,10 @@
 
 use std::{process::ExitCode, time::Duration};
 
-use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use ipnet::IpNet;
 use linkpilot::sense::{
-    watch::{parse_dscp, DscpArg},
+    watch::{parse_dscp, parse_peer, DscpArg},
     watch_run,
 };
 use tracing::error;
@@ -206,8 +205,10 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Rdma { root, json } => rdma(&root, json),
-        Command::Env { file, policy, nccl_tuner } => env(&file, policy.as_deref(), &nccl_tuner),
+        Command::Rdma { root, json } => linkpilot::rdma::print(&root, json),
+        Command::Env { file, policy, nccl_tuner } => {
+            linkpilot::actuate::envfile::print(&file, policy.as_deref(), &nccl_tuner)
+        }
         Command::Run(options) => runtime.block_on(linkpilot::daemon::run(*options)),
         Command::Status { socket, json } => {
             linkpilot::daemon::status::query(&socket).and_then(|s| {
@@ -228,10 +229,11 @@ fn main() -> ExitCode {
             )
         }
         Command::Policy { action: PolicyAction::Check { files } } => {
-            return policy_check(&files);
+            let all_ok = linkpilot::control::policy::check_files(&files);
+            return if all_ok { ExitCode::SUCCESS } else { ExitCode::from(1) };
         }
         Command::Replay { trace, policy, plot, json } => {
-            replay(&trace, &policy, plot.as_deref(), json)
+            linkpilot::control::replay::run_file(&trace, &policy, plot.as_deref(), json)
         }
         Command::BenchPrograms { repeat, rounds } => {
             linkpilot::bench::programs::run(repeat, rounds.max(1))
@@ -259,167 +261,5 @@ fn main() -> ExitCode {
             error!("{e:#}");
             ExitCode::FAILURE
         }
-    }
-}
-
-fn parse_peer(s: &str) -> Result<(String, IpNet), String> {
-    let (name, cidr) = s.split_once('=').ok_or_else(|| format!("{s:?} is not NAME=CIDR"))?;
-    if name.is_empty() || name == "other" {
-        return Err(format!("peer name {name:?} is empty or reserved"));
-    }
-    if name.contains('/') {
-        return Err(format!("peer name {name:?} contains '/', which --dscp reads as IF/PEER"));
-    }
-    // A bare address is a host prefix.
-    let net: IpNet = cidr
-        .parse()
-        .or_else(|_| cidr.parse::<std::net::IpAddr>().map(IpNet::from))
-        .map_err(|_| format!("{cidr:?} is neither a CIDR prefix nor an address"))?;
-    Ok((name.to_owned(), net.trunc()))
-}
-
-fn env(
-    file: &std::path::Path,
-    policy: Option<&std::path::Path>,
-    nccl_tuner: &std::path::Path,
-) -> anyhow::Result<()> {
-    let Some(policy) = policy else {
-        let text = std::fs::read_to_string(file).with_context(|| {
-            format!("no env file at {} (is `linkpilot run` running?)", file.display())
-        })?;
-        print!("{text}");
-        return Ok(());
-    };
-    let policy = linkpilot::control::Policy::load(policy)?;
-    let chunk_max = policy.bounds.chunk_max;
-    let extra = policy.env.clone();
-    let mut core = linkpilot::control::Core::new(policy);
-    let start = core.step(&linkpilot::sense::sensors::Snapshot::default());
-    let d = start.first().context("the policy has no link")?;
-    let tuner = linkpilot::actuate::envfile::installed_tuner(nccl_tuner)
-        .map(|plugin| linkpilot::actuate::envfile::Tuner { plugin, chunk_max });
-    print!(
-        "{}",
-        linkpilot::actuate::envfile::render(
-            &d.link,
-            &d.state,
-            &d.knobs,
-            d.id,
-            tuner.as_ref(),
-            &extra
-        )
-    );
-    Ok(())
-}
-
-/// Prints OK or the errors of each file; exit code 1 if any has errors.
-fn policy_check(files: &[std::path::PathBuf]) -> ExitCode {
-    let mut ok = true;
-    for f in files {
-        match linkpilot::control::Policy::load(f) {
-            Ok(_) => println!("{}: OK", f.display()),
-            Err(e) => {
-                ok = false;
-                println!("{e}");
-            }
-        }
-    }
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    }
-}
-
-fn replay(
-    trace: &std::path::Path,
-    policy: &std::path::Path,
-    plot: Option<&std::path::Path>,
-    json: bool,
-) -> anyhow::Result<()> {
-    use linkpilot::control::{replay, Policy};
-    let mut policy = Policy::load(policy)?;
-    let file = std::fs::File::open(trace)
-        .with_context(|| format!("opening the trace {}", trace.display()))?;
-    let snaps = replay::read_trace(std::io::BufReader::new(file), &trace.display().to_string())?;
-    // `@default-route` meant the recording host's WAN interface: the trace's only one.
-    let default = linkpilot::kernel::iface::DEFAULT_ROUTE;
-    if policy.names_interface(default) {
-        let mut links: Vec<&str> =
-            snaps.iter().flat_map(|s| s.peers.iter().map(|p| p.link.as_str())).collect();
-        links.sort_unstable();
-        links.dedup();
-        match links.as_slice() {
-            [one] => policy.rename_interface(default, one),
-            _ => anyhow::bail!(
-                "the policy watches {default:?} and the trace has interfaces {links:?}: name \
-                 the interface in the policy"
-            ),
-        }
-    }
-    let r = replay::run(&policy, &snaps);
-    for d in &r.decisions {
-        if json {
-            println!("{}", serde_json::to_string(d)?);
-        } else {
-            println!("{}", replay::timeline_line(d));
-        }
-    }
-    if let Some(path) = plot {
-        linkpilot::control::plot::plot(&r, &policy, path)?;
-        eprintln!("wrote {}", path.display());
-    }
-    Ok(())
-}
-
-fn rdma(root: &std::path::Path, json: bool) -> anyhow::Result<()> {
-    let verbs = linkpilot::rdma::verbs::discover()?;
-    let ports = linkpilot::rdma::discover(root)?;
-    if json {
-        let out = serde_json::json!({ "verbs": verbs, "ports": ports });
-        println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
-    }
-    match (&verbs.unavailable, verbs.devices.is_empty()) {
-        (Some(why), _) => println!("verbs: no RDMA devices ({why})"),
-        (None, true) => println!("verbs: no RDMA devices"),
-        (None, false) => {
-            for d in &verbs.devices {
-                match &d.port1 {
-                    Ok(p) => println!(
-                        "verbs: {} guid {} port 1 usable, {} GIDs, netdevs {:?}",
-                        d.name, d.guid, p.gids, p.netdevs
-                    ),
-                    Err(e) => println!("verbs: {} guid {} port 1 not usable: {e}", d.name, d.guid),
-                }
-            }
-        }
-    }
-    if ports.is_empty() {
-        println!("sysfs: no RDMA devices (nothing under {})", root.display());
-    }
-    for p in &ports {
-        println!(
-            "sysfs: {} port {}: {} {} {} netdevs {:?}",
-            p.device, p.port, p.state, p.link_layer, p.rate, p.netdevs
-        );
-        for (k, v) in &p.signals {
-            println!("  {k:<28} {v}");
-        }
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn peers() {
-        assert!(parse_peer("us=198.18.2.0/24").is_ok());
-        assert_eq!(parse_peer("h=198.18.2.1").unwrap().1.prefix_len(), 32);
-        assert!(parse_peer("other=10.0.0.0/8").is_err());
-        assert!(parse_peer("a/b=10.0.0.0/8").is_err(), "'/' separates --dscp's interface");
-        assert!(parse_peer("x=nonsense").is_err());
     }
 }

@@ -134,6 +134,36 @@ pub fn parse(contents: &str) -> Result<BTreeMap<String, String>, String> {
     Ok(out)
 }
 
+/// `linkpilot env`: the running daemon's env file, or with a policy the file its first
+/// decision would write.
+pub fn print(
+    file: &std::path::Path,
+    policy: Option<&std::path::Path>,
+    nccl_tuner: &std::path::Path,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let Some(policy) = policy else {
+        let text = std::fs::read_to_string(file).with_context(|| {
+            format!("no env file at {} (is `linkpilot run` running?)", file.display())
+        })?;
+        print!("{text}");
+        return Ok(());
+    };
+    let policy = crate::control::Policy::load(policy)?;
+    let chunk_max = policy.bounds.chunk_max;
+    let extra = policy.env.clone();
+    let mut core = crate::control::Core::new(policy);
+    let start = core.step(&crate::sense::sensors::Snapshot::default());
+    let d = start.first().context("the policy has no link")?;
+    let tuner = crate::actuate::envfile::installed_tuner(nccl_tuner)
+        .map(|plugin| crate::actuate::envfile::Tuner { plugin, chunk_max });
+    print!(
+        "{}",
+        crate::actuate::envfile::render(&d.link, &d.state, &d.knobs, d.id, tuner.as_ref(), &extra)
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

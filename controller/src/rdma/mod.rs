@@ -192,6 +192,45 @@ pub fn ports_of<'a>(ports: &'a [RdmaPort], iface: &'a str) -> impl Iterator<Item
     ports.iter().filter(move |p| p.netdevs.iter().any(|n| n == iface))
 }
 
+/// `linkpilot rdma`: what libibverbs and sysfs show.
+pub fn print(root: &std::path::Path, json: bool) -> anyhow::Result<()> {
+    let verbs = crate::rdma::verbs::discover()?;
+    let ports = crate::rdma::discover(root)?;
+    if json {
+        let out = serde_json::json!({ "verbs": verbs, "ports": ports });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    match (&verbs.unavailable, verbs.devices.is_empty()) {
+        (Some(why), _) => println!("verbs: no RDMA devices ({why})"),
+        (None, true) => println!("verbs: no RDMA devices"),
+        (None, false) => {
+            for d in &verbs.devices {
+                match &d.port1 {
+                    Ok(p) => println!(
+                        "verbs: {} guid {} port 1 usable, {} GIDs, netdevs {:?}",
+                        d.name, d.guid, p.gids, p.netdevs
+                    ),
+                    Err(e) => println!("verbs: {} guid {} port 1 not usable: {e}", d.name, d.guid),
+                }
+            }
+        }
+    }
+    if ports.is_empty() {
+        println!("sysfs: no RDMA devices (nothing under {})", root.display());
+    }
+    for p in &ports {
+        println!(
+            "sysfs: {} port {}: {} {} {} netdevs {:?}",
+            p.device, p.port, p.state, p.link_layer, p.rate, p.netdevs
+        );
+        for (k, v) in &p.signals {
+            println!("  {k:<28} {v}");
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,22 @@ use super::knobs::Compression;
 mod check;
 mod file;
 mod sections;
+
+/// `linkpilot policy check`: prints OK or the errors of each file; whether all were OK.
+pub fn check_files(files: &[std::path::PathBuf]) -> bool {
+    let mut ok = true;
+    for f in files {
+        match crate::control::Policy::load(f) {
+            Ok(_) => println!("{}: OK", f.display()),
+            Err(e) => {
+                ok = false;
+                println!("{e}");
+            }
+        }
+    }
+    ok
+}
+
 #[cfg(test)]
 mod tests;
 

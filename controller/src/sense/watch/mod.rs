@@ -424,5 +424,22 @@ pub fn human_bits(bits_per_s: f64) -> String {
         .unwrap_or_else(|| format!("{bits_per_s:.0}"))
 }
 
+/// `--peer NAME=CIDR` (a bare address is a host prefix).
+pub fn parse_peer(s: &str) -> Result<(String, ipnet::IpNet), String> {
+    let (name, cidr) = s.split_once('=').ok_or_else(|| format!("{s:?} is not NAME=CIDR"))?;
+    if name.is_empty() || name == "other" {
+        return Err(format!("peer name {name:?} is empty or reserved"));
+    }
+    if name.contains('/') {
+        return Err(format!("peer name {name:?} contains '/', which --dscp reads as IF/PEER"));
+    }
+    // A bare address is a host prefix.
+    let net: ipnet::IpNet = cidr
+        .parse()
+        .or_else(|_| cidr.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{cidr:?} is neither a CIDR prefix nor an address"))?;
+    Ok((name.to_owned(), net.trunc()))
+}
+
 #[cfg(test)]
 mod tests;

@@ -75,3 +75,12 @@ fn human_units() {
     assert_eq!(human_bits(1_500.0), "1.50k");
     assert_eq!(human_bits(40e9), "40.00G");
 }
+
+#[test]
+fn peers() {
+    assert!(parse_peer("us=198.18.2.0/24").is_ok());
+    assert_eq!(parse_peer("h=198.18.2.1").unwrap().1.prefix_len(), 32);
+    assert!(parse_peer("other=10.0.0.0/8").is_err());
+    assert!(parse_peer("a/b=10.0.0.0/8").is_err(), "'/' separates --dscp's interface");
+    assert!(parse_peer("x=nonsense").is_err());
+}
