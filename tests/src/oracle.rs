@@ -26,45 +26,22 @@ pub fn nstat_in(netns: &str, counters: &[&str]) -> Vec<u64> {
         .collect()
 }
 
-/// Names of all BPF programs loaded in the kernel (`bpftool prog show`).
-pub fn loaded_program_names() -> Vec<String> {
-    let out = sh(&["bpftool", "prog", "show", "--json"]);
-    let progs: Value = serde_json::from_str(&out).expect("bpftool prints JSON");
-    progs
-        .as_array()
-        .expect("bpftool prog show --json is an array")
-        .iter()
-        .filter_map(|p| p["name"].as_str().map(str::to_owned))
-        .collect()
-}
-
 /// BPF links in the kernel as (link type, program name), from `bpftool link show` and
 /// `bpftool prog show`. bpftool 7.1 (Debian 12) prints TCX links as type 11 without the device,
 /// so the type is returned as bpftool prints it: "11" for TCX, "perf_event" for tracepoints.
 pub fn links() -> Vec<(String, String)> {
+    links_of(&programs())
+}
+
+/// Every loaded BPF program as (id, name; "?" when it has none), from `bpftool prog show`.
+fn programs() -> Vec<(u64, String)> {
     let progs: Value =
         serde_json::from_str(&sh(&["bpftool", "prog", "show", "--json"])).expect("JSON");
-    let name_of = |id: &Value| {
-        progs
-            .as_array()
-            .and_then(|a| a.iter().find(|p| p["id"] == *id))
-            .and_then(|p| p["name"].as_str())
-            .unwrap_or("?")
-            .to_owned()
-    };
-    let links: Value =
-        serde_json::from_str(&sh(&["bpftool", "link", "show", "--json"])).expect("JSON");
-    links
+    progs
         .as_array()
-        .expect("bpftool link show --json is an array")
+        .expect("bpftool prog show --json is an array")
         .iter()
-        .map(|l| {
-            let ty = match &l["type"] {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            (ty, name_of(&l["prog_id"]))
-        })
+        .filter_map(|p| Some((p["id"].as_u64()?, p["name"].as_str().unwrap_or("?").to_owned())))
         .collect()
 }
 
@@ -110,13 +87,8 @@ pub fn attached_programs() -> Vec<(&'static str, &'static str)> {
 /// reused soon, so comparing two readings tells what one run loaded even while other daemons of
 /// ours run on the machine.
 pub fn ours_loaded() -> Vec<(u64, String)> {
-    let progs: Value =
-        serde_json::from_str(&sh(&["bpftool", "prog", "show", "--json"])).expect("JSON");
-    progs
-        .as_array()
-        .expect("bpftool prog show --json is an array")
-        .iter()
-        .filter_map(|p| Some((p["id"].as_u64()?, p["name"].as_str()?.to_owned())))
+    programs()
+        .into_iter()
         .filter(|(_, n)| linkpilot_common::PROGRAM_NAMES.contains(&n.as_str()))
         .collect()
 }

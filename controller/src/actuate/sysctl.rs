@@ -122,6 +122,20 @@ fn with_max(path: &Path, value: &str, bytes: u64) -> Result<String, SysctlError>
 }
 
 impl Sysctls {
+    /// `key`'s value, or `None` when it is not in this network namespace's /proc/sys: then it
+    /// is listed as not ours to manage.
+    fn read_managed(&mut self, key: &str, path: &Path) -> Result<Option<String>, SysctlError> {
+        match read(path) {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if absent(&e) => {
+                warn!(sysctl = key, "absent here; not managed");
+                self.unmanaged.push(key.to_owned());
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Opens the sysctls under `root` with originals kept in `state`. If a state file is left
     /// from a run that died, its originals are restored first; a file naming a sysctl we do not
     /// manage is refused, with nothing changed.
@@ -173,16 +187,7 @@ impl Sysctls {
                 continue;
             }
             let path = self.path(key);
-            let now = match read(&path) {
-                Ok(v) => v,
-                // Not in this network namespace's /proc/sys: not ours to manage.
-                Err(e) if absent(&e) => {
-                    warn!(sysctl = key, "absent here; not managed");
-                    self.unmanaged.push(key.to_owned());
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
+            let Some(now) = self.read_managed(key, &path)? else { continue };
             let original = self.state.original(key).unwrap_or(&now);
             let floor = max_of(original).unwrap_or(0);
             let want = with_max(&path, &now, bytes.max(floor))?;
@@ -254,15 +259,7 @@ impl Sysctls {
                 None => continue,
             };
             let path = self.path(key);
-            let now = match read(&path) {
-                Ok(v) => v,
-                Err(e) if absent(&e) => {
-                    warn!(sysctl = key, "absent here; not managed");
-                    self.unmanaged.push(key.to_owned());
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
+            let Some(now) = self.read_managed(key, &path)? else { continue };
             if now.parse::<i64>().is_err() {
                 return Err(SysctlError::Format { path: path.display().to_string(), value: now });
             }
