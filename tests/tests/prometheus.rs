@@ -192,6 +192,12 @@ fn prometheus_scrapes_the_daemon_and_every_dashboard_query_returns_data() {
         !promql("count_over_time(linkpilot_ticks_total[1m]) >= 10").is_empty()
     });
 
+    // Under steady traffic the peer's RTT is in every scrape, also those that fall between two
+    // readings of the flow table (which is read less often than ticks come).
+    let scrapes = "count_over_time(linkpilot_ticks_total[10s])";
+    let srtt = "count_over_time(linkpilot_peer_rtt_seconds{peer=\"us\",stat=\"srtt\"}[10s])";
+    assert_eq!(prom.value(srtt), prom.value(scrapes), "srtt missing from some scrapes");
+
     // The exposition itself, judged by promtool.
     let exposition = scrape(&hk.netns);
     promtool_check_metrics(&exposition).unwrap_or_else(|e| panic!("promtool check metrics: {e}"));

@@ -138,7 +138,11 @@ impl Metrics {
         .map(|(n, h)| (n, family(r, n, h)))
         .to_vec();
         let decisions = family(r, "decisions", "Decisions made, by the state they chose");
-        let peer_rtt = family(r, "peer_rtt_seconds", "Peer RTT: srtt (tick), min, p50, p99");
+        let peer_rtt = family(
+            r,
+            "peer_rtt_seconds",
+            "Peer RTT: srtt (mean of the last flow-table reading), min, p50, p99",
+        );
         let peer_bits =
             family(r, "peer_bytes_per_second", "Bytes per second on the wire, by direction");
         let peer_f64 = [
@@ -362,8 +366,10 @@ impl Metrics {
         self.decisions.get_or_create(&labels(&[("link", link), ("state", state)])).inc();
     }
 
-    /// Per (interface, peer) and per NIC figures of a snapshot.
-    pub fn snapshot(&self, snap: &Snapshot) {
+    /// Per (interface, peer) and per NIC figures of a snapshot. `flows_read`: the flow table
+    /// was read this tick; when it was not (a large table is read less often than ticks come),
+    /// srtt keeps the value of the last reading rather than vanishing between two scrapes.
+    pub fn snapshot(&self, snap: &Snapshot, flows_read: bool) {
         if let Ok(mut shown) = self.shown.lock() {
             for p in &snap.peers {
                 match shown.peers.get_mut(p.link.as_str()) {
@@ -376,6 +382,9 @@ impl Metrics {
             let l = labels(&[("interface", &p.link), ("peer", &p.peer)]);
             let rtt = [p.rtt.srtt_ms, p.rtt.min_ms, p.rtt.p50_ms, p.rtt.p99_ms];
             for (stat, v) in PEER_RTT_STATS.into_iter().zip(rtt) {
+                if stat == "srtt" && !flows_read {
+                    continue;
+                }
                 let mut ls = l.clone();
                 ls.push(("stat".into(), stat.into()));
                 match v {
