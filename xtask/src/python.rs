@@ -9,8 +9,9 @@ use crate::run::{status, succeeds, workspace_root};
 /// The tested torch; the package itself accepts any torch >= 2.4.
 const TORCH: &str = "torch==2.15.0";
 /// numpy only quiets torch's warning at import; pytest and mypy run the checks;
-/// kubernetes-validate checks deploy/k8s against the Kubernetes schemas offline.
-const TOOLS: &[&str] = &["numpy", "pytest>=8", "mypy>=1.10", "kubernetes-validate>=1.31"];
+/// kubernetes-validate checks deploy/k8s against the Kubernetes schemas offline (1.37.0
+/// carries the schemas of Kubernetes 1.37, which controller/tests/deploy.rs names).
+const TOOLS: &[&str] = &["numpy", "pytest>=8", "mypy>=1.10", "kubernetes-validate==1.37.0"];
 
 pub fn venv() -> PathBuf {
     workspace_root().join(".venv")
