@@ -68,9 +68,11 @@ impl Daemon {
         Self::start_with(netns, dir, policy, &[])
     }
 
+    /// `extra` may name other files for the flags below (`--policy` too: then `policy` is not
+    /// written).
     pub fn start_with(netns: &str, dir: &Path, policy: &str, extra: &[&str]) -> Self {
         std::fs::create_dir_all(dir).expect("dir");
-        if !dir.join("policy.toml").exists() {
+        if !extra.contains(&"--policy") && !dir.join("policy.toml").exists() {
             std::fs::write(dir.join("policy.toml"), policy).expect("policy");
         }
         let mut cmd = Command::new("nsenter");

@@ -4,9 +4,13 @@
 //! Addresses come from the benchmarking range 198.18.0.0/15 (RFC 2544); traffic never leaves the
 //! namespaces a test made.
 
+pub mod configmap;
 pub mod daemon;
+pub mod grafana;
 pub mod netns;
 pub mod oracle;
+pub mod prometheus;
+pub mod tuner;
 pub mod watcher;
 
 use std::{

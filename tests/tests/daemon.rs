@@ -279,26 +279,8 @@ fn reload_metrics_and_status() {
     assert_eq!(sample(&m, "linkpilot_knob_compression{link=\"wan\",mode=\"none\"}"), Some(1.0));
     assert!(sample(&m, "linkpilot_ticks_total").is_some_and(|t| t >= 1.0), "{m}");
     assert!(sample(&m, "linkpilot_process_resident_bytes").is_some_and(|r| r > 1e6), "{m}");
-    assert!(m.contains("linkpilot_peer_bits_per_second{interface=\"eth0\",peer=\"us\""), "{m}");
-    // Every metric the shipped dashboard queries exists.
-    let dashboard = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/linkpilot.json"),
-    )
-    .expect("dashboard");
-    let mut missing = Vec::new();
-    for name in dashboard.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
-        if !name.starts_with("linkpilot_") {
-            continue;
-        }
-        let base = ["_total", "_bucket", "_sum", "_count"]
-            .iter()
-            .find_map(|s| name.strip_suffix(s))
-            .unwrap_or(name);
-        if !m.contains(&format!("# TYPE {base} ")) {
-            missing.push(name.to_owned());
-        }
-    }
-    assert!(missing.is_empty(), "the dashboard queries metrics the daemon lacks: {missing:?}");
+    assert!(m.contains("linkpilot_peer_bytes_per_second{interface=\"eth0\",peer=\"us\""), "{m}");
+    // The dashboard's queries are run against a real Prometheus in prometheus.rs.
 
     // The status API: root only, JSON and a table.
     let st = status_json(&dir);

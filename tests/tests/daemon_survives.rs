@@ -188,7 +188,7 @@ fn a_reload_that_renames_a_link_state_and_peer_leaves_no_old_series() {
         .filter(|l| l.starts_with("linkpilot_link_state{") && l.ends_with(" 1"))
         .collect();
     assert_eq!(on.len(), 1, "one state reads 1: {on:?}");
-    assert!(m.contains("linkpilot_peer_bits_per_second{interface=\"lpa0\",peer=\"c\""), "{m}");
+    assert!(m.contains("linkpilot_peer_bytes_per_second{interface=\"lpa0\",peer=\"c\""), "{m}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

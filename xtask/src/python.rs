@@ -1,5 +1,6 @@
 //! The training side's Python environment: a project-local virtualenv (`.venv`) with torch from
-//! PyPI (a CUDA build that runs gloo on CPU), pytest and mypy, and `python/` installed editable.
+//! PyPI (a CUDA build that runs gloo on CPU), pytest and mypy, kubernetes-validate (the
+//! manifests' schema check), and `python/` installed editable.
 
 use std::{path::PathBuf, process::Command};
 
@@ -7,8 +8,10 @@ use crate::run::{status, succeeds, workspace_root};
 
 /// The tested torch; the package itself accepts any torch >= 2.4.
 const TORCH: &str = "torch==2.15.0";
-/// numpy only quiets torch's warning at import; pytest and mypy run the checks.
-const TOOLS: &[&str] = &["numpy", "pytest>=8", "mypy>=1.10"];
+/// numpy only quiets torch's warning at import; pytest and mypy run the checks;
+/// kubernetes-validate checks deploy/k8s against the Kubernetes schemas offline (1.37.0
+/// carries the schemas of Kubernetes 1.37, which controller/tests/deploy.rs names).
+const TOOLS: &[&str] = &["numpy", "pytest>=8", "mypy>=1.10", "kubernetes-validate==1.37.0"];
 
 pub fn venv() -> PathBuf {
     workspace_root().join(".venv")
@@ -21,10 +24,10 @@ pub fn python() -> PathBuf {
 /// Creates the virtualenv and installs what is missing (seconds when everything is there).
 pub fn setup() -> anyhow::Result<()> {
     let ready = python().exists()
-        && succeeds(
-            Command::new(python())
-                .args(["-c", "import torch, numpy, pytest, mypy, linkpilot.board"]),
-        );
+        && succeeds(Command::new(python()).args([
+            "-c",
+            "import torch, numpy, pytest, mypy, kubernetes_validate, linkpilot.board",
+        ]));
     if ready {
         return Ok(());
     }

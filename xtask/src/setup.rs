@@ -1,7 +1,7 @@
 //! `cargo xtask setup`: installs what a fresh machine lacks. Every step checks first, so a
 //! machine that has everything is done in seconds; a failing step is named in the error.
 
-use std::{fs, process::Command};
+use std::{fs, os::unix::fs::PermissionsExt as _, process::Command};
 
 use anyhow::{bail, Context as _};
 
@@ -29,7 +29,42 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("libnl-route-3-dev", "the ibverbs crate's build"),
     ("libibverbs-dev", "the ibverbs crate's build"),
     ("libclang-dev", "bindgen for the ibverbs crate (LLVM 14's libclang)"),
+    (
+        "prometheus",
+        "a real Prometheus server scrapes the daemon in tests; promtool checks the exposition and \
+         the alert rules (installed without starting its service: see `NO_SERVICE_START`)",
+    ),
 ];
+
+/// Debian's policy-rc.d: while it exits 101, package scripts start no services (invoke-rc.d and
+/// deb-systemd-invoke both ask it). The `prometheus` package would otherwise start a server on
+/// :9090 (through its init script where systemd is not PID 1) that the tests do not want.
+const POLICY_RC_D: &str = "/usr/sbin/policy-rc.d";
+const NO_SERVICE_START: &str =
+    "#!/bin/sh\n# Written by `cargo xtask setup` for one apt-get install: start no services.\nexit 101\n";
+
+/// A policy-rc.d that denies service starts while it lives, unless the machine has its own.
+struct NoServiceStart(bool);
+
+impl NoServiceStart {
+    fn install() -> anyhow::Result<Self> {
+        if fs::symlink_metadata(POLICY_RC_D).is_ok() {
+            return Ok(Self(false));
+        }
+        fs::write(POLICY_RC_D, NO_SERVICE_START)
+            .with_context(|| format!("writing {POLICY_RC_D}"))?;
+        fs::set_permissions(POLICY_RC_D, fs::Permissions::from_mode(0o755))?;
+        Ok(Self(true))
+    }
+}
+
+impl Drop for NoServiceStart {
+    fn drop(&mut self) {
+        if self.0 {
+            let _ = fs::remove_file(POLICY_RC_D);
+        }
+    }
+}
 
 const NIGHTLY: &str = "nightly";
 const TRACEFS: &str = "/sys/kernel/tracing";
@@ -97,6 +132,7 @@ fn debian_packages() -> anyhow::Result<()> {
         );
     }
     status("apt-get update", Command::new("apt-get").args(["update", "-q"]))?;
+    let _no_services = NoServiceStart::install()?;
     status(
         "apt-get install",
         Command::new("apt-get")

@@ -70,7 +70,14 @@ pub fn run(privileged: bool) -> anyhow::Result<()> {
     eprintln!("test: eBPF object {}", object.display());
     status(
         "building the binaries",
-        Command::new(cargo).args(["build", "--package", "linkpilot-lab"]),
+        // The tuner plugin: prometheus.rs loads it in a training process.
+        Command::new(cargo).args([
+            "build",
+            "--package",
+            "linkpilot-lab",
+            "--package",
+            "linkpilot-nccl-tuner",
+        ]),
     )?;
     let target = workspace_root().join("target/debug");
     status(

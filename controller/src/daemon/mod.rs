@@ -387,7 +387,7 @@ impl Daemon {
                 &self.metrics,
             );
         }
-        self.report(&snap, flows, work.elapsed());
+        self.report(&snap, flows, !readings.flows_skipped, work.elapsed());
         Ok(())
     }
 

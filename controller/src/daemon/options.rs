@@ -27,7 +27,9 @@ pub struct RunOptions {
     /// and sticky); status and metrics show them.
     #[arg(long, default_value = crate::board::tuner_stats::DEFAULT_DIR)]
     pub tuner_stats: PathBuf,
-    #[arg(long, default_value = crate::actuate::sysctl::PROC_SYS, hide = true)]
+    /// Where the sysctls are read and written: the host's /proc/sys, or the place it is mounted
+    /// in a container (whose own /proc/sys is read-only).
+    #[arg(long, default_value = crate::actuate::sysctl::PROC_SYS)]
     pub sysctl_root: PathBuf,
     #[arg(long, default_value = crate::actuate::sysctl::DEFAULT_STATE)]
     pub sysctl_state: PathBuf,

@@ -12,8 +12,8 @@ use super::{
 use crate::{board::tuner_stats, sense::sensors::Snapshot};
 
 impl Daemon {
-    /// Metrics and the status API after a tick.
-    pub(super) fn report(&mut self, snap: &Snapshot, flows: u64, work: Duration) {
+    /// Metrics and the status API after a tick (`flows_read`: the flow table was read in it).
+    pub(super) fn report(&mut self, snap: &Snapshot, flows: u64, flows_read: bool, work: Duration) {
         let m = &self.metrics;
         let states: Vec<String> =
             self.core.policy().states.iter().map(|s| s.name.clone()).collect();
@@ -37,7 +37,7 @@ impl Daemon {
                 reason,
             });
         }
-        m.snapshot(snap);
+        m.snapshot(snap, flows_read);
         // Training processes' tuner counters: a directory listing and a read per process, at
         // most once a second.
         if self.tuner_read.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {

@@ -20,7 +20,7 @@ use hyper_util::rt::TokioIo;
 use tokio::{net::TcpListener, task::JoinHandle};
 use tracing::{debug, warn};
 
-use super::metrics::Metrics;
+use super::metrics::{text, Metrics};
 
 pub const MAX_SCRAPES: usize = 16;
 pub const SCRAPE_LIMIT: Duration = Duration::from_secs(5);
@@ -128,7 +128,12 @@ async fn serve(listener: TcpListener, metrics: Metrics) {
 
 fn respond(m: &Metrics, req: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
     let (status, ctype, body) = if req.uri().path() == "/metrics" {
-        (200, "application/openmetrics-text; version=1.0.0; charset=utf-8", m.render())
+        let accept = req.headers().get(hyper::header::ACCEPT).and_then(|a| a.to_str().ok());
+        if text::wants_openmetrics(accept) {
+            (200, text::OPENMETRICS, m.render())
+        } else {
+            (200, text::CONTENT_TYPE, text::classic(&m.render()))
+        }
     } else {
         (404, "text/plain", "not found: metrics are at /metrics\n".to_owned())
     };

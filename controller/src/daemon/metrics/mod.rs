@@ -1,7 +1,8 @@
 //! Prometheus metrics (`prometheus-client`), served over HTTP on 127.0.0.1:9464 by default
 //! (`serve.rs`):
 //! signals per link and peer, state, knobs, decisions, map pressure and the daemon's health.
-//! The loop sets values each tick; process figures are read from /proc when scraped.
+//! The loop sets values each tick; process figures are read from /proc when scraped. Rates are
+//! in bytes per second, Prometheus's base unit (the dashboard shows bits).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -116,8 +117,8 @@ impl Metrics {
             ("link_ce_fraction", "CE (or echoed ECE) share of packets, EWMA"),
             ("link_retrans_fraction", "Retransmitted share of segments sent, EWMA"),
             ("link_cnp_per_second", "RoCE congestion notifications per second"),
-            ("link_goodput_bits_per_second", "Goodput EWMA"),
-            ("link_delivery_bits_per_second", "Largest goodput EWMA over the window"),
+            ("link_goodput_bytes_per_second", "Goodput EWMA"),
+            ("link_delivery_bytes_per_second", "Largest goodput EWMA over the window"),
             ("link_goodput_capacity_ratio", "Goodput over the link's nominal capacity"),
         ]
         .map(|(n, h)| (n, family(r, n, h)))
@@ -137,10 +138,15 @@ impl Metrics {
         .map(|(n, h)| (n, family(r, n, h)))
         .to_vec();
         let decisions = family(r, "decisions", "Decisions made, by the state they chose");
-        let peer_rtt = family(r, "peer_rtt_seconds", "Peer RTT: srtt (tick), min, p50, p99");
-        let peer_bits = family(r, "peer_bits_per_second", "Bits per second, by direction");
+        let peer_rtt = family(
+            r,
+            "peer_rtt_seconds",
+            "Peer RTT: srtt (mean of the last flow-table reading), min, p50, p99",
+        );
+        let peer_bits =
+            family(r, "peer_bytes_per_second", "Bytes per second on the wire, by direction");
         let peer_f64 = [
-            ("peer_goodput_bits_per_second", "Goodput (acknowledged payload)"),
+            ("peer_goodput_bytes_per_second", "Goodput (acknowledged payload)"),
             ("peer_ce_fraction", "CE share of received packets"),
             ("peer_ece_fraction", "ECE share of received TCP segments"),
             ("peer_retrans_per_second", "TCP segments retransmitted per second"),
@@ -316,8 +322,8 @@ impl Metrics {
             ("link_ce_fraction", s.ce_fraction),
             ("link_retrans_fraction", s.retrans),
             ("link_cnp_per_second", s.cnp_per_s),
-            ("link_goodput_bits_per_second", s.goodput_bps),
-            ("link_delivery_bits_per_second", s.delivery_bps),
+            ("link_goodput_bytes_per_second", s.goodput_bps / 8.0),
+            ("link_delivery_bytes_per_second", s.delivery_bps / 8.0),
             ("link_goodput_capacity_ratio", s.goodput_fraction),
         ] {
             Self::set(&self.link_f64, name, &l, v);
@@ -360,8 +366,10 @@ impl Metrics {
         self.decisions.get_or_create(&labels(&[("link", link), ("state", state)])).inc();
     }
 
-    /// Per (interface, peer) and per NIC figures of a snapshot.
-    pub fn snapshot(&self, snap: &Snapshot) {
+    /// Per (interface, peer) and per NIC figures of a snapshot. `flows_read`: the flow table
+    /// was read this tick; when it was not (a large table is read less often than ticks come),
+    /// srtt keeps the value of the last reading rather than vanishing between two scrapes.
+    pub fn snapshot(&self, snap: &Snapshot, flows_read: bool) {
         if let Ok(mut shown) = self.shown.lock() {
             for p in &snap.peers {
                 match shown.peers.get_mut(p.link.as_str()) {
@@ -374,6 +382,9 @@ impl Metrics {
             let l = labels(&[("interface", &p.link), ("peer", &p.peer)]);
             let rtt = [p.rtt.srtt_ms, p.rtt.min_ms, p.rtt.p50_ms, p.rtt.p99_ms];
             for (stat, v) in PEER_RTT_STATS.into_iter().zip(rtt) {
+                if stat == "srtt" && !flows_read {
+                    continue;
+                }
                 let mut ls = l.clone();
                 ls.push(("stat".into(), stat.into()));
                 match v {
@@ -381,13 +392,13 @@ impl Metrics {
                     None => _ = self.peer_rtt.remove(&ls),
                 }
             }
-            for (dir, v) in DIRECTIONS.into_iter().zip([p.rx_bps, p.tx_bps]) {
+            for (dir, v) in DIRECTIONS.into_iter().zip([p.rx_bps / 8.0, p.tx_bps / 8.0]) {
                 let mut ls = l.clone();
                 ls.push(("direction".into(), dir.into()));
                 self.peer_bits.get_or_create(&ls).set(v);
             }
             for (name, v) in [
-                ("peer_goodput_bits_per_second", p.goodput_bps),
+                ("peer_goodput_bytes_per_second", p.goodput_bps / 8.0),
                 ("peer_ce_fraction", p.ce_fraction),
                 ("peer_ece_fraction", p.ece_fraction),
                 ("peer_retrans_per_second", p.retrans_per_s),
@@ -499,3 +510,4 @@ pub fn process_figures() -> Option<(u64, f64)> {
 
 #[cfg(test)]
 mod tests;
+pub mod text;

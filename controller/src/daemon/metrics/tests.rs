@@ -25,11 +25,11 @@ fn retain_removes_the_series_of_renamed_links_states_and_peers() {
     let snap = |peers| Snapshot { peers, ..Snapshot::default() };
     m.link("wan", &own(&["healthy", "congested"]), "healthy", &k, &s);
     m.decision("wan", "healthy");
-    m.snapshot(&snap(vec![peer("eth0", "b"), peer("eth0", "other")]));
+    m.snapshot(&snap(vec![peer("eth0", "b"), peer("eth0", "other")]), true);
     // Renamed: the state, the link and the peer.
     m.retain(&own(&["lan"]), &own(&["calm", "congested"]), &[("eth0".into(), "other".into())]);
     m.link("lan", &own(&["calm", "congested"]), "calm", &k, &Signals::default());
-    m.snapshot(&snap(vec![peer("eth0", "other")]));
+    m.snapshot(&snap(vec![peer("eth0", "other")]), true);
     let text = m.render();
     let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
     for old in ["\"healthy\"", "link=\"wan\"", "peer=\"b\""] {
@@ -80,4 +80,33 @@ fn tuner_choices_are_counted_and_forgotten_when_gone() {
     let text = m.render();
     assert!(!text.contains("algo=\"tree\""), "{text}");
     assert!(text.lines().any(|l| l == "linkpilot_nccl_tuner_processes 0"), "{text}");
+}
+
+#[test]
+fn srtt_holds_between_flow_table_readings() {
+    let m = Metrics::new(false);
+    let peer = |srtt_ms| Snapshot {
+        peers: vec![crate::sense::sensors::PeerSnapshot {
+            link: "eth0".into(),
+            peer: "us".into(),
+            rtt: crate::sense::sensors::RttSnapshot { srtt_ms, ..Default::default() },
+            ..Default::default()
+        }],
+        ..Snapshot::default()
+    };
+    let srtt = |m: &Metrics| {
+        m.render()
+            .lines()
+            .find(|l| l.starts_with("linkpilot_peer_rtt_seconds{") && l.contains("srtt"))
+            .map(str::to_owned)
+    };
+    m.snapshot(&peer(Some(20.0)), true);
+    let read = srtt(&m);
+    assert!(read.as_deref().is_some_and(|l| l.ends_with(" 0.02")), "{read:?}");
+    // Ticks between readings have no samples by construction: the last reading's value stays.
+    m.snapshot(&peer(None), false);
+    assert_eq!(srtt(&m), read);
+    // A reading without samples (an idle peer): gone.
+    m.snapshot(&peer(None), true);
+    assert_eq!(srtt(&m), None);
 }
