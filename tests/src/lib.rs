@@ -5,6 +5,7 @@
 //! namespaces a test made.
 
 pub mod daemon;
+pub mod faults;
 pub mod netns;
 pub mod oracle;
 pub mod watcher;
