@@ -145,11 +145,15 @@ impl HostBefore {
         assert_eq!(links, want, "links of the programs of pid {pid}, as bpftool lists them");
     }
 
-    /// After the daemon exited: the sysctls as before, none of its programs loaded or linked.
-    pub fn assert_unchanged(&self) {
+    pub fn assert_sysctls_unchanged(&self) {
         let now: Vec<String> =
             SYSCTLS.iter().map(|s| crate::daemon::sysctl(&self.netns, s)).collect();
         assert_eq!(now, self.sysctls, "sysctls {SYSCTLS:?} of {}", self.netns);
+    }
+
+    /// After the daemon exited: the sysctls as before, none of its programs loaded or linked.
+    pub fn assert_unchanged(&self) {
+        self.assert_sysctls_unchanged();
         assert!(!self.seen.is_empty(), "the daemon's programs were never seen");
         let left: Vec<_> =
             oracle::ours_loaded().into_iter().filter(|(id, _)| self.seen.contains(id)).collect();
