@@ -170,10 +170,9 @@ pub fn iperf3(pair: &Pair, secs: u32, rate: &str) -> (Child, Child) {
         .spawn()
         .expect("iperf3 -s");
     wait_for("iperf3 -s listening", Duration::from_secs(5), || {
-        crate::run(&["ip", "netns", "exec", &pair.b.name, "ss", "-Hltn", "sport = :5201"])
+        !crate::run(&["ip", "netns", "exec", &pair.b.name, "ss", "-Hltn", "sport = :5201"])
             .stdout
-            .len()
-            > 0
+            .is_empty()
     });
     let client = pair
         .a

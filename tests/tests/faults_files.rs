@@ -40,7 +40,7 @@ impl Drop for Tmpfs {
 
 /// A reload that flips the DSCP knob: one decision each (the core decides after a reload).
 fn flip(d: &Daemon, pair: &Pair, i: u32) {
-    let text = policy(pair.a_if, pair.b_addr, "healthy", if i % 2 == 0 { 26 } else { 10 });
+    let text = policy(pair.a_if, pair.b_addr, "healthy", if i.is_multiple_of(2) { 26 } else { 10 });
     std::fs::write(d.dir.join("policy.new"), text).expect("policy");
     std::fs::rename(d.dir.join("policy.new"), d.dir.join("policy.toml")).expect("rename");
     nix::sys::signal::kill(Pid::from_raw(d.child.id() as i32), Signal::SIGHUP).expect("SIGHUP");

@@ -67,8 +67,8 @@ fn a_policy_replaced_100_times_a_second_never_runs_an_invalid_version() {
     let (t0, start) = (faults::ticks(&dir), Instant::now());
     let (mut writes, mut i) = (0u32, 1u32);
     while start.elapsed() < Duration::from_secs(seconds()) {
-        let text = if i % 2 == 0 { valid(i) } else { invalid(i) };
-        if i % 3 == 0 {
+        let text = if i.is_multiple_of(2) { valid(i) } else { invalid(i) };
+        if i.is_multiple_of(3) {
             let tmp = dir.join("policy.new");
             std::fs::write(&tmp, &text).expect("write");
             std::fs::rename(&tmp, &path).expect("rename");
