@@ -6,6 +6,7 @@
 
 pub mod configmap;
 pub mod daemon;
+pub mod faults;
 pub mod grafana;
 pub mod netns;
 pub mod oracle;

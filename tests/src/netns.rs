@@ -79,14 +79,25 @@ pub struct Pair {
 impl Pair {
     pub fn new(a_addr: &'static str, b_addr: &'static str) -> Self {
         let (a, b) = (Netns::new("a"), Netns::new("b"));
-        let (a_if, b_if) = ("lpa0", "lpb0");
-        let (a_mac, b_mac) = ("02:00:c6:12:00:01", "02:00:c6:12:00:02");
+        let pair = Self { a, b, a_if: "lpa0", b_if: "lpb0", a_addr, b_addr };
+        pair.connect();
+        pair
+    }
+
+    const A_MAC: &'static str = "02:00:c6:12:00:01";
+    const B_MAC: &'static str = "02:00:c6:12:00:02";
+
+    /// Creates the veth pair with its addresses and neighbours: at the start, and again after a
+    /// test deleted it (a new device under the old names, as a re-plugged NIC would be).
+    pub fn connect(&self) {
+        let (a, b, a_if, b_if) = (&self.a, &self.b, self.a_if, self.b_if);
+        let (a_mac, b_mac) = (Self::A_MAC, Self::B_MAC);
         sh(&[
             "ip", "-n", &a.name, "link", "add", a_if, "address", a_mac, "type", "veth", "peer",
             "name", b_if, "address", b_mac, "netns", &b.name,
         ]);
         for (ns, ifname, addr, peer, peer_mac) in
-            [(&a, a_if, a_addr, b_addr, b_mac), (&b, b_if, b_addr, a_addr, a_mac)]
+            [(a, a_if, self.a_addr, self.b_addr, b_mac), (b, b_if, self.b_addr, self.a_addr, a_mac)]
         {
             ns.exec(&["ip", "addr", "add", &format!("{addr}/24"), "dev", ifname]);
             ns.exec(&["ip", "link", "set", ifname, "up"]);
@@ -103,6 +114,5 @@ impl Pair {
                 "permanent",
             ]);
         }
-        Self { a, b, a_if, b_if, a_addr, b_addr }
     }
 }

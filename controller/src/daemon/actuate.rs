@@ -57,7 +57,7 @@ pub fn open_restorable(o: &RunOptions) -> anyhow::Result<(Option<Sysctls>, Optio
     ))
 }
 
-fn unix_now() -> f64 {
+pub(super) fn unix_now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64()
 }
 

@@ -80,6 +80,14 @@ impl Ledger {
         }
     }
 
+    /// What `actuator` put in place no longer holds (its interface was created again): it is
+    /// pending until the next write.
+    pub fn mark_pending(&mut self, actuator: &str, now: f64) {
+        let e = self.entry(actuator);
+        e.pending = true;
+        e.pending_since.get_or_insert(now);
+    }
+
     pub fn is_pending(&self, actuator: &str) -> bool {
         self.entries.iter().any(|e| e.actuator == actuator && e.pending)
     }

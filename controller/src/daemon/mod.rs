@@ -5,7 +5,9 @@
 
 mod actuate;
 mod health;
+mod ifaces;
 pub(crate) mod ledger;
+mod linelog;
 pub(crate) mod metrics;
 mod options;
 mod reload;
@@ -49,9 +51,12 @@ fn peer_table(policy: &Policy) -> anyhow::Result<PeerIds> {
     }))
 }
 
-/// Loads the policy and resolves `@default-route` to this namespace's default-route device.
-fn load_policy(path: &std::path::Path) -> anyhow::Result<Policy> {
-    let mut policy = Policy::load(path)?;
+/// Parses the policy file's `bytes` and resolves `@default-route` to this namespace's
+/// default-route device.
+fn load_policy(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<Policy> {
+    let src = std::str::from_utf8(bytes)
+        .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text: {e}", path.display()))?;
+    let mut policy = Policy::parse(src, &path.display().to_string())?;
     if policy.names_interface(iface::DEFAULT_ROUTE) {
         let dev = iface::default_route_device()?;
         anyhow::ensure!(
@@ -77,26 +82,6 @@ fn interfaces(policy: &Policy) -> Vec<String> {
         }
     }
     names
-}
-
-fn append_line(file: &mut Option<fs::File>, line: &str) {
-    if let Some(f) = file {
-        if let Err(e) = writeln!(f, "{line}") {
-            warn!("writing a log line: {e}");
-        }
-    }
-}
-
-fn open_append(path: &Option<PathBuf>) -> anyhow::Result<Option<fs::File>> {
-    path.as_ref()
-        .map(|p| {
-            fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
-                .with_context(|| format!("opening {}", p.display()))
-        })
-        .transpose()
 }
 
 /// Holds the instance lock: a second daemon would fight over the same maps and sysctls.
@@ -137,8 +122,8 @@ struct Daemon {
     metrics: Metrics,
     status: status::Shared,
     watch: PolicyWatch,
-    decision_log: Option<fs::File>,
-    record: Option<fs::File>,
+    decision_log: Option<linelog::LineLog>,
+    record: Option<linelog::LineLog>,
     started: Instant,
     /// (link, last decision id, its reason) for the status API.
     last: Vec<(String, u64, String)>,
@@ -155,6 +140,8 @@ struct Daemon {
     tuner: Vec<TunerProcess>,
     tuner_read: Option<Instant>,
     health: SensingHealth,
+    /// Watched interfaces that are gone now (ifaces.rs).
+    missing: Vec<String>,
 }
 
 /// Reading the flow table costs ~0.5 us per flow: a big table is read less often than the
@@ -170,7 +157,9 @@ fn flow_read_due(last: Option<(Instant, Duration)>, tick: Duration) -> bool {
 
 /// Runs the daemon until a signal (or `ticks`).
 pub async fn run(o: RunOptions) -> anyhow::Result<()> {
-    let policy = load_policy(&o.policy)?;
+    let policy_bytes = fs::read(&o.policy)
+        .with_context(|| format!("reading the policy {}", o.policy.display()))?;
+    let policy = load_policy(&o.policy, &policy_bytes)?;
     // Checks before side effects: interfaces, privileges, tracepoints.
     let names = interfaces(&policy);
     let ifaces = names.iter().map(|n| Iface::resolve(n)).collect::<Result<Vec<_>, _>>()?;
@@ -186,8 +175,8 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         serve::spawn(serve::bind(a)?, metrics.clone())?;
     }
     let status_listener = status::bind(&o.status_socket)?;
-    let decision_log = open_append(&o.decision_log)?;
-    let record = open_append(&o.record)?;
+    let decision_log = linelog::open(&o.decision_log, "decision_log")?;
+    let record = linelog::open(&o.record, "record")?;
     let restorable = actuate::open_restorable(&o)?;
 
     // Only with the lock held: a dry run must not touch what a running daemon attached.
@@ -229,7 +218,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         rows: peers.rows(),
         sensors: Sensors::new(Duration::from_nanos(policy.estimator.window.0)),
         core: Core::new(policy),
-        watch: PolicyWatch::new(&o.policy),
+        watch: PolicyWatch::new(&o.policy, policy_bytes),
         o,
         ifaces,
         peers,
@@ -249,7 +238,11 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         tuner: Vec::new(),
         tuner_read: None,
         health: SensingHealth::new(Duration::from_secs(o_give_up)),
+        missing: Vec::new(),
     };
+    for i in &d.ifaces {
+        d.metrics.interface_present(&i.name, 1);
+    }
 
     let mut ticker = tokio::time::interval(tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -262,17 +255,17 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                 _ = sigint.recv() => return Ok(()),
                 _ = sighup.recv() => {
                     info!("SIGHUP: reloading {}", d.o.policy.display());
-                    d.watch.mark_seen();
-                    if let Some(t) = d.reload() {
+                    let bytes = d.watch.read_now();
+                    if let Some(t) = d.reload(bytes) {
                         ticker = tokio::time::interval(t);
                         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
                     }
                     continue;
                 }
             }
-            if d.watch.changed() {
+            if let Some(bytes) = d.watch.changed() {
                 info!("{} changed: reloading", d.o.policy.display());
-                if let Some(t) = d.reload() {
+                if let Some(t) = d.reload(Ok(bytes)) {
                     ticker = tokio::time::interval(t);
                     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
                 }
@@ -328,6 +321,7 @@ impl Daemon {
         let work = Instant::now();
         if self.addrs_synced.elapsed() >= Duration::from_secs(1) {
             self.addrs_synced = Instant::now();
+            self.follow_interfaces()?;
             let addrs = iface::local_addrs(&self.ifaces).context("listing addresses")?;
             self.probes.sync_local_addrs(&addrs)?;
         }
@@ -364,12 +358,12 @@ impl Daemon {
         let flows = self.flows_seen;
         let snap = self.sensors.tick(self.started.elapsed(), &readings);
         if self.record.is_some() {
-            append_line(&mut self.record, &serde_json::to_string(&snap)?);
+            linelog::append(&mut self.record, &serde_json::to_string(&snap)?, &self.metrics);
         }
         let decisions = self.core.step(&snap);
         for d in &decisions {
             info!(id = d.id, link = %d.link, state = %d.state, changes = ?d.changes, reason = %d.reason, "decision");
-            append_line(&mut self.decision_log, &serde_json::to_string(d)?);
+            linelog::append(&mut self.decision_log, &serde_json::to_string(d)?, &self.metrics);
             self.metrics.decision(&d.link, &d.state);
             match self.last.iter_mut().find(|(l, _, _)| *l == d.link) {
                 Some(e) => *e = (d.link.clone(), d.id, d.reason.clone()),
@@ -394,7 +388,7 @@ impl Daemon {
     /// Loads the policy file again. An invalid one (or one that changes the interfaces, which
     /// needs a restart to re-attach) is rejected: logged with its errors, counted, and the
     /// running policy stays. Returns the new tick if it changed.
-    fn reload(&mut self) -> Option<Duration> {
+    fn reload(&mut self, bytes: std::io::Result<Vec<u8>>) -> Option<Duration> {
         let rejected = |d: &mut Self, why: String| {
             error!("policy reload rejected, keeping the running policy:\n{why}");
             Metrics::count(&d.metrics.reloads, "result", "rejected");
@@ -403,7 +397,10 @@ impl Daemon {
             }
             None
         };
-        let policy = match load_policy(&self.o.policy) {
+        let loaded = bytes
+            .with_context(|| format!("reading the policy {}", self.o.policy.display()))
+            .and_then(|b| load_policy(&self.o.policy, &b));
+        let policy = match loaded {
             Ok(p) => p,
             Err(e) => return rejected(self, format!("{e:#}")),
         };

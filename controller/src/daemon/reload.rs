@@ -1,68 +1,57 @@
-//! Noticing that the policy file changed: its (device, inode, size, mtime) checked about once a
-//! second, which also catches editors that write a new file and rename it over the old one
-//! (inotify on the file would lose track of it then). SIGHUP forces a reload either way.
+//! Noticing that the policy file changed: its content read and compared about once a second,
+//! which also catches editors that write a new file and rename it over the old one (inotify on
+//! the file would lose track of it then). SIGHUP forces a reload either way.
+//!
+//! The content, not its metadata: two writes within one tick of the kernel's coarse clock can
+//! leave size and mtime the same, and a daemon comparing those would miss the last one for good.
+//! The bytes compared are the bytes loaded, so a file rewritten between the check and the load
+//! cannot leave the daemon running a version it then believes seen.
 
 use std::{
-    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Fingerprint {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime_ns: i128,
-}
-
-fn fingerprint(path: &Path) -> Option<Fingerprint> {
-    let m = std::fs::metadata(path).ok()?;
-    Some(Fingerprint {
-        dev: m.dev(),
-        ino: m.ino(),
-        len: m.len(),
-        mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
-    })
-}
-
 pub struct PolicyWatch {
     path: PathBuf,
-    seen: Option<Fingerprint>,
+    /// The content last loaded (or the start's).
+    seen: Option<Vec<u8>>,
     last_check: Instant,
     every: Duration,
 }
 
 impl PolicyWatch {
-    /// Starts from the file as it is now (the caller has just loaded it).
-    pub fn new(path: &Path) -> Self {
+    /// Starts from `loaded`, the bytes the running policy came from.
+    pub fn new(path: &Path, loaded: Vec<u8>) -> Self {
         Self {
             path: path.to_owned(),
-            seen: fingerprint(path),
+            seen: Some(loaded),
             last_check: Instant::now(),
             every: Duration::from_secs(1),
         }
     }
 
-    /// Whether the file changed since the last call that said so (checked at most once per
-    /// second). A file that disappears is not a change: the running policy stays.
-    pub fn changed(&mut self) -> bool {
+    /// The file's content when it differs from the last content seen (checked at most once per
+    /// second), recorded as seen. A file that disappears or cannot be read is not a change:
+    /// the running policy stays.
+    pub fn changed(&mut self) -> Option<Vec<u8>> {
         if self.last_check.elapsed() < self.every {
-            return false;
+            return None;
         }
         self.last_check = Instant::now();
-        match fingerprint(&self.path) {
-            Some(f) if Some(f) != self.seen => {
-                self.seen = Some(f);
-                true
-            }
-            _ => false,
+        let now = std::fs::read(&self.path).ok()?;
+        if self.seen.as_ref() == Some(&now) {
+            return None;
         }
+        self.seen = Some(now.clone());
+        Some(now)
     }
 
-    /// Records the file as it is now (after a SIGHUP reload).
-    pub fn mark_seen(&mut self) {
-        self.seen = fingerprint(&self.path);
+    /// The file's content now, recorded as seen (a SIGHUP reload).
+    pub fn read_now(&mut self) -> std::io::Result<Vec<u8>> {
+        let now = std::fs::read(&self.path)?;
+        self.seen = Some(now.clone());
+        Ok(now)
     }
 }
 
@@ -72,22 +61,33 @@ mod tests {
 
     #[test]
     fn notices_writes_and_renames_not_absence() {
-        let dir = std::env::temp_dir().join(format!("lp-reload-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("policy.toml");
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("policy.toml");
         std::fs::write(&p, "a").unwrap();
-        let mut w = PolicyWatch::new(&p);
+        let mut w = PolicyWatch::new(&p, b"a".to_vec());
         w.every = Duration::ZERO;
-        assert!(!w.changed());
+        assert_eq!(w.changed(), None);
         std::fs::write(&p, "ab").unwrap();
-        assert!(w.changed());
-        assert!(!w.changed(), "reported once");
-        let tmp = dir.join("policy.toml.new");
-        std::fs::write(&tmp, "ab").unwrap();
+        assert_eq!(w.changed().as_deref(), Some(&b"ab"[..]));
+        assert_eq!(w.changed(), None, "reported once");
+        let tmp = dir.path().join("policy.toml.new");
+        std::fs::write(&tmp, "ac").unwrap();
         std::fs::rename(&tmp, &p).unwrap();
-        assert!(w.changed(), "a rename over the file is a change");
+        assert_eq!(w.changed().as_deref(), Some(&b"ac"[..]), "a rename over the file");
         std::fs::remove_file(&p).unwrap();
-        assert!(!w.changed(), "a missing file keeps the running policy");
-        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(w.changed(), None, "a missing file keeps the running policy");
+    }
+
+    #[test]
+    fn same_size_and_mtime_with_other_bytes_is_a_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("policy.toml");
+        std::fs::write(&p, "tick = \"100ms\"").unwrap();
+        let mut w = PolicyWatch::new(&p, b"tick = \"100ms\"".to_vec());
+        w.every = Duration::ZERO;
+        let mtime = std::fs::metadata(&p).unwrap().modified().unwrap();
+        std::fs::write(&p, "tick = \"200ms\"").unwrap();
+        std::fs::File::options().write(true).open(&p).unwrap().set_modified(mtime).unwrap();
+        assert_eq!(w.changed().as_deref(), Some(&b"tick = \"200ms\""[..]));
     }
 }

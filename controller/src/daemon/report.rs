@@ -69,6 +69,7 @@ impl Daemon {
             policy: self.o.policy.display().to_string(),
             dry_run: self.o.dry_run,
             interfaces: self.ifaces.iter().map(|i| i.name.clone()).collect(),
+            interfaces_missing: self.missing.clone(),
             tick_ms: self.core.policy().tick.0 as f64 / 1e6,
             ticks: m.ticks.get(),
             last_tick_work_ms: work.as_secs_f64() * 1e3,

@@ -36,6 +36,9 @@ pub struct Status {
     pub policy: String,
     pub dry_run: bool,
     pub interfaces: Vec<String>,
+    /// Watched interfaces that are gone: watched again once they are back.
+    #[serde(default)]
+    pub interfaces_missing: Vec<String>,
     pub tick_ms: f64,
     pub ticks: u64,
     /// Work of the last tick (reading maps, sensors, core, actuators).

@@ -9,7 +9,7 @@ use aya::{
         Array, HashMap, Map, MapData, MapError, PerCpuHashMap, PerCpuValues,
     },
     programs::{
-        tc::{self, NlOptions, TcAttachOptions},
+        tc::{self, NlOptions, SchedClassifierLinkId, TcAttachOptions},
         ProgramError, SchedClassifier, TcAttachType, TracePoint,
     },
     util::KernelVersion,
@@ -61,6 +61,8 @@ pub struct Probes {
     /// Interfaces with counters (watched, or set up for test runs).
     counted: Vec<u32>,
     watched: Vec<Iface>,
+    /// Each watched interface's ingress and egress links, to detach those of a deleted device.
+    tc_links: Vec<(u32, Vec<(&'static str, SchedClassifierLinkId)>)>,
     netlink_tc: bool,
 }
 
@@ -100,6 +102,7 @@ impl Probes {
             prefixes: Vec::new(),
             counted: Vec::new(),
             watched: Vec::new(),
+            tc_links: Vec::new(),
             netlink_tc: false,
         })
     }
@@ -211,6 +214,7 @@ impl Probes {
             // Classifiers hang off the clsact qdisc; it may already exist.
             let _ = tc::qdisc_add_clsact(&iface.name);
         }
+        let mut links = Vec::new();
         for (name, attach_type, direction) in [
             (PROG_TC_INGRESS, TcAttachType::Ingress, "ingress"),
             (PROG_TC_EGRESS, TcAttachType::Egress, "egress"),
@@ -225,16 +229,42 @@ impl Probes {
             } else {
                 prog.attach(&iface.name, attach_type)
             };
-            attached.map_err(|e| ProbeError::Attach {
+            let link = attached.map_err(|e| ProbeError::Attach {
                 program: name,
                 iface: iface.name.clone(),
                 direction,
                 source: Box::new(e),
             })?;
+            links.push((name, link));
             debug!(iface = %iface.name, ifindex = iface.ifindex, direction, "attached");
         }
+        self.tc_links.push((iface.ifindex, links));
         self.watched.push(iface.clone());
         Ok(())
+    }
+
+    /// `old` was deleted and `new` carries its name now: detaches the links that went with the
+    /// old device (defunct, but held until detached: bpftool would show them beside the new
+    /// ones), drops its counters and watches `new`.
+    pub fn rewatch(&mut self, old: &Iface, new: &Iface) -> Result<(), ProbeError> {
+        if let Some(at) = self.tc_links.iter().position(|(i, _)| *i == old.ifindex) {
+            let (_, links) = self.tc_links.remove(at);
+            for (name, link) in links {
+                // A link of a deleted device: detaching only closes it; nothing to report.
+                if let Ok(prog) = program::<SchedClassifier>(&mut self.ebpf, name) {
+                    let _ = prog.detach(link);
+                }
+            }
+        }
+        // Absent entries are fine: a counter of an index nothing carries any more.
+        let _ = self.stats.remove(&old.ifindex);
+        let _ = self.config.remove(&old.ifindex);
+        for peer in std::iter::once(PEER_OTHER).chain(self.peer_ids.clone()) {
+            let _ = self.peer_stats.remove(&PeerKey { ifindex: old.ifindex, peer });
+        }
+        self.counted.retain(|&i| i != old.ifindex);
+        self.watched.retain(|w| w.ifindex != old.ifindex);
+        self.watch(new)
     }
 
     /// Adds to `r` every watched interface's counters per peer row (`rows`: id, name) and the

@@ -76,6 +76,9 @@ pub struct Metrics {
     pub reloads: Family<Labels, Counter>,
     pub actuator_errors: Family<Labels, Counter>,
     pub sensing_errors: Counter,
+    pub interface_reattached: Family<Labels, Counter>,
+    interface_present: Family<Labels, Gauge>,
+    pub log_write_errors: Family<Labels, Counter>,
     actuator_pending: Family<Labels, Gauge>,
     actuator_released: Family<Labels, Gauge>,
     resident: Gauge,
@@ -204,6 +207,25 @@ impl Metrics {
             "Ticks skipped because a sensing read failed",
             sensing_errors.clone(),
         );
+        let interface_present = family(
+            r,
+            "interface_present",
+            "1 while a watched interface exists and is watched; 0 while it is gone",
+        );
+        let interface_reattached = family(
+            r,
+            "interface_reattached",
+            "Times a watched interface was created again and attached to anew",
+        );
+        let log_write_errors = family(
+            r,
+            "log_write_errors",
+            "Lines not written to the decision log or the record (full disk...); the loop \
+             keeps deciding",
+        );
+        for f in ["decision_log", "record"] {
+            let _ = log_write_errors.get_or_create(&labels(&[("file", f)]));
+        }
         let resident = Gauge::default();
         r.register("process_resident_bytes", "Resident set size", resident.clone());
         let cpu = Counter::<f64, AtomicU64>::default();
@@ -256,6 +278,9 @@ impl Metrics {
             reloads,
             actuator_errors,
             sensing_errors,
+            interface_reattached,
+            interface_present,
+            log_write_errors,
             actuator_pending,
             actuator_released,
             resident,
@@ -470,6 +495,10 @@ impl Metrics {
         let l = labels(&[("map", map)]);
         self.map_entries.get_or_create(&l).set(entries as i64);
         self.map_capacity.get_or_create(&l).set(capacity as i64);
+    }
+
+    pub fn interface_present(&self, iface: &str, present: i64) {
+        self.interface_present.get_or_create(&labels(&[("interface", iface)])).set(present);
     }
 
     pub fn count(family: &Family<Labels, Counter>, key: &str, value: &str) {

@@ -1,0 +1,132 @@
+//! The lab's outage (`outage.toml`: a phase with the link down both ways) under iperf3, the daemon on the HK
+//! host: it keeps deciding through the outage, what it reads follows the link (nothing crosses
+//! while it is down, iperf3's rate after), its state follows what it reads, and it recovers
+//! after; the namespace is left as it was.
+
+use std::time::Duration;
+
+use linkpilot_lab::{
+    lab::{LabConfig, Site},
+    scenario::Scenario,
+};
+use linkpilot_tests::{
+    daemon::{status_json, Daemon},
+    faults::{self, HostBefore},
+};
+
+/// The shipped scenario: 20 s up (90 ms, 200 Mbit/s), 3 s down, 20 s up; the first phase made
+/// 45 s, since loading the programs on a loaded 2-core machine took up to 20 s.
+const SCENARIO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../lab/scenarios/outage.toml");
+const DOWN: (f64, f64) = (45.0, 48.0);
+
+/// A calm state and one entered when goodput falls under 10% of the capacity while the link
+/// carries traffic (retransmissions into a dead link).
+fn policy(us: &str) -> String {
+    format!(
+        r#"
+[daemon]
+tick = "100ms"
+[host]
+tcp_ecn = 1
+[hysteresis]
+enter_after = "300ms"
+exit_after = "2s"
+min_dwell = "500ms"
+[[link]]
+name = "wan"
+interfaces = ["eth0"]
+capacity = "20Mbit/s"
+[[link.peer]]
+name = "us"
+cidrs = ["{us}/32"]
+[[state]]
+name = "healthy"
+[state.knobs]
+compression = "none"
+dscp = 26
+roce_traffic_class = 106
+[[state]]
+name = "stalled"
+enter = {{ goodput_below = "10%", retrans = "5%" }}
+exit = {{ goodput_below = "20%", retrans = "1%" }}
+[state.knobs]
+compression = "int8"
+dscp = 10
+roce_traffic_class = 42
+"#
+    )
+}
+
+fn tx_bps(dir: &std::path::Path) -> f64 {
+    let st = status_json(dir);
+    st["peers"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["peer"] == "us").cloned())
+        .and_then(|p| p["tx_bps"].as_f64())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn through_the_lab_outage_the_daemon_decides_on_and_recovers_after() {
+    let text = std::fs::read_to_string(SCENARIO).expect("outage.toml");
+    let text = text.replacen("duration = \"20s\"", "duration = \"45s\"", 1);
+    let scenario = Scenario::parse(&text, SCENARIO, None).expect("scenario");
+    let lab = linkpilot_lab::lab::Lab::start(
+        LabConfig { name: "ftout".into(), ..LabConfig::default() },
+        scenario,
+    )
+    .expect("lab");
+    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    let dir = faults::temp_dir("outage");
+    let mut host = HostBefore::read(&hk.netns);
+    let mut d = Daemon::start(&hk.netns, &dir, &policy(&us.ipv4.to_string()));
+    faults::wait_up(&mut d);
+    host.assert_one_set_attached(d.child.id());
+    let mut server = linkpilot_tests::daemon::iperf3_server(&us);
+    let mut client = hk
+        .command("iperf3")
+        .args(["-c", &us.ipv4.to_string(), "-t", "120", "-b", "10M"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("iperf3 -c");
+    // Per tick of the test's own 100 ms clock: (lab time, ticks, state, tx bit/s).
+    let mut samples = Vec::new();
+    let ready = lab.elapsed().as_secs_f64();
+    assert!(ready < DOWN.0 - 5.0, "daemon and iperf3 up only {ready:.1} s into the scenario");
+    while lab.elapsed().as_secs_f64() < DOWN.1 + 14.0 {
+        let st = status_json(&dir);
+        let state = st["links"][0]["state"].as_str().unwrap_or_default().to_owned();
+        samples.push((lab.elapsed(), st["ticks"].as_u64().unwrap_or(0), state, tx_bps(&dir)));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let phase = |from: f64, to: f64| {
+        samples.iter().filter(move |(t, ..)| t.as_secs_f64() >= from && t.as_secs_f64() < to)
+    };
+    // A tick reads rates over the tick before: the first second down is left out.
+    let down: Vec<_> = phase(DOWN.0 + 1.0, DOWN.1).collect();
+    let ticks_down = down.last().expect("samples").1 - down[0].1;
+    let states_down: Vec<&str> = down.iter().map(|s| s.2.as_str()).collect();
+    let max_tx_down = down.iter().map(|s| s.3).fold(0.0, f64::max);
+    let before_tx = phase(DOWN.0 - 3.0, DOWN.0).map(|s| s.3).fold(0.0, f64::max);
+    let back = phase(DOWN.1, DOWN.1 + 14.0).find(|s| s.3 > 5e6).map(|s| s.0.as_secs_f64() - DOWN.1);
+    let end_state = samples.last().expect("samples").2.clone();
+    eprintln!(
+        "outage: {ticks_down} ticks in the last 2 s down; tx before {before_tx:.0} bit/s, at most \
+         {max_tx_down:.0} down; states down {states_down:?}; traffic back after {back:?} s; \
+         state at the end {end_state}"
+    );
+    for c in [&mut client, &mut server] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    assert!(ticks_down >= 14, "{ticks_down} ticks in 2 s of outage");
+    assert!(before_tx > 5e6, "iperf3 read before the outage: {before_tx}");
+    assert!(max_tx_down < 1e6, "nothing crosses a dead link: {max_tx_down}");
+    assert!(back.is_some(), "traffic read again after the outage");
+    assert_eq!(status_json(&dir)["sensing_errors"], 0);
+    host.assert_one_set_attached(d.child.id());
+    faults::stop(&mut d);
+    host.assert_unchanged();
+    let _ = std::fs::remove_dir_all(&dir);
+}
