@@ -497,8 +497,12 @@ impl Metrics {
         self.map_capacity.get_or_create(&l).set(capacity as i64);
     }
 
+    /// Also makes the interface's re-attach counter exist at 0, so "never re-attached" reads as 0
+    /// rather than as no data.
     pub fn interface_present(&self, iface: &str, present: i64) {
-        self.interface_present.get_or_create(&labels(&[("interface", iface)])).set(present);
+        let l = labels(&[("interface", iface)]);
+        self.interface_present.get_or_create(&l).set(present);
+        let _ = self.interface_reattached.get_or_create(&l);
     }
 
     pub fn count(family: &Family<Labels, Counter>, key: &str, value: &str) {
