@@ -69,12 +69,24 @@ impl Daemon {
     }
 
     pub fn start_with(netns: &str, dir: &Path, policy: &str, extra: &[&str]) -> Self {
+        Self::start_under(netns, &[], dir, policy, extra)
+    }
+
+    /// [`Self::start_with`] with `wrapper` (a program and its arguments, `setpriv ...`, which
+    /// execs the daemon in its place) between `nsenter` and `linkpilot`.
+    pub fn start_under(
+        netns: &str,
+        wrapper: &[&str],
+        dir: &Path,
+        policy: &str,
+        extra: &[&str],
+    ) -> Self {
         std::fs::create_dir_all(dir).expect("dir");
         if !dir.join("policy.toml").exists() {
             std::fs::write(dir.join("policy.toml"), policy).expect("policy");
         }
         let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net=/run/netns/{netns}")).arg(linkpilot_bin()).arg("run");
+        cmd.arg(format!("--net=/run/netns/{netns}")).args(wrapper).arg(linkpilot_bin()).arg("run");
         // Every file in `dir`, unless `extra` names another.
         for (flag, file) in [
             ("--policy", "policy.toml"),
