@@ -114,6 +114,19 @@ impl Daemon {
         Self { child, dir: dir.to_owned() }
     }
 
+    /// Its exit status once it has stopped, within `limit` (a daemon still running then is a
+    /// failure, and is killed when dropped).
+    pub fn exit_within(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                return s;
+            }
+            assert!(start.elapsed() < limit, "still running after {limit:?}:\n{}", self.log());
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
     }

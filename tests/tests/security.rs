@@ -8,8 +8,7 @@
 use std::{
     os::unix::fs::{MetadataExt, PermissionsExt},
     path::{Path, PathBuf},
-    process::ExitStatus,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use linkpilot::board::BoardReader;
@@ -54,18 +53,6 @@ fn temp_dir(name: &str) -> PathBuf {
 fn stop(d: &mut Daemon) {
     nix::sys::signal::kill(Pid::from_raw(d.child.id() as i32), Signal::SIGTERM).expect("SIGTERM");
     assert!(d.child.wait().expect("exit").success(), "{}", d.log());
-}
-
-/// The daemon's exit, within `limit`.
-fn exit_within(d: &mut Daemon, limit: Duration) -> ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(s) = d.child.try_wait().expect("try_wait") {
-            return s;
-        }
-        assert!(start.elapsed() < limit, "still running after {limit:?}:\n{}", d.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// The status socket answering root: the daemon is up.
@@ -253,7 +240,7 @@ fn no_file_the_daemon_writes_is_written_through_a_planted_symlink() {
         let link = run_dir.join(name);
         plant(&link, &victim);
         let mut d = Daemon::start_with(&ns, &run_dir, POLICY, &["--metrics-addr", "off"]);
-        let status = exit_within(&mut d, Duration::from_secs(20));
+        let status = d.exit_within(Duration::from_secs(20));
         let log = d.log();
         assert!(!status.success(), "{flag}: {log}");
         assert!(log.contains(&format!("{}: ", link.display())) && log.contains(says), "{log}");
@@ -328,7 +315,7 @@ fn a_planted_state_file_with_hostile_keys_stops_the_start_with_nothing_changed()
         std::fs::write(&state_path, state.to_string()).expect("state file");
         let extra = ["--metrics-addr", "off", "--rdma-cm-root", &rdma_cm];
         let mut d = Daemon::start_under(&ns, &wrapper, &run_dir, POLICY, &extra);
-        let status = exit_within(&mut d, Duration::from_secs(20));
+        let status = d.exit_within(Duration::from_secs(20));
         let log = d.log();
         assert!(!status.success(), "{key}: {log}");
         assert!(
