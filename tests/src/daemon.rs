@@ -71,12 +71,24 @@ impl Daemon {
     /// `extra` may name other files for the flags below (`--policy` too: then `policy` is not
     /// written).
     pub fn start_with(netns: &str, dir: &Path, policy: &str, extra: &[&str]) -> Self {
+        Self::start_under(netns, &[], dir, policy, extra)
+    }
+
+    /// [`Self::start_with`] with `wrapper` (a program and its arguments, `setpriv ...`, which
+    /// execs the daemon in its place) between `nsenter` and `linkpilot`.
+    pub fn start_under(
+        netns: &str,
+        wrapper: &[&str],
+        dir: &Path,
+        policy: &str,
+        extra: &[&str],
+    ) -> Self {
         std::fs::create_dir_all(dir).expect("dir");
         if !extra.contains(&"--policy") && !dir.join("policy.toml").exists() {
             std::fs::write(dir.join("policy.toml"), policy).expect("policy");
         }
         let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net=/run/netns/{netns}")).arg(linkpilot_bin()).arg("run");
+        cmd.arg(format!("--net=/run/netns/{netns}")).args(wrapper).arg(linkpilot_bin()).arg("run");
         // Every file in `dir`, unless `extra` names another.
         for (flag, file) in [
             ("--policy", "policy.toml"),
@@ -102,6 +114,19 @@ impl Daemon {
             .spawn()
             .expect("linkpilot run");
         Self { child, dir: dir.to_owned() }
+    }
+
+    /// Its exit status once it has stopped, within `limit` (a daemon still running then is a
+    /// failure, and is killed when dropped).
+    pub fn exit_within(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                return s;
+            }
+            assert!(start.elapsed() < limit, "still running after {limit:?}:\n{}", self.log());
+            thread::sleep(Duration::from_millis(50));
+        }
     }
 
     pub fn log(&self) -> String {

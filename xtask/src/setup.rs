@@ -22,6 +22,8 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("python3-scapy", "crafting packets in tests"),
     ("python3-venv", "the training side's virtualenv (torch, pytest, mypy)"),
     ("util-linux", "setpriv and unshare for privilege and mount tests"),
+    ("systemd", "systemd-analyze: the unit's exposure score and its syscall groups, offline"),
+    ("strace", "the syscalls the daemon makes, checked against the unit's filter"),
     ("cmake", "the ibverbs crate builds rdma-core"),
     ("gcc", "builds the NCCL tuner plugin's C test harness (nm comes with it, via binutils)"),
     ("pkg-config", "the ibverbs crate's build"),

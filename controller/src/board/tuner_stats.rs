@@ -153,6 +153,10 @@ fn alive(pid: u32) -> bool {
 /// crash: a clean exit removes its own) are removed when `clean` is set (the daemon owns the
 /// directory); unreadable or foreign files are skipped.
 pub fn scan(dir: &Path, clean: bool) -> Vec<TunerProcess> {
+    // Not through a symlink: files of dead pids are removed, as root.
+    if real_dir(dir).is_err() {
+        return Vec::new();
+    }
     let Ok(entries) = fs::read_dir(dir) else { return Vec::new() };
     let mut out = Vec::new();
     for entry in entries.flatten().take(MAX_FILES) {
@@ -176,16 +180,32 @@ pub fn scan(dir: &Path, clean: bool) -> Vec<TunerProcess> {
 
 /// Creates the directory for the plugin's files: world-writable and sticky (as /tmp), so
 /// training processes of every user can create (and only remove) their own. A directory that
-/// exists already keeps its owner's permissions.
+/// exists already keeps its owner's permissions; anything else there (a symlink, a file) is
+/// refused, and [`scan`] will not read it.
 pub fn create_dir(dir: &Path) -> io::Result<()> {
     if let Some(parent) = dir.parent() {
         fs::create_dir_all(parent)?;
     }
     match fs::create_dir(dir) {
-        Ok(()) => fs::set_permissions(dir, fs::Permissions::from_mode(0o1777)),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        // Through a descriptor of the directory just made, not its name.
+        Ok(()) => fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(dir)?
+            .set_permissions(fs::Permissions::from_mode(0o1777)),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => real_dir(dir),
         Err(e) => Err(e),
     }
+}
+
+/// `dir` is a directory itself, not a symlink to one.
+fn real_dir(dir: &Path) -> io::Result<()> {
+    let t = fs::symlink_metadata(dir)?.file_type();
+    if t.is_dir() {
+        return Ok(());
+    }
+    let what = if t.is_symlink() { "a symbolic link" } else { "not a directory" };
+    Err(io::Error::other(format!("{} is {what}; refusing to use it", dir.display())))
 }
 
 #[cfg(test)]
@@ -268,5 +288,23 @@ mod tests {
         fs::write(dir.join("77"), "short").unwrap();
         assert!(read_file(&dir.join("77")).unwrap_err().contains("not a counter file"));
         let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// A symlink planted at the directory's name: neither made world-writable nor cleaned
+    /// (cleaning removes files of dead pids, here the victim's).
+    #[test]
+    fn a_symlinked_directory_is_neither_changed_nor_cleaned() {
+        let root = tempfile::tempdir().unwrap();
+        let victim = root.path().join("victim");
+        fs::create_dir(&victim).unwrap();
+        let dead = victim.join("4194305");
+        fs::write(&dead, "precious").unwrap();
+        let dir = root.path().join("tuner");
+        std::os::unix::fs::symlink(&victim, &dir).unwrap();
+        let e = create_dir(&dir).unwrap_err().to_string();
+        assert!(e.ends_with("tuner is a symbolic link; refusing to use it"), "{e}");
+        assert!(scan(&dir, true).is_empty());
+        assert_eq!(fs::read_to_string(&dead).unwrap(), "precious");
+        assert_eq!(fs::metadata(&victim).unwrap().permissions().mode() & 0o7777, 0o755);
     }
 }

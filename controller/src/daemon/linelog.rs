@@ -29,11 +29,12 @@ pub struct LineLog {
 
 impl LineLog {
     pub fn open(path: &Path, what: &'static str) -> anyhow::Result<Self> {
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .with_context(|| format!("opening {}", path.display()))?;
+        // Not through a symlink: lines are appended as root.
+        let file = crate::actuate::files::open_nofollow(
+            path,
+            fs::OpenOptions::new().create(true).append(true),
+        )
+        .with_context(|| format!("opening {}", path.display()))?;
         Ok(Self { file, path: path.to_owned(), what, lost: 0 })
     }
 

@@ -164,12 +164,15 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let names = interfaces(&policy);
     let ifaces = names.iter().map(|n| Iface::resolve(n)).collect::<Result<Vec<_>, _>>()?;
     let peers = peer_table(&policy)?;
-    let offsets = checks::preflight()?;
+    let offsets = checks::preflight(!o.skip_capability_check)?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     let instance_lock = if o.dry_run { None } else { Some(lock(&o.lock)?) };
     let metrics = Metrics::new(o.dry_run);
+    if let Some(w) = o.metrics_addr.exposure_warning() {
+        warn!("{w}");
+    }
     if let MetricsAddr::At(a) = o.metrics_addr {
         // Scrapes on a thread of their own: they never delay a tick (serve.rs).
         serve::spawn(serve::bind(a)?, metrics.clone())?;

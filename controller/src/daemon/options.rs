@@ -67,12 +67,32 @@ pub struct RunOptions {
     /// Stop once sensing has failed on every tick for this long (and at least 10 ticks).
     #[arg(long, value_name = "SECONDS", default_value_t = health::GIVE_UP_AFTER.as_secs(), hide = true)]
     pub sensing_give_up_s: u64,
+    /// Skip the capability check and let the kernel refuse what it refuses: shows what each
+    /// capability is needed for (a kernel that asks for others would be refused up front).
+    #[arg(long, hide = true)]
+    pub skip_capability_check: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
 pub enum MetricsAddr {
     Off,
     At(SocketAddr),
+}
+
+impl MetricsAddr {
+    /// What to warn about before serving: an unspecified address (0.0.0.0, [::]) serves the
+    /// metrics (links, peers, states, decisions) on every interface, to anyone who can reach
+    /// the host.
+    pub fn exposure_warning(&self) -> Option<String> {
+        match self {
+            Self::At(a) if a.ip().is_unspecified() => Some(format!(
+                "metrics on {a}: every interface of this host serves them, to anyone who can \
+                 reach it; give the address of the scraping network (or 127.0.0.1, the default, \
+                 behind a local agent) unless a firewall keeps others out"
+            )),
+            _ => None,
+        }
+    }
 }
 
 fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
@@ -82,4 +102,22 @@ fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
     s.parse().map(MetricsAddr::At).map_err(|_| {
         format!("{s:?} is not an address: expected IP:PORT (e.g. 127.0.0.1:9464) or \"off\"")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_unspecified_metrics_address_is_warned_about() {
+        let warned = |s: &str| parse_metrics_addr(s).unwrap().exposure_warning();
+        for s in ["0.0.0.0:9464", "[::]:9464"] {
+            let w = warned(s).expect(s);
+            assert!(w.starts_with(&format!("metrics on {s}: every interface")), "{w}");
+        }
+        for s in ["127.0.0.1:9464", "[::1]:9464", "198.18.0.1:9464", "off"] {
+            assert_eq!(warned(s), None, "{s}");
+        }
+        assert_eq!(metrics::DEFAULT_ADDR, "127.0.0.1:9464", "loopback unless told otherwise");
+    }
 }

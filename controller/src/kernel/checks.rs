@@ -251,10 +251,13 @@ fn check_retransmit_layout(format: &str) -> Result<bool, KernelError> {
 }
 
 /// Everything `watch` and `run` need from the kernel, checked before anything is loaded:
-/// privileges, the three tracepoints' layouts, and the structure offsets (a note is logged when
-/// BTF is missing and skbs are counted instead of segments).
-pub fn preflight() -> Result<KernelOffsets, KernelError> {
-    check_privileges()?;
+/// privileges (unless `capabilities` is false: then the kernel judges, syscall by syscall), the
+/// three tracepoints' layouts, and the structure offsets (a note is logged when BTF is missing
+/// and skbs are counted instead of segments).
+pub fn preflight(capabilities: bool) -> Result<KernelOffsets, KernelError> {
+    if capabilities {
+        check_privileges()?;
+    }
     ensure_tracefs()?;
     let has_err = check_retransmit_tracepoint()?;
     check_probe_tracepoint()?;

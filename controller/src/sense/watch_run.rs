@@ -42,7 +42,7 @@ pub async fn run(
     let ifaces = names.iter().map(|n| Iface::resolve(n)).collect::<Result<Vec<_>, _>>()?;
     let peer_ids = PeerIds::assign(peers.iter().map(|(n, net)| (n.as_str(), *net)))?;
     let rules = dscp_rules(dscp, &ifaces, &peer_ids)?;
-    let offsets = checks::preflight()?;
+    let offsets = checks::preflight(true)?;
     // Signal handlers first, so a Ctrl-C during attach still detaches cleanly.
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
