@@ -113,6 +113,29 @@ pub fn programs_of(pid: u32) -> Vec<u64> {
     ids
 }
 
+/// Ids of the BPF maps process `pid` holds, from its fds' fdinfo.
+pub fn maps_of(pid: u32) -> Vec<u64> {
+    std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .map(|fds| {
+            fds.filter_map(|fd| std::fs::read_to_string(fd.ok()?.path()).ok())
+                .filter_map(|info| {
+                    info.lines().find_map(|l| l.strip_prefix("map_id:")?.trim().parse().ok())
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Resident memory of process `pid`, bytes (VmRSS in /proc/PID/status).
+pub fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix(" kB")?.trim().parse().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
 /// What the daemon may change on the host, read before it starts, and the programs it loaded.
 pub struct HostBefore {
     netns: String,

@@ -5,6 +5,7 @@
 //! namespaces a test made.
 
 pub mod configmap;
+pub mod connections;
 pub mod daemon;
 pub mod faults;
 pub mod grafana;

@@ -97,3 +97,22 @@ pub fn ours_loaded() -> Vec<(u64, String)> {
 pub fn ours_loaded_since(before: &[(u64, String)]) -> Vec<(u64, String)> {
     ours_loaded().into_iter().filter(|p| !before.contains(p)).collect()
 }
+
+/// Entries in BPF map `id` as `bpftool map dump` counts them ("Found N elements").
+pub fn map_entries(id: u64) -> u64 {
+    let out = sh(&["bpftool", "map", "dump", "id", &id.to_string()]);
+    out.lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("Found ")?.strip_suffix(" elements")?.parse().ok())
+        .unwrap_or_else(|| panic!("bpftool map dump id {id} printed no count"))
+}
+
+/// The id of the BPF map named `name` among `ids`, from `bpftool map show`.
+pub fn map_named(ids: &[u64], name: &str) -> Option<u64> {
+    let maps: Value =
+        serde_json::from_str(&sh(&["bpftool", "map", "show", "--json"])).expect("JSON");
+    maps.as_array()?.iter().find_map(|m| {
+        let id = m["id"].as_u64()?;
+        (ids.contains(&id) && m["name"] == name).then_some(id)
+    })
+}
