@@ -168,3 +168,22 @@ pub fn status_json(dir: &Path) -> serde_json::Value {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).expect("status JSON")
 }
+
+/// A one-state policy for a `netns::Pair`'s `lpa0` that sets tcp_ecn: enough for tests of how the
+/// daemon starts, runs and stops rather than of what it decides.
+pub const PAIR_POLICY: &str = r#"
+[daemon]
+tick = "100ms"
+[host]
+tcp_ecn = 1
+[[link]]
+name = "wan"
+interfaces = ["lpa0"]
+capacity = "50Mbit/s"
+[[state]]
+name = "healthy"
+[state.knobs]
+compression = "none"
+dscp = 26
+roce_traffic_class = 106
+"#;

@@ -9,7 +9,7 @@ use std::{path::Path, time::Duration};
 
 use linkpilot::board::BoardReader;
 use linkpilot_tests::{
-    daemon::{lab_with, sysctl, tcp_rmem_max, wait_for, Daemon},
+    daemon::{lab_with, sysctl, tcp_rmem_max, wait_for, Daemon, PAIR_POLICY},
     linkpilot_bin,
     netns::Pair,
     oracle::{attached_programs, links_of, ours_loaded},
@@ -227,30 +227,13 @@ fn refused(ns: &str, caps: &[String], extra: &[&str], dir: &Path) -> String {
     let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
     let mut args = vec!["--metrics-addr", "off"];
     args.extend(extra);
-    let mut d = Daemon::start_under(ns, &wrapper, dir, POLICY_PAIR, &args);
+    let mut d = Daemon::start_under(ns, &wrapper, dir, PAIR_POLICY, &args);
     let status = d.exit_within(Duration::from_secs(30));
     let log = d.log();
     assert_eq!(status.code(), Some(1), "{log}");
     assert!(!log.contains("linkpilot running"), "{log}");
     log
 }
-
-const POLICY_PAIR: &str = r#"
-[daemon]
-tick = "100ms"
-[host]
-tcp_ecn = 1
-[[link]]
-name = "wan"
-interfaces = ["lpa0"]
-capacity = "50Mbit/s"
-[[state]]
-name = "healthy"
-[state.knobs]
-compression = "none"
-dscp = 26
-roce_traffic_class = 106
-"#;
 
 #[test]
 fn without_any_one_of_the_units_capabilities_the_daemon_stops_naming_what_failed() {
@@ -288,7 +271,7 @@ fn under_ip_netns_exec_the_units_capabilities_cannot_mount_tracefs() {
     let pair = Pair::new("198.18.86.1", "198.18.86.2");
     let dir = temp_dir("netns-exec");
     std::fs::create_dir_all(&dir).expect("dir");
-    std::fs::write(dir.join("policy.toml"), POLICY_PAIR).expect("policy");
+    std::fs::write(dir.join("policy.toml"), PAIR_POLICY).expect("policy");
     let bin = linkpilot_bin().display().to_string();
     let wrapper = setpriv(&caps);
     let p = |f: &str| dir.join(f).display().to_string();
@@ -369,7 +352,7 @@ fn the_units_syscall_filter_allows_every_call_the_daemon_makes() {
     let mut wrapper = setpriv(&caps);
     wrapper.extend(["strace", "-f", "-qq", "-o", &trace].map(str::to_owned));
     let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
-    let mut d = Daemon::start_under(&pair.a.name, &wrapper, &dir, POLICY_PAIR, &["--ticks", "30"]);
+    let mut d = Daemon::start_under(&pair.a.name, &wrapper, &dir, PAIR_POLICY, &["--ticks", "30"]);
     // Both servers answer once while it runs.
     let sock = dir.join("status.sock").display().to_string();
     let status =
