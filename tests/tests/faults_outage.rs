@@ -1,7 +1,7 @@
-//! The lab's outage (`outage.toml`: a phase with the link down both ways) under iperf3, the daemon on the HK
-//! host: it keeps deciding through the outage, what it reads follows the link (nothing crosses
-//! while it is down, iperf3's rate after), its state follows what it reads, and it recovers
-//! after; the namespace is left as it was.
+//! The lab's outage (`outage.toml`: a phase with the link down both ways) under iperf3, the daemon
+//! on the HK host: it keeps deciding through the outage, what it reads follows the link (nothing
+//! crosses while it is down, iperf3's rate after), it enters its dead-link state (`unanswered`),
+//! and it recovers after; the namespace is left as it was.
 
 use std::time::Duration;
 
@@ -19,8 +19,8 @@ use linkpilot_tests::{
 const SCENARIO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../lab/scenarios/outage.toml");
 const DOWN: (f64, f64) = (45.0, 48.0);
 
-/// A calm state and one entered when goodput falls under 10% of the capacity while the link
-/// carries traffic (retransmissions into a dead link).
+/// A calm state and one entered when the link has retransmitted and heard nothing for 500 ms:
+/// the first RTO comes about 0.4 s into the outage, so the state is entered about 1 s in.
 fn policy(us: &str) -> String {
     format!(
         r#"
@@ -47,8 +47,8 @@ dscp = 26
 roce_traffic_class = 106
 [[state]]
 name = "stalled"
-enter = {{ goodput_below = "10%", retrans = "5%" }}
-exit = {{ goodput_below = "20%", retrans = "1%" }}
+enter = {{ unanswered = "500ms" }}
+exit = {{ unanswered = "200ms" }}
 [state.knobs]
 compression = "int8"
 dscp = 10
@@ -111,6 +111,7 @@ fn through_the_lab_outage_the_daemon_decides_on_and_recovers_after() {
     let before_tx = phase(DOWN.0 - 3.0, DOWN.0).map(|s| s.3).fold(0.0, f64::max);
     let back = phase(DOWN.1, DOWN.1 + 14.0).find(|s| s.3 > 5e6).map(|s| s.0.as_secs_f64() - DOWN.1);
     let end_state = samples.last().expect("samples").2.clone();
+    let states_before: Vec<&str> = phase(DOWN.0 - 3.0, DOWN.0).map(|s| s.2.as_str()).collect();
     eprintln!(
         "outage: {ticks_down} ticks in the last 2 s down; tx before {before_tx:.0} bit/s, at most \
          {max_tx_down:.0} down; states down {states_down:?}; traffic back after {back:?} s; \
@@ -124,6 +125,9 @@ fn through_the_lab_outage_the_daemon_decides_on_and_recovers_after() {
     assert!(before_tx > 5e6, "iperf3 read before the outage: {before_tx}");
     assert!(max_tx_down < 1e6, "nothing crosses a dead link: {max_tx_down}");
     assert!(back.is_some(), "traffic read again after the outage");
+    assert!(states_before.iter().all(|s| *s == "healthy"), "before the outage: {states_before:?}");
+    assert!(states_down.contains(&"stalled"), "a dead link is entered as such: {states_down:?}");
+    assert_eq!(end_state, "healthy", "after the outage");
     assert_eq!(status_json(&dir)["sensing_errors"], 0);
     host.assert_one_set_attached(d.child.id());
     faults::stop(&mut d);

@@ -79,13 +79,14 @@ fn value(signal: &str, s: &Signals) -> Option<f64> {
         "retrans" => Some(s.retrans),
         "cnp_rate" => Some(s.cnp_per_s),
         "goodput_below" => s.active.then_some(s.goodput_fraction),
+        "unanswered" => Some(s.unanswered_ms),
         _ => None,
     }
 }
 
 fn show(signal: &str, v: f64) -> String {
     match signal {
-        "rtt_p99" | "jitter" => format!("{v:.1}ms"),
+        "rtt_p99" | "jitter" | "unanswered" => format!("{v:.1}ms"),
         "cnp_rate" => format!("{v:.0}/s"),
         _ => format!("{:.2}%", v * 100.0),
     }

@@ -45,6 +45,11 @@ pub struct Signals {
     pub goodput_fraction: f64,
     /// Whether the link carried traffic this tick (goodput conditions need it).
     pub active: bool,
+    /// How long the link has gone without receiving a packet since it retransmitted one, ms:
+    /// 0 once anything arrives. A dead link shows here while its shares are unmeasured (the
+    /// retransmissions into it are far below `min_packet_rate`).
+    #[serde(default)]
+    pub unanswered_ms: f64,
 }
 
 /// Max (or, negated, min) over a sliding time window, amortised O(1).
@@ -118,6 +123,8 @@ pub struct Estimator {
     baseline: WindowedMax,
     delivery: WindowedMax,
     peak_p99: WindowedMax,
+    /// The first tick that retransmitted after the link last received anything.
+    unanswered_since: Option<Duration>,
     signals: Signals,
 }
 
@@ -146,6 +153,7 @@ impl Estimator {
             baseline: WindowedMax::default(),
             delivery: WindowedMax::default(),
             peak_p99: WindowedMax::default(),
+            unanswered_since: None,
             signals: Signals::default(),
         }
     }
@@ -175,6 +183,14 @@ impl Estimator {
         let s = &mut self.signals;
         s.at_ms = at_ms;
         s.active = a.tx_pps > 0.0 || a.rx_pps > 0.0;
+        // Raw rates of this tick, not EWMAs: one packet received answers the link.
+        if a.rx_pps > 0.0 {
+            self.unanswered_since = None;
+        } else if a.retrans_per_s > 0.0 && self.unanswered_since.is_none() {
+            self.unanswered_since = Some(now);
+        }
+        s.unanswered_ms =
+            self.unanswered_since.map_or(0.0, |t| now.saturating_sub(t).as_secs_f64() * 1e3);
         s.ce_fraction = share(ce, rx);
         s.retrans = share(re, tx);
         s.cnp_per_s = self.cnp.update(a.cnp_per_s, dt);
@@ -386,5 +402,36 @@ mod tests {
         let s = e.update(&burst);
         // EWMAs after one half-life: marked 500/s, all 5,500/s.
         assert!((s.ce_fraction - 500.0 / 5500.0).abs() < 1e-12, "{}", s.ce_fraction);
+    }
+
+    /// A dead link: RTO retransmissions go out, nothing comes back; `unanswered` counts the time
+    /// (the retransmission share soon reads 0: their rate is far below `min_packet_rate`).
+    #[test]
+    fn a_link_that_retransmits_and_hears_nothing_is_unanswered_until_a_packet_arrives() {
+        let mut e = Fed::new();
+        let dead = |at_s: u64, retrans: f64| {
+            let mut s = snap(at_s, 180.0, 0.0);
+            s.peers[0].rx_pps = 0.0;
+            s.peers[0].tx_pps = retrans;
+            s.peers[0].retrans_per_s = retrans;
+            s.peers[0].rtt = RttSnapshot::default();
+            s
+        };
+        assert_eq!(e.update(&snap(0, 180.0, 0.0)).unanswered_ms, 0.0);
+        // Silent but not retransmitting (a receiver whose sender paused): not unanswered.
+        assert_eq!(e.update(&dead(1, 0.0)).unanswered_ms, 0.0);
+        assert_eq!(e.update(&dead(2, 3.0)).unanswered_ms, 0.0, "the first retransmission");
+        // Backed-off RTOs leave ticks without any: the time still counts from the first.
+        assert_eq!(e.update(&dead(3, 0.0)).unanswered_ms, 1000.0);
+        assert_eq!(e.update(&dead(5, 1.0)).unanswered_ms, 3000.0);
+        // One packet from the peer answers it.
+        let mut back = dead(6, 1.0);
+        back.peers[0].rx_pps = 1.0;
+        assert_eq!(e.update(&back).unanswered_ms, 0.0);
+        // Traffic from peers not on the link answers nothing.
+        let mut other_only = dead(7, 2.0);
+        other_only.peers[1].rx_pps = 1e6;
+        e.update(&other_only);
+        assert_eq!(e.update(&dead(8, 0.0)).unanswered_ms, 1000.0);
     }
 }

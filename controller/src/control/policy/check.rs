@@ -271,7 +271,7 @@ fn check_states(raw: &[Spanned<RawState>], b: &Bounds, e: &mut Errors) -> Vec<St
             e.at(enter_span.clone(), format!("state {name:?} is the first (healthiest) state: it has no enter thresholds; remove them or put a healthier state first"));
         }
         if i > 0 && enter.conditions().is_empty() {
-            e.at(enter_span.clone(), format!("state {name:?} needs enter thresholds (any of rtt_inflation, rtt_p99, jitter, ce_fraction, retrans, cnp_rate, goodput_below)"));
+            e.at(enter_span.clone(), format!("state {name:?} needs enter thresholds (any of rtt_inflation, rtt_p99, jitter, ce_fraction, retrans, cnp_rate, goodput_below, unanswered)"));
         }
         let exit = match &s.exit {
             None => enter,
@@ -412,5 +412,14 @@ fn merge(into: &mut Thresholds, from: &Thresholds) {
     macro_rules! take {
         ($($f:ident),*) => {$( if from.$f.is_some() { into.$f = from.$f; } )*};
     }
-    take!(rtt_inflation, rtt_p99, jitter, ce_fraction, retrans, cnp_rate, goodput_below);
+    take!(
+        rtt_inflation,
+        rtt_p99,
+        jitter,
+        ce_fraction,
+        retrans,
+        cnp_rate,
+        goodput_below,
+        unanswered
+    );
 }

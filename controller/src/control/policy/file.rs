@@ -298,6 +298,8 @@ pub struct Thresholds {
     pub cnp_rate: Option<PerSecond>,
     /// Goodput below this share of the link's capacity (while the link carries traffic).
     pub goodput_below: Option<Fraction>,
+    /// Nothing received for this long since the link retransmitted: a dead link or peer.
+    pub unanswered: Option<Nanos>,
 }
 
 /// A knob value that is either fixed or derived from measurements ("auto").

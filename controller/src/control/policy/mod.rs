@@ -225,7 +225,7 @@ impl Errors<'_> {
 }
 
 /// The signals a threshold can name, with how to compare them: `true` if higher is worse.
-const SIGNALS: [(&str, bool); 7] = [
+const SIGNALS: [(&str, bool); 8] = [
     ("rtt_inflation", true),
     ("rtt_p99", true),
     ("jitter", true),
@@ -233,6 +233,7 @@ const SIGNALS: [(&str, bool); 7] = [
     ("retrans", true),
     ("cnp_rate", true),
     ("goodput_below", false),
+    ("unanswered", true),
 ];
 
 impl Thresholds {
@@ -247,6 +248,7 @@ impl Thresholds {
             ("retrans", self.retrans.map(|x| x.0)),
             ("cnp_rate", self.cnp_rate.map(|x| x.0)),
             ("goodput_below", self.goodput_below.map(|x| x.0)),
+            ("unanswered", self.unanswered.map(|x| x.0 as f64 / 1e6)),
         ]
         .into_iter()
         .filter_map(|(n, v)| Some((n, v?)))
@@ -275,6 +277,9 @@ impl Thresholds {
         }
         if let Some(x) = self.goodput_below {
             v.push(("goodput_below", x.0, x.to_string()));
+        }
+        if let Some(x) = self.unanswered {
+            v.push(("unanswered", x.0 as f64 / 1e6, format!("{}ms", x.0 as f64 / 1e6)));
         }
         v
     }
