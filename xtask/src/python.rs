@@ -7,8 +7,9 @@ use crate::run::{status, succeeds, workspace_root};
 
 /// The tested torch; the package itself accepts any torch >= 2.4.
 const TORCH: &str = "torch==2.15.0";
-/// numpy only quiets torch's warning at import; pytest and mypy run the checks.
-const TOOLS: &[&str] = &["numpy", "pytest>=8", "mypy>=1.10"];
+/// numpy only quiets torch's warning at import; pytest and mypy run the checks; atheris fuzzes
+/// the env-file loader (`cargo xtask fuzz`, a cp311 manylinux wheel).
+const TOOLS: &[&str] = &["numpy", "pytest>=8", "mypy>=1.10", "atheris==3.0.0"];
 
 pub fn venv() -> PathBuf {
     workspace_root().join(".venv")
@@ -23,7 +24,7 @@ pub fn setup() -> anyhow::Result<()> {
     let ready = python().exists()
         && succeeds(
             Command::new(python())
-                .args(["-c", "import torch, numpy, pytest, mypy, linkpilot.board"]),
+                .args(["-c", "import torch, numpy, pytest, mypy, atheris, linkpilot.board"]),
         );
     if ready {
         return Ok(());

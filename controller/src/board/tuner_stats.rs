@@ -82,6 +82,14 @@ pub fn read_file(path: &Path) -> Result<TunerProcess, String> {
     }
     let mut bytes = vec![0u8; TUNER_SIZE];
     f.read_exact(&mut bytes).map_err(|e| e.to_string())?;
+    parse(&bytes)
+}
+
+/// A counter file's bytes (anyone's: checked, never trusted), or why they are not one.
+pub fn parse(bytes: &[u8]) -> Result<TunerProcess, String> {
+    if bytes.len() != TUNER_SIZE {
+        return Err(format!("not a counter file ({} bytes, one has {TUNER_SIZE})", bytes.len()));
+    }
     // SAFETY: TunerStats is repr(C) plain integers (any bytes are a value), read unaligned from
     // a buffer of exactly its size.
     let s: TunerStats = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
