@@ -31,7 +31,7 @@ unsafe extern "C" fn logger(
     // SAFETY: the plugin passes a NUL-terminated format and, for "%s", one string.
     unsafe {
         assert_eq!(CStr::from_ptr(fmt).to_bytes(), b"%s");
-        let line = CStr::from_ptr(args.arg::<*const c_char>()).to_bytes();
+        let line = CStr::from_ptr(args.next_arg::<*const c_char>()).to_bytes();
         assert!(line.len() < 512 && !line.contains(&b'\n'), "{line:?}");
     }
 }
