@@ -31,7 +31,6 @@ const INPUT_TIMEOUT_S: u64 = 10;
 
 /// What one target's run did.
 pub struct Outcome {
-    pub target: String,
     pub runs: u64,
     pub seconds: f64,
     /// Inputs in the corpus libFuzzer kept (`corp:` of its last line).
@@ -119,7 +118,7 @@ fn run_one(target: &str, seconds: u64) -> anyhow::Result<Outcome> {
             log.display()
         );
     }
-    outcome(target, &text).with_context(|| format!("reading {}", log.display()))
+    outcome(&text).with_context(|| format!("reading {}", log.display()))
 }
 
 /// The input libFuzzer saved for a crash ("Test unit written to PATH").
@@ -132,7 +131,7 @@ fn crash_input(log: &str) -> Option<PathBuf> {
 
 /// Executions, seconds and corpus size from libFuzzer's last lines ("Done N runs in S
 /// second(s)"; the last status line's "corp: N/..").
-fn outcome(target: &str, log: &str) -> anyhow::Result<Outcome> {
+fn outcome(log: &str) -> anyhow::Result<Outcome> {
     let done = log
         .lines()
         .rev()
@@ -146,7 +145,7 @@ fn outcome(target: &str, log: &str) -> anyhow::Result<Outcome> {
         .find_map(|l| l.split_once(" corp: ").map(|(_, r)| r.split('/').next().unwrap_or("")))
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or(0);
-    Ok(Outcome { target: target.to_owned(), runs, seconds, corpus })
+    Ok(Outcome { runs, seconds, corpus })
 }
 
 #[cfg(test)]
@@ -158,9 +157,9 @@ mod tests {
         let log = "#4096\tpulse  cov: 28 ft: 58 corp: 12/55b lim: 20 exec/s: 455 rss: 43Mb\n\
                    #4284\tDONE   cov: 28 ft: 58 corp: 13/60b lim: 20 exec/s: 389 rss: 43Mb\n\
                    Done 4284 runs in 11 second(s)\n";
-        let o = outcome("t", log).unwrap();
+        let o = outcome(log).unwrap();
         assert_eq!((o.runs, o.seconds, o.corpus), (4284, 11.0, 13));
-        assert!(outcome("t", "==1== ERROR: libFuzzer: deadly signal\n").is_err());
+        assert!(outcome("==1== ERROR: libFuzzer: deadly signal\n").is_err());
         let crash = "SUMMARY: libFuzzer: deadly signal\n\
                      Test unit written to fuzz/artifacts/policy/crash-da39a3ee\n";
         assert!(crash_input(crash).unwrap().ends_with("fuzz/artifacts/policy/crash-da39a3ee"));
