@@ -200,8 +200,11 @@ pub fn parse(p: &(impl PacketBytes + ?Sized), l2: u32) -> Option<Headers> {
             h.header_len = (l4 + 8) as u16;
         }
         _ => {
-            // ICMP and the like: reached, with no ports to read.
-            h.l4 = l4 as u16;
+            // ICMP and the like: reached if its first byte is in the packet (extension
+            // headers may claim more than there is), with no ports to read.
+            if p.byte(l4).is_some() {
+                h.l4 = l4 as u16;
+            }
             return Some(h);
         }
     }
@@ -341,6 +344,23 @@ mod tests {
         let bad_doff = cat(&[&eth(ETH_P_IP), &ipv4(5, IPPROTO_TCP)[..20], &tcp(4)]);
         assert_eq!(segment_header_len(&bad_doff[..60], L2_ETHERNET), None);
         assert_eq!(segment_header_len(&pkt[..66], 7), None);
+    }
+
+    /// Found by the `packet` fuzz target: an extension header longer than the packet, then a
+    /// protocol without ports, gave a transport offset past the end instead of "unparsed".
+    #[test]
+    fn a_transport_header_past_the_end_is_unparsed() {
+        let pkt = [
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x86, 0xdd, 0x6b, 0x80, 0, 0, 0, 0, 0, 0, 0x20,
+            0x01, 0x0d, 0xb8, 0x0a, 0, 0, 0, 0xfa, 0, 0, 0, 0, 0, 0, 0, 0x12, 0xb7, 0, 0, 0, 0,
+            0x0a, 0, 0, 0, 0, 0, 0, 0x12, 0, 0, 0x03, 0x45,
+        ];
+        let h = parse(&pkt[..], L2_ETHERNET).unwrap();
+        assert_eq!((h.version, h.proto, h.l4, h.header_len), (6, 3, 0, 0));
+        // The same chain with the packet long enough reaches the protocol's header.
+        let mut long = [0u8; 700];
+        long[..pkt.len()].copy_from_slice(&pkt);
+        assert_eq!(parse(&long[..], L2_ETHERNET).unwrap().l4, 614);
     }
 
     fn ipv6_with(next: u8, ext: &[u8], l4: &[u8]) -> [u8; 128] {

@@ -514,8 +514,9 @@ fn key_before(src: &str, offset: usize) -> Option<&str> {
     let before = src[line_start..offset.min(src.len())].trim_end();
     let before = before.strip_suffix('=')?.trim_end();
     let start = before
-        .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
-        .map_or(0, |i| i + 1);
+        .char_indices()
+        .rfind(|&(_, c)| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+        .map_or(0, |(i, c)| i + c.len_utf8());
     let key = &before[start..];
     (!key.is_empty()).then_some(key)
 }
@@ -534,6 +535,16 @@ mod tests {
 
     fn err(src: &str) -> String {
         Scenario::parse(src, "bad.toml", None).unwrap_err().to_string()
+    }
+
+    /// Found by the `scenario` fuzz target: a multi-byte character just before the key of a
+    /// bad value cut the source inside that character (a panic instead of the error).
+    #[test]
+    fn a_multibyte_character_before_a_bad_value_is_an_error() {
+        let e = err("[[phase]]\nn\u{feff}ame =  = ]a\n");
+        assert!(e.starts_with("bad.toml:2:10: field `ame`: extra `=`"), "{e}");
+        let e = err("[[phase]]\nname = \"x\"\nduration = \"1s\"\n\u{e9}delay = \"9 parsecs\"\n");
+        assert!(e.starts_with("bad.toml:"), "{e}");
     }
 
     #[test]

@@ -273,10 +273,16 @@ pub fn teardown() {
     LAST_MESSAGE.store(0, Ordering::Relaxed);
 }
 
-/// A NUL-padded board name as text.
+/// A NUL-padded board name as text: a policy's name (letters, digits, '.', '_', '-'), or "?"
+/// for anything else, so that a corrupt board cannot put control characters or lines of its
+/// own into NCCL's log.
 pub fn text(bytes: &[u8; BOARD_NAME_LEN]) -> &str {
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(BOARD_NAME_LEN);
-    std::str::from_utf8(&bytes[..end]).unwrap_or("?")
+    let name = &bytes[..end];
+    if !name.iter().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(b)) {
+        return "?";
+    }
+    std::str::from_utf8(name).unwrap_or("?")
 }
 
 #[cfg(test)]
@@ -287,6 +293,21 @@ mod tests {
         sync::{atomic::AtomicBool, Arc},
         time::Duration,
     };
+
+    /// Found by the `tuner_board` fuzz target: a board whose link name held newlines and
+    /// control bytes put them into NCCL's log line.
+    #[test]
+    fn names_that_are_not_a_policys_are_not_logged() {
+        let name = |s: &[u8]| {
+            let mut b = [0u8; BOARD_NAME_LEN];
+            b[..s.len()].copy_from_slice(s);
+            b
+        };
+        assert_eq!(text(&name(b"hk-us_1.2")), "hk-us_1.2");
+        assert_eq!(text(&name(b"wan\n\nlinkpilot: forged")), "?");
+        assert_eq!(text(&name(b"\x12\x12")), "?");
+        assert_eq!(text(&name("w\u{e4}n".as_bytes())), "?");
+    }
 
     /// The daemon's writer copies a whole board in well under a microsecond, so a tear is rare
     /// in any test that uses it. Here a writer that follows the same seqlock protocol writes a

@@ -1,10 +1,11 @@
-//! Project automation: `cargo xtask setup | build-ebpf | test | demo | bench-daemon |
+//! Project automation: `cargo xtask setup | build-ebpf | test | fuzz | demo | bench-daemon |
 //! bench-training`.
 
 mod bench_daemon;
 mod bench_training;
 mod build_ebpf;
 mod demo;
+mod fuzz;
 mod lab;
 mod python;
 mod run;
@@ -63,6 +64,17 @@ enum Command {
         #[arg(long, requires = "configs")]
         keep: bool,
     },
+    /// The coverage-guided fuzz targets (fuzz/: cargo-fuzz on nightly, and atheris for the
+    /// Python env-file loader), each for a while from the committed seeds; fails on a crash,
+    /// naming the input.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Only this target.
+        #[arg(long)]
+        target: Option<String>,
+    },
     /// Setup, then fmt check, clippy, unit tests and (as root) the privileged tests.
     Test {
         /// Skip the privileged tests (they need root: namespaces, eBPF).
@@ -80,6 +92,10 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Test { no_privileged } => test::run(!no_privileged),
+        Command::Fuzz { seconds, target } => {
+            setup::run()?;
+            fuzz::run(seconds, target.as_deref()).map(drop)
+        }
         Command::Demo { seconds } => demo::run(seconds),
         Command::BenchDaemon { flows, seconds } => bench_daemon::run(flows, seconds),
         Command::BenchTraining { quick, scenario, configs, keep } => {

@@ -10,8 +10,10 @@ use crate::run::{status, succeeds, workspace_root};
 const TORCH: &str = "torch==2.15.0";
 /// numpy only quiets torch's warning at import; pytest and mypy run the checks;
 /// kubernetes-validate checks deploy/k8s against the Kubernetes schemas offline (1.37.0
-/// carries the schemas of Kubernetes 1.37, which controller/tests/deploy.rs names).
-const TOOLS: &[&str] = &["numpy", "pytest>=8", "mypy>=1.10", "kubernetes-validate==1.37.0"];
+/// carries the schemas of Kubernetes 1.37, which controller/tests/deploy.rs names); atheris
+/// fuzzes the env-file loader (`cargo xtask fuzz`, a cp311 manylinux wheel).
+const TOOLS: &[&str] =
+    &["numpy", "pytest>=8", "mypy>=1.10", "kubernetes-validate==1.37.0", "atheris==3.0.0"];
 
 pub fn venv() -> PathBuf {
     workspace_root().join(".venv")
@@ -26,7 +28,7 @@ pub fn setup() -> anyhow::Result<()> {
     let ready = python().exists()
         && succeeds(Command::new(python()).args([
             "-c",
-            "import torch, numpy, pytest, mypy, kubernetes_validate, linkpilot.board",
+            "import torch, numpy, pytest, mypy, kubernetes_validate, atheris, linkpilot.board",
         ]));
     if ready {
         return Ok(());

@@ -75,6 +75,7 @@ pub fn run() -> anyhow::Result<()> {
     nightly_toolchain().context("setup step 'nightly toolchain with rust-src'")?;
     debian_packages().context("setup step 'Debian packages'")?;
     bpf_linker().context("setup step 'bpf-linker (LLVM 22)'")?;
+    cargo_fuzz().context("setup step 'cargo-fuzz'")?;
     tracefs().context("setup step 'tracefs mounted'")?;
     crate::python::setup().context("setup step 'Python virtualenv with torch'")?;
     eprintln!("setup: everything is in place");
@@ -168,6 +169,17 @@ fn bpf_linker() -> anyhow::Result<()> {
                 "llvm-22",
             ])
             .env("PATH", path),
+    )
+}
+
+/// cargo-fuzz builds and runs the fuzz targets (`cargo xtask fuzz`) on nightly.
+fn cargo_fuzz() -> anyhow::Result<()> {
+    if succeeds(Command::new(env!("CARGO")).args(["fuzz", "--version"])) {
+        return Ok(());
+    }
+    status(
+        "cargo install cargo-fuzz",
+        Command::new(env!("CARGO")).args(["install", "cargo-fuzz", "--locked"]),
     )
 }
 

@@ -10,6 +10,9 @@ use crate::{
     setup,
 };
 
+/// Seconds per fuzz target in the short form (8 targets).
+const FUZZ_SECONDS: u64 = 10;
+
 pub fn run(privileged: bool) -> anyhow::Result<()> {
     setup::run()?;
     let cargo = env!("CARGO");
@@ -59,6 +62,9 @@ pub fn run(privileged: bool) -> anyhow::Result<()> {
     )?;
     status("building linkpilot", Command::new(cargo).args(["build", "--package", "linkpilot"]))?;
     crate::python::test(&workspace_root().join("target/debug/linkpilot"))?;
+    // Every fuzz target briefly from its seeds: a crash fails the run.
+    eprintln!("test: cargo xtask fuzz --seconds {FUZZ_SECONDS}");
+    crate::fuzz::run(FUZZ_SECONDS, None).context("the fuzz targets")?;
     if !privileged {
         eprintln!("test: privileged tests skipped (--no-privileged)");
         return Ok(());

@@ -16,8 +16,8 @@ use std::{
 use linkpilot_common::{
     board::nccl,
     tuner::{
-        board_state, choice, TunerStats, COLLS, COLL_SLOTS, SIZE_CLASSES, TUNER_MAGIC, TUNER_SIZE,
-        TUNER_VERSION,
+        board_state, choice, TunerEntry, TunerStats, COLLS, COLL_SLOTS, SIZE_CLASSES, TUNER_MAGIC,
+        TUNER_SIZE, TUNER_VERSION,
     },
 };
 use serde::{Deserialize, Serialize};
@@ -82,6 +82,14 @@ pub fn read_file(path: &Path) -> Result<TunerProcess, String> {
     }
     let mut bytes = vec![0u8; TUNER_SIZE];
     f.read_exact(&mut bytes).map_err(|e| e.to_string())?;
+    parse(&bytes)
+}
+
+/// A counter file's bytes (anyone's: checked, never trusted), or why they are not one.
+pub fn parse(bytes: &[u8]) -> Result<TunerProcess, String> {
+    if bytes.len() != TUNER_SIZE {
+        return Err(format!("not a counter file ({} bytes, one has {TUNER_SIZE})", bytes.len()));
+    }
     // SAFETY: TunerStats is repr(C) plain integers (any bytes are a value), read unaligned from
     // a buffer of exactly its size.
     let s: TunerStats = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
@@ -125,8 +133,10 @@ pub fn read_file(path: &Path) -> Result<TunerProcess, String> {
             });
         }
     }
-    let calls: u64 = s.entries.iter().flatten().map(|e| e.calls).sum();
-    let chunk_calls: u64 = s.entries.iter().flatten().map(|e| e.chunk_calls).sum();
+    // Anyone's counts: summed without overflowing.
+    let sum =
+        |f: fn(&TunerEntry) -> u64| s.entries.iter().flatten().map(f).fold(0, u64::saturating_add);
+    let (calls, chunk_calls) = (sum(|e| e.calls), sum(|e| e.chunk_calls));
     Ok(TunerProcess {
         pid: h.pid,
         communicators: h.communicators,
@@ -211,7 +221,28 @@ fn real_dir(dir: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use linkpilot_common::tuner::{TunerEntry, TunerHeader};
+    use linkpilot_common::tuner::TunerHeader;
+
+    /// Found by the `tuner_stats` fuzz target: counts whose sum overflows (anyone may write a
+    /// counter file) panicked the daemon's scan; they add up to the most a u64 holds.
+    #[test]
+    fn counts_that_overflow_saturate() {
+        let mut bytes = vec![0u8; TUNER_SIZE];
+        bytes[..8].copy_from_slice(&TUNER_MAGIC);
+        bytes[8..12].copy_from_slice(&TUNER_VERSION.to_ne_bytes());
+        bytes[12..16].copy_from_slice(&(TUNER_SIZE as u32).to_ne_bytes());
+        // Two entries (48 bytes each after the 64-byte header) with u64::MAX calls and chunk
+        // calls.
+        for entry in [0, 1] {
+            let at = 64 + entry * 48;
+            bytes[at..at + 4].copy_from_slice(&choice::SEEN.to_ne_bytes());
+            bytes[at + 8..at + 16].copy_from_slice(&u64::MAX.to_ne_bytes());
+            bytes[at + 32..at + 40].copy_from_slice(&u64::MAX.to_ne_bytes());
+        }
+        let p = parse(&bytes).unwrap();
+        assert_eq!((p.calls, p.chunk_calls, p.choices.len()), (u64::MAX, u64::MAX, 2));
+        assert!(parse(&bytes[1..]).unwrap_err().contains("not a counter file"));
+    }
 
     fn file(dir: &Path, pid: u32, stats: &TunerStats) -> std::path::PathBuf {
         let path = dir.join(pid.to_string());

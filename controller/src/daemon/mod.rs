@@ -14,6 +14,7 @@ mod reload;
 mod report;
 mod serve;
 pub mod status;
+pub mod status_request;
 
 use std::{
     fs,

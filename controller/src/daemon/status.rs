@@ -14,12 +14,15 @@ use std::{
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use tokio::{
-    io::{AsyncBufReadExt, AsyncWriteExt, BufReader as TokioBufReader},
+    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader as TokioBufReader},
     net::UnixListener,
 };
 use tracing::{debug, warn};
 
-use super::ledger::ActuatorStatus;
+use super::{
+    ledger::ActuatorStatus,
+    status_request::{reply, MAX_REQUEST, REFUSED},
+};
 use crate::{
     board::tuner_stats::TunerProcess,
     control::{estimator::Signals, knobs::bytes, Knobs},
@@ -136,8 +139,8 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Answers requests until the task is dropped. "status" (or an empty line) gets the status;
-/// anything else an error object.
+/// Answers requests until the task is dropped: one line each, as `status_request::reply`
+/// decides.
 pub async fn serve(listener: UnixListener, shared: Shared) {
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
@@ -156,30 +159,24 @@ pub async fn serve(listener: UnixListener, shared: Shared) {
         let shared = shared.clone();
         tokio::spawn(async move {
             let (r, mut w) = stream.into_split();
-            let reply = if !allowed {
+            let answer = if !allowed {
                 warn!("status: refused a client that is not root");
-                "{\"error\":\"permission denied: the status API is root-only\"}".to_owned()
+                REFUSED.to_owned()
             } else {
-                let mut line = String::new();
+                let mut line = Vec::new();
+                let limit = MAX_REQUEST as u64 + 1;
                 let read = tokio::time::timeout(
                     Duration::from_secs(2),
-                    TokioBufReader::new(r).read_line(&mut line),
+                    TokioBufReader::new(r.take(limit)).read_until(b'\n', &mut line),
                 )
                 .await;
-                match (read, line.trim()) {
-                    (Ok(Ok(_)), "" | "status") => {
-                        let s = shared.lock().map(|s| s.clone()).unwrap_or_default();
-                        serde_json::to_string(&s).unwrap_or_default()
-                    }
-                    (Ok(Ok(_)), other) => serde_json::json!({
-                        "error": format!("unknown request {other:?}: the API answers \"status\"")
-                    })
-                    .to_string(),
-                    _ => return,
+                if !matches!(read, Ok(Ok(_))) {
+                    return;
                 }
+                reply(&line, || shared.lock().map(|s| s.clone()).unwrap_or_default())
             };
             // A client that does not read its reply is not kept waiting for.
-            let line = format!("{reply}\n");
+            let line = format!("{answer}\n");
             let write = w.write_all(line.as_bytes());
             match tokio::time::timeout(Duration::from_secs(2), write).await {
                 Ok(Ok(())) => {}

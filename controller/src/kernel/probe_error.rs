@@ -8,6 +8,8 @@ use tracing::debug;
 /// Failure to load, attach or use the eBPF programs.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
+    #[error("this linkpilot was built without its eBPF programs (the `native` feature)")]
+    NoObject,
     #[error("loading the eBPF object: {0}")]
     Object(#[source] Box<EbpfError>),
     #[error("the eBPF object has no {kind} named {name}")]

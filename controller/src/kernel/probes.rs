@@ -41,7 +41,8 @@ pub fn monotonic_ns() -> u64 {
 /// BPF_NOEXIST: insert only if the key is absent.
 const NO_EXIST: u64 = 1;
 
-/// The eBPF object built by build.rs from the `ebpf/` crate.
+/// The eBPF object built by build.rs from the `ebpf/` crate (empty without the `native`
+/// feature).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/linkpilot"));
 
 /// Loaded programs and the maps the controller uses.
@@ -70,6 +71,9 @@ impl Probes {
     /// Loads the object with `offsets` patched in and verifies every program. Nothing is
     /// attached yet.
     pub fn load(offsets: KernelOffsets) -> Result<Self, ProbeError> {
+        if OBJECT.is_empty() {
+            return Err(ProbeError::NoObject);
+        }
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_KERNEL_OFFSETS, &offsets, true)
             .load(OBJECT)
