@@ -15,9 +15,11 @@ use linkpilot_tests::{
 };
 
 /// The shipped scenario: 20 s up (90 ms, 200 Mbit/s), 3 s down, 20 s up; the first phase made
-/// 45 s, since loading the programs on a loaded 2-core machine took up to 20 s.
+/// 45 s, since loading the programs on a loaded 2-core machine took up to 20 s, and the outage
+/// 6 s, since the dead-link state comes only after TCP's first retransmission timeout, 500 ms
+/// unanswered and the policy's `enter_after` (about 2 s in, two runs).
 const SCENARIO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../lab/scenarios/outage.toml");
-const DOWN: (f64, f64) = (45.0, 48.0);
+const DOWN: (f64, f64) = (45.0, 51.0);
 
 /// A calm state and one entered when the link has retransmitted and heard nothing for 500 ms:
 /// the first RTO comes about 0.4 s into the outage, so the state is entered about 1 s in.
@@ -70,6 +72,7 @@ fn tx_bps(dir: &std::path::Path) -> f64 {
 fn through_the_lab_outage_the_daemon_decides_on_and_recovers_after() {
     let text = std::fs::read_to_string(SCENARIO).expect("outage.toml");
     let text = text.replacen("duration = \"20s\"", "duration = \"45s\"", 1);
+    let text = text.replacen("duration = \"3s\"", "duration = \"6s\"", 1);
     let scenario = Scenario::parse(&text, SCENARIO, None).expect("scenario");
     let lab = linkpilot_lab::lab::Lab::start(
         LabConfig { name: "ftout".into(), ..LabConfig::default() },
@@ -113,7 +116,7 @@ fn through_the_lab_outage_the_daemon_decides_on_and_recovers_after() {
     let end_state = samples.last().expect("samples").2.clone();
     let states_before: Vec<&str> = phase(DOWN.0 - 3.0, DOWN.0).map(|s| s.2.as_str()).collect();
     eprintln!(
-        "outage: {ticks_down} ticks in the last 2 s down; tx before {before_tx:.0} bit/s, at most \
+        "outage: {ticks_down} ticks in the last 5 s down; tx before {before_tx:.0} bit/s, at most \
          {max_tx_down:.0} down; states down {states_down:?}; traffic back after {back:?} s; \
          state at the end {end_state}"
     );
@@ -121,7 +124,7 @@ fn through_the_lab_outage_the_daemon_decides_on_and_recovers_after() {
         let _ = c.kill();
         let _ = c.wait();
     }
-    assert!(ticks_down >= 14, "{ticks_down} ticks in 2 s of outage");
+    assert!(ticks_down >= 35, "{ticks_down} ticks in 5 s of outage");
     assert!(before_tx > 5e6, "iperf3 read before the outage: {before_tx}");
     assert!(max_tx_down < 1e6, "nothing crosses a dead link: {max_tx_down}");
     assert!(back.is_some(), "traffic read again after the outage");
