@@ -108,7 +108,7 @@ pub fn run(seconds: Option<u64>) -> anyhow::Result<()> {
 /// iperf3 (CUBIC, ECN on, 4 streams paced at 37 Mbit/s) from HK to US until `deadline`, restarted
 /// if the link's outage ends a run early. Below the calm link's 200 Mbit/s, so that what the
 /// daemon reacts to is the link changing, not a bulk sender filling the queue it is measuring.
-fn drive_traffic(
+pub(crate) fn drive_traffic(
     netns: String,
     server: String,
     deadline: Instant,
@@ -148,7 +148,7 @@ fn drive_traffic(
     })
 }
 
-fn query(socket: &Path) -> Option<Value> {
+pub(crate) fn query(socket: &Path) -> Option<Value> {
     let out = Command::new(bin("linkpilot"))
         .args(["status", "--json", "--socket", &socket.display().to_string()])
         .stderr(Stdio::null())
