@@ -27,7 +27,6 @@ use super::{start_daemon, traffic, usage, wait_up};
 use crate::{lab::Lab, run::workspace_root};
 
 const SCENARIO: &str = "hk-us-day";
-const LAB_NAME: &str = "klday";
 const WARM_UP: f64 = 60.0;
 const SLOPE_BOUND_KIB_H: f64 = 256.0;
 const SHORT_GROWTH_BOUND_KIB: f64 = 1024.0;
@@ -55,14 +54,20 @@ pub fn run(
         every.as_secs(),
         dir.display()
     );
-    let running = Lab::start(dir, SCENARIO, LAB_NAME, 1, total.as_secs() + 120)?;
+    let running = Lab::start(
+        dir,
+        SCENARIO,
+        if quick { "kldayq" } else { "klday" },
+        1,
+        total.as_secs() + 120,
+    )?;
     let hk = running.host("Hk", 0).clone();
     let policy = workspace_root().join("policies/hk-us.toml");
     let mut daemon = start_daemon(bin, &hk.netns, dir, &policy, &[])?;
     wait_up(&mut daemon, dir, Duration::from_secs(30))?;
     let start = Instant::now();
     let deadline = start + total;
-    let (server, traffic) = traffic(&running, dir, deadline + Duration::from_secs(5), true)?;
+    let traffic = traffic(&running, dir, deadline + Duration::from_secs(5), true)?;
     let pid = daemon.0.id();
     let socket = dir.join("status.sock");
     let mut samples: Vec<Sample> = Vec::new();
@@ -94,8 +99,7 @@ pub fn run(
         n += 1;
     }
     drop(daemon);
-    drop(server);
-    let _ = traffic.join();
+    drop(traffic);
     drop(running);
     judge(&samples, !quick)
 }
@@ -163,6 +167,24 @@ fn judge(samples: &[Sample], long: bool) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::{judge, Sample};
+
+    /// The short form's samples, every 5 s for 3 minutes at 10 Hz, with `kib_per_tick` of RSS
+    /// growth and `cpu` seconds of CPU per second.
+    fn run(kib_per_tick: f64, cpu: f64) -> Vec<Sample> {
+        (0..=36)
+            .map(|i| {
+                let t = f64::from(i) * 5.0;
+                Sample {
+                    t,
+                    cpu_s: t * cpu,
+                    rss_kib: 57_000 + (t * 10.0 * kib_per_tick) as u64,
+                    ticks: (t * 10.0) as u64,
+                }
+            })
+            .collect()
+    }
+
     #[test]
     fn slope_of_a_line_and_of_a_flat_series() {
         let line: Vec<(f64, f64)> =
@@ -170,5 +192,25 @@ mod tests {
         assert!((super::slope(&line) - 3.0).abs() < 1e-9);
         let flat: Vec<(f64, f64)> = (0..10).map(|i| (f64::from(i), 5.0)).collect();
         assert_eq!(super::slope(&flat), 0.0);
+    }
+
+    #[test]
+    fn a_flat_run_under_the_cpu_bound_passes() {
+        judge(&run(0.0, 0.012), false).unwrap();
+        judge(&run(0.0, 0.012), true).unwrap();
+    }
+
+    #[test]
+    fn a_kib_leaked_per_tick_fails_the_short_form_and_a_32_byte_one_the_long_form() {
+        let e = judge(&run(1.0, 0.012), false).unwrap_err().to_string();
+        assert!(e.contains("RSS grew"), "{e}");
+        let e = judge(&run(32.0 / 1024.0, 0.012), true).unwrap_err().to_string();
+        assert!(e.contains("RSS slope"), "{e}");
+    }
+
+    #[test]
+    fn two_percent_of_a_core_fails() {
+        let e = judge(&run(0.0, 0.02), false).unwrap_err().to_string();
+        assert!(e.contains("mean CPU"), "{e}");
     }
 }

@@ -41,7 +41,6 @@ use crate::{
 };
 
 const SCENARIO: &str = "hk-us-day";
-const LAB_NAME: &str = "klkill";
 /// What the reader may add to the board's own staleness: its 5 ms poll and being scheduled on
 /// a busy machine.
 const READER_SLACK_MS: f64 = 50.0;
@@ -235,6 +234,7 @@ fn missed_beats(events: &Mutex<Vec<Value>>, from: usize, to: usize) -> Vec<f64> 
 
 pub fn run(
     dir: &Path,
+    lab_name: &str,
     bin: &Path,
     seed: u64,
     restarts: u32,
@@ -250,7 +250,7 @@ pub fn run(
     let mut rng = Rng(seed);
     let (rdma_args, tos) = rdma_fixture(dir)?;
     let secs = u64::from(restarts + 1) * (gap.1 + 10) + 120;
-    let running = Lab::start(dir, SCENARIO, LAB_NAME, 1, secs)?;
+    let running = Lab::start(dir, SCENARIO, lab_name, 1, secs)?;
     let hk = running.host("Hk", 0).clone();
     let policy = workspace_root().join("policies/hk-us.toml");
     let mut before: BTreeMap<String, String> = BTreeMap::new();
@@ -285,8 +285,7 @@ pub fn run(
         });
     }
     wait_for("the board reader", Duration::from_secs(30), || event(&events, 0, "ready"))?;
-    let (server, traffic) =
-        traffic(&running, dir, Instant::now() + Duration::from_secs(secs), false)?;
+    let traffic = traffic(&running, dir, Instant::now() + Duration::from_secs(secs), false)?;
     let (mut fresh_ms, mut stale_ms, mut killed_links) = (Vec::new(), Vec::new(), BTreeSet::new());
     let mut heartbeat_ms: f64 = 0.0;
     let mut startup_ms = Vec::new();
@@ -453,8 +452,7 @@ pub fn run(
         done["to_stale"],
         hiccups.len()
     );
-    drop(server);
-    let _ = traffic.join();
+    drop(traffic);
     drop(running);
     let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
     println!(

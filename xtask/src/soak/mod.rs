@@ -11,6 +11,10 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     thread,
     time::{Duration, Instant},
 };
@@ -65,7 +69,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 let seed = args.seed.unwrap_or_else(time_seed);
                 let (restarts, gap) = if args.quick { (3, (3, 6)) } else { (10, (10, 30)) };
                 let restarts = args.restarts.unwrap_or(restarts);
-                kill::run(&fresh(&root.join("kill"))?, &daemon, seed, restarts, gap)
+                // The short form's lab has a name of its own too: starting a lab cleans up one of its name.
+                let lab = if args.quick { "klkillq" } else { "klkill" };
+                kill::run(&fresh(&root.join("kill"))?, lab, &daemon, seed, restarts, gap)
                     .context("soak kill")?;
             }
             Step::Day => {
@@ -172,16 +178,33 @@ fn usage(pid: u32) -> anyhow::Result<(f64, u64)> {
     Ok((cpu, rss))
 }
 
-/// The iperf3 server on the US host and the traffic thread from HK, as the demo runs them.
-///
-/// ECN on in both namespaces as the demo has it, or (`ecn_on_hk` false) only on US, leaving HK's
+/// iperf3 across the lab, from HK to US, as the demo drives it; stopped when dropped.
+struct Traffic {
+    server: Option<Reaped>,
+    stop: Arc<AtomicBool>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Drop for Traffic {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // The client fails as soon as its server is gone; the thread then sees `stop`.
+        drop(self.server.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The iperf3 server on the US host and the client loop from HK until `deadline`, with ECN on
+/// in both namespaces as the demo has it, or (`ecn_on_hk` false) only on US, leaving HK's
 /// `tcp_ecn` for the policy's `[host]` section to change.
 fn traffic(
     running: &lab::Lab,
     dir: &Path,
     deadline: Instant,
     ecn_on_hk: bool,
-) -> anyhow::Result<(Reaped, thread::JoinHandle<()>)> {
+) -> anyhow::Result<Traffic> {
     let (hk, us) = (running.host("Hk", 0).clone(), running.host("Us", 0).clone());
     for h in [&hk, &us].into_iter().filter(|h| ecn_on_hk || h.site != "Hk") {
         status("enable ECN", &mut lab::in_ns(&h.netns, &["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]))?;
@@ -194,6 +217,8 @@ fn traffic(
             .context("starting iperf3 -s (is iperf3 installed? cargo xtask setup installs it)")?,
         "iperf3 -s",
     );
-    let t = crate::demo::drive_traffic(hk.netns, us.ipv4, deadline, dir.join("iperf3.log"));
-    Ok((server, t))
+    let stop = Arc::new(AtomicBool::new(false));
+    let log = dir.join("iperf3.log");
+    let t = crate::demo::drive_traffic(hk.netns, us.ipv4, deadline, log, stop.clone());
+    Ok(Traffic { server: Some(server), stop, thread: Some(t) })
 }
