@@ -333,7 +333,7 @@ pub fn run(
             })?;
         }
         let state: Value = wait_for(
-            &format!("run {run}: the sysctl state file"),
+            &format!("run {run}: the sysctl state file of the originals"),
             Duration::from_secs(10),
             || {
                 serde_json::from_str(&fs::read_to_string(dir.join("sysctl-originals.json")).ok()?)
