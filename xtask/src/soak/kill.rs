@@ -13,7 +13,8 @@
 //! - after the SIGTERM: the namespace's sysctls and the RoCE class (an rdma sysfs fixture and a
 //!   configfs look-alike) as they were before the first start, and no state file left;
 //! - the reader never crashed (exit status 0) and counted one fresh transition per start and a
-//!   stale one per kill.
+//!   stale one per kill; stale spells while a daemon ran (missed beats) are counted and
+//!   reported with the gap between the beats around them.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -261,7 +262,7 @@ pub fn run(
     let tos_before = fs::read_to_string(&tos)?.trim().to_owned();
     let board = dir.join("knobs");
     let mut reader = Reaped(
-        Command::new(workspace_root().join(".venv/bin/python"))
+        Command::new(crate::python::python())
             .arg(workspace_root().join("xtask/scripts/board_watch.py"))
             .arg(&board)
             .env("PYTHONPATH", workspace_root().join("python"))
