@@ -8,7 +8,10 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    sync::Mutex,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
     thread,
     time::{Duration, Instant},
 };
@@ -95,8 +98,13 @@ pub fn run(seconds: Option<u64>) -> anyhow::Result<()> {
         thread::sleep(Duration::from_millis(200));
     }
     let deadline = Instant::now() + Duration::from_secs(secs);
-    let traffic =
-        drive_traffic(hk.netns.clone(), us.ipv4.clone(), deadline, out.join("iperf3.log"));
+    let traffic = drive_traffic(
+        hk.netns.clone(),
+        us.ipv4.clone(),
+        deadline,
+        out.join("iperf3.log"),
+        Arc::default(),
+    );
     live(&socket, &phase, &out.join("decisions.jsonl"), deadline);
     let _ = traffic.join();
     drop(daemon);
@@ -105,17 +113,21 @@ pub fn run(seconds: Option<u64>) -> anyhow::Result<()> {
     summary(&out, &policy)
 }
 
-/// iperf3 (CUBIC, ECN on, 4 streams paced at 37 Mbit/s) from HK to US until `deadline`, restarted
-/// if the link's outage ends a run early. Below the calm link's 200 Mbit/s, so that what the
+/// iperf3 (CUBIC, ECN on, 4 streams paced at 37 Mbit/s) from HK to US until `deadline` (or
+/// `stop`, once the running iperf3 ends), restarted if the link's outage ends a run early. Below the calm link's 200 Mbit/s, so that what the
 /// daemon reacts to is the link changing, not a bulk sender filling the queue it is measuring.
-fn drive_traffic(
+pub(crate) fn drive_traffic(
     netns: String,
     server: String,
     deadline: Instant,
     log: PathBuf,
+    stop: Arc<AtomicBool>,
 ) -> thread::JoinHandle<()> {
     thread::spawn(move || {
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
             if left < Duration::from_secs(2) {
                 break;
             }
@@ -148,7 +160,7 @@ fn drive_traffic(
     })
 }
 
-fn query(socket: &Path) -> Option<Value> {
+pub(crate) fn query(socket: &Path) -> Option<Value> {
     let out = Command::new(bin("linkpilot"))
         .args(["status", "--json", "--socket", &socket.display().to_string()])
         .stderr(Stdio::null())

@@ -10,6 +10,7 @@ mod lab;
 mod python;
 mod run;
 mod setup;
+mod soak;
 mod test;
 
 use clap::{Parser, Subcommand};
@@ -75,6 +76,29 @@ enum Command {
         #[arg(long)]
         target: Option<String>,
     },
+    /// The daemon on the WAN lab with traffic for longer than a test (as root): `kill`
+    /// (SIGKILL it every 10-30 s for 10 restarts) and `day` (an hour at 10 Hz against the
+    /// looping hk-us-day, RSS and CPU sampled every minute); results in target/soak.
+    Soak {
+        /// The short form CI runs: 3 restarts 3-6 s apart, and 3 minutes sampled every 5 s.
+        #[arg(long)]
+        quick: bool,
+        /// Only these steps.
+        #[arg(long, value_enum, value_delimiter = ',')]
+        steps: Vec<soak::Step>,
+        /// Seed of the kill step's random gaps (default: from the clock; printed either way).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Restarts in the kill step (default 10, or 3 with --quick).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        restarts: Option<u32>,
+        /// Minutes of the day step (default 60, or 3 with --quick).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(2..))]
+        minutes: Option<u64>,
+        /// Run the daemon's release build (what operators run) rather than the debug build.
+        #[arg(long)]
+        release: bool,
+    },
     /// Setup, then fmt check, clippy, unit tests and (as root) the privileged tests.
     Test {
         /// Skip the privileged tests (they need root: namespaces, eBPF).
@@ -90,6 +114,9 @@ fn main() -> anyhow::Result<()> {
             let path = build_ebpf::build(release)?;
             println!("{}", path.display());
             Ok(())
+        }
+        Command::Soak { quick, steps, seed, restarts, minutes, release } => {
+            soak::run(soak::Args { quick, steps, seed, restarts, minutes, release })
         }
         Command::Test { no_privileged } => test::run(!no_privileged),
         Command::Fuzz { seconds, target } => {

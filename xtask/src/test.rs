@@ -93,6 +93,18 @@ pub fn run(privileged: bool) -> anyhow::Result<()> {
             .env("LINKPILOT_BIN", target.join("linkpilot"))
             .env("LINKPILOT_LAB_BIN", target.join("linkpilot-lab")),
     )?;
+    // The reliability soak's short form: 3 SIGKILLs and restarts under traffic with a board
+    // reader, and 3 minutes at 10 Hz judged on RSS growth and CPU (RELIABILITY.md).
+    eprintln!("test: cargo xtask soak --quick");
+    crate::soak::run(crate::soak::Args {
+        quick: true,
+        steps: Vec::new(),
+        seed: None,
+        restarts: None,
+        minutes: None,
+        release: false,
+    })
+    .context("soak --quick")?;
     // The README's main command, cut short: it fails unless the daemon decided and the
     // timeline was drawn.
     eprintln!("test: cargo xtask demo --seconds 30");
