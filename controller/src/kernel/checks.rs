@@ -298,10 +298,17 @@ pub fn kernel_offsets(retransmit_has_err: bool) -> (KernelOffsets, Vec<String>) 
     (offsets, notes)
 }
 
+/// The kernel's BTF, read whole first: btf-rs's file reader seeks for every type (about 250,000
+/// lseek calls, most of the daemon's start-up time), while a slice costs none.
+fn vmlinux_btf() -> Result<Btf, String> {
+    let bytes = fs::read(VMLINUX_BTF).map_err(|e| format!("reading {VMLINUX_BTF}: {e}"))?;
+    Btf::from_bytes(&bytes).map_err(|e| format!("parsing {VMLINUX_BTF}: {e}"))
+}
+
 /// `offsetof(struct sock, __sk_common.skc_net)` and `offsetof(struct net, ns.inum)`.
 /// (`possible_net_t` holds the `struct net *` as its only member, at 0.)
 fn netns_offsets() -> Result<(u32, u32), String> {
-    let btf = Btf::from_file(VMLINUX_BTF).map_err(|e| format!("reading {VMLINUX_BTF}: {e}"))?;
+    let btf = vmlinux_btf()?;
     let sock_net = member_offset(&btf, "sock", "__sk_common")?
         + member_offset(&btf, "sock_common", "skc_net")?;
     let inum = member_offset(&btf, "net", "ns")? + member_offset(&btf, "ns_common", "inum")?;
@@ -319,7 +326,7 @@ pub fn own_netns_inum() -> Result<u32, String> {
 
 /// `offsetof(struct sk_buff, cb) + offsetof(struct tcp_skb_cb, tcp_gso_segs)`.
 fn skb_tcp_gso_segs_offset() -> Result<u32, String> {
-    let btf = Btf::from_file(VMLINUX_BTF).map_err(|e| format!("reading {VMLINUX_BTF}: {e}"))?;
+    let btf = vmlinux_btf()?;
     let cb = member_offset(&btf, "sk_buff", "cb")?;
     let segs = member_offset(&btf, "tcp_skb_cb", "tcp_gso_segs")?;
     u32::try_from(cb + segs).map_err(|_| "offset out of range".to_owned())
