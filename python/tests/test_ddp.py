@@ -131,7 +131,9 @@ def test_replicas_stay_identical(tmp_path: Path, world: int, codec: str) -> None
 
 def test_codec_switch_mid_run_with_disagreeing_boards(tmp_path: Path) -> None:
     """Rank 0's board says none, then int4; rank 1's says int8, then fp16. Both ranks use the
-    strongest codec either proposed, a step after the proposals were exchanged."""
+    strongest codec either proposed, a step after the proposals were exchanged. Each rank reads
+    its own board when its step starts, so a step can pair one board's new value with the other's
+    old one: the boards change one at a time, each after the ranks showed the one before."""
     boards = [tmp_path / "hk.knobs", tmp_path / "us.knobs"]
     hk, us = feed_board(boards[0]), feed_board(boards[1])
     hk.publish(wan("none", decision_id=1))
@@ -139,8 +141,10 @@ def test_codec_switch_mid_run_with_disagreeing_boards(tmp_path: Path) -> None:
     try:
         with job(boards, "--steps", "300", "--until-codec", "int4", "--step-sleep", "0.02") as j:
             j.first_line(0, lambda v: v.get("codec") == "int8")
-            hk.publish(wan("int4", decision_id=2))
+            # int8 withdrawn, none and fp16 left: the weaker fp16 is the strongest proposal.
             us.publish(wan("fp16", decision_id=2))
+            j.first_line(0, lambda v: v.get("codec") == "fp16")
+            hk.publish(wan("int4", decision_id=2))
             ranks = j.finish()
     finally:
         hk.close()
@@ -149,7 +153,7 @@ def test_codec_switch_mid_run_with_disagreeing_boards(tmp_path: Path) -> None:
     seqs = [[v["codec"] for v in steps(lines)] for lines in ranks]
     assert seqs[0] == seqs[1], seqs
     order = [c for i, c in enumerate(seqs[0]) if i == 0 or seqs[0][i - 1] != c]
-    assert order == ["none", "int8", "int4"], order
+    assert order == ["none", "int8", "fp16", "int4"], order
     ids = [[v["decision_id"] for v in steps(lines)] for lines in ranks]
     assert ids[0][-1] == 2 and ids[1][-1] == 2
 
