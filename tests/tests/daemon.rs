@@ -332,25 +332,15 @@ fn reload_metrics_and_status() {
     let st = status_json(&dir);
     assert!(st["last_reload_error"].as_str().is_some_and(|e| e.contains("dscp")), "{st}");
 
-    // A valid one on SIGHUP: the board follows, the decision says why. Written in place with
-    // the same size and the old mtime put back, so the file watcher cannot see it: only the
-    // signal can apply it.
-    let mtime = std::fs::metadata(&policy).and_then(|m| m.modified()).expect("mtime");
+    // A valid one, written in place: the file watcher applies it (it compares content, so an
+    // edit that keeps size and mtime counts too), the board follows, the decision says why.
     let reloaded =
         POLICY.replacen("dscp = 26", "dscp = 18", 1).replacen("tcp_ecn = 1", "tcp_ecn = 0", 1);
     std::fs::write(&policy, reloaded).expect("policy");
-    std::fs::File::options()
-        .write(true)
-        .open(&policy)
-        .and_then(|f| f.set_modified(mtime))
-        .expect("restore mtime");
-    thread::sleep(Duration::from_millis(1500));
-    assert_eq!(board.read(100).expect("read").links[0].dscp, 26, "reloaded without SIGHUP");
-    nix::sys::signal::kill(Pid::from_raw(d.child.id() as i32), Signal::SIGHUP).expect("SIGHUP");
     wait_for("the reloaded DSCP on the board", Duration::from_secs(5), || {
         board.read(100).is_ok_and(|b| b.links[0].dscp == 18)
     });
-    assert!(d.log().contains("SIGHUP: reloading"), "{}", d.log());
+    assert!(d.log().contains("changed: reloading"), "{}", d.log());
     assert_eq!(sysctl(&hk.netns, "net.ipv4.tcp_ecn"), "0", "the reloaded [host]");
     let decisions = std::fs::read_to_string(dir.join("decisions.jsonl")).unwrap_or_default();
     assert!(
@@ -362,6 +352,14 @@ fn reload_metrics_and_status() {
     let m = scrape(&hk.netns);
     assert_eq!(sample(&m, "linkpilot_policy_reloads_total{result=\"applied\"}"), Some(1.0));
     assert_eq!(sample(&m, "linkpilot_knob_dscp{link=\"wan\"}"), Some(18.0));
+    // SIGHUP reloads now, whatever the file: with it unchanged, the watcher has nothing to
+    // apply, so a second applied reload is the signal's.
+    nix::sys::signal::kill(Pid::from_raw(d.child.id() as i32), Signal::SIGHUP).expect("SIGHUP");
+    wait_for("the SIGHUP reload counted", Duration::from_secs(5), || {
+        sample(&scrape(&hk.netns), "linkpilot_policy_reloads_total{result=\"applied\"}")
+            == Some(2.0)
+    });
+    assert!(d.log().contains("SIGHUP: reloading"), "{}", d.log());
 
     // A second daemon is refused while this one runs.
     let second = Command::new("nsenter")
