@@ -3,7 +3,7 @@
 //! progress read from its status API.
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Stdio},
     time::{Duration, Instant},
 };
@@ -43,12 +43,7 @@ roce_traffic_class = 106
     )
 }
 
-pub fn temp_dir(what: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lp-faults-{what}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    dir
-}
+pub use crate::temp_dir;
 
 /// `linkpilot status --json`, or null while the daemon does not answer.
 pub fn status(dir: &Path) -> serde_json::Value {

@@ -23,6 +23,15 @@ use std::{
     thread,
 };
 
+/// A fresh, empty directory for one test's files (`what` names it; the pid keeps runs apart).
+/// Left behind when the test fails, for diagnosis.
+pub fn temp_dir(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lp-test-{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    dir
+}
+
 /// Runs `args` (program first) and returns stdout; panics with the command and its stderr.
 pub fn sh(args: &[&str]) -> String {
     let out = run(args);

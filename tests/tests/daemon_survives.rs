@@ -4,7 +4,7 @@
 use std::{
     io::{ErrorKind, Read},
     net::TcpStream,
-    path::{Path, PathBuf},
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -36,12 +36,6 @@ dscp = 26
 roce_traffic_class = 106
 "#
     )
-}
-
-fn temp_dir(what: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lp-survives-{what}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
 }
 
 /// The id of the map named `name` that process `pid` holds, found through its fds' fdinfo
@@ -98,7 +92,7 @@ fn wait_up(d: &mut Daemon, dir: &Path) {
 #[test]
 fn a_failed_sensing_read_skips_a_tick_and_only_a_lasting_failure_stops_the_daemon() {
     let pair = Pair::new("198.18.40.1", "198.18.40.2");
-    let dir = temp_dir("sensing");
+    let dir = linkpilot_tests::temp_dir("survives-sensing");
     let mut d = Daemon::start_with(
         &pair.a.name,
         &dir,
@@ -158,7 +152,7 @@ fn a_failed_sensing_read_skips_a_tick_and_only_a_lasting_failure_stops_the_daemo
 #[test]
 fn a_reload_that_renames_a_link_state_and_peer_leaves_no_old_series() {
     let pair = Pair::new("198.18.41.1", "198.18.41.2");
-    let dir = temp_dir("series");
+    let dir = linkpilot_tests::temp_dir("survives-series");
     let before = policy(pair.a_if, pair.b_addr);
     let mut d = Daemon::start(&pair.a.name, &dir, &before);
     wait_up(&mut d, &dir);
@@ -222,7 +216,7 @@ fn closed(s: &mut TcpStream, wait: Duration) -> bool {
 #[test]
 fn clients_that_never_ask_neither_hold_the_metrics_port_nor_delay_the_tick() {
     let pair = Pair::new("198.18.42.1", "198.18.42.2");
-    let dir = temp_dir("scrapers");
+    let dir = linkpilot_tests::temp_dir("survives-scrapers");
     let mut d = Daemon::start(&pair.a.name, &dir, &policy(pair.a_if, pair.b_addr));
     wait_up(&mut d, &dir);
     // 64 connections that say nothing: the 16 newest stay (the server's cap), the rest are
@@ -257,7 +251,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 #[test]
 fn out_of_file_descriptors_the_daemon_backs_off_instead_of_spinning() {
     let pair = Pair::new("198.18.43.1", "198.18.43.2");
-    let dir = temp_dir("emfile");
+    let dir = linkpilot_tests::temp_dir("survives-emfile");
     let mut d = Daemon::start(&pair.a.name, &dir, &policy(pair.a_if, pair.b_addr));
     wait_up(&mut d, &dir);
     let pid = d.child.id();
@@ -299,7 +293,7 @@ fn out_of_file_descriptors_the_daemon_backs_off_instead_of_spinning() {
 #[test]
 fn a_file_at_the_status_socket_path_is_refused_not_removed() {
     let pair = Pair::new("198.18.44.1", "198.18.44.2");
-    let dir = temp_dir("socket");
+    let dir = linkpilot_tests::temp_dir("survives-socket");
     std::fs::create_dir_all(&dir).expect("dir");
     std::fs::write(dir.join("status.sock"), "someone's data").expect("file");
     let mut d = Daemon::start(&pair.a.name, &dir, &policy(pair.a_if, pair.b_addr));
@@ -334,7 +328,7 @@ fn near_full(iface: &str, peer: &str, net: u8) -> String {
 #[test]
 fn a_reload_swaps_a_near_full_peer_set_for_another() {
     let pair = Pair::new("198.18.45.1", "198.18.45.2");
-    let dir = temp_dir("peers");
+    let dir = linkpilot_tests::temp_dir("survives-peers");
     let mut d = Daemon::start(&pair.a.name, &dir, &near_full(pair.a_if, pair.b_addr, 1));
     wait_up(&mut d, &dir);
     std::fs::write(dir.join("policy.new"), near_full(pair.a_if, pair.b_addr, 2)).expect("policy");

@@ -43,13 +43,6 @@ dscp = 10
 roce_traffic_class = 42
 "#;
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lp-rev-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    dir
-}
-
 /// The ConnectX sysfs fixture with port 1 on `iface`, and an rdma_cm configfs look-alike whose
 /// class is 0: the `run` arguments for them and the class file.
 fn rdma_fixture(dir: &Path, iface: &str) -> (Vec<String>, PathBuf) {
@@ -95,7 +88,7 @@ fn stop(d: &mut Daemon) {
 #[test]
 fn a_sigkilled_runs_roce_class_goes_back_to_the_value_from_before_it() {
     let pair = Pair::new("198.18.71.1", "198.18.71.2");
-    let dir = temp_dir("roce-kill");
+    let dir = linkpilot_tests::temp_dir("rev-roce-kill");
     let (rdma, tos) = rdma_fixture(&dir, pair.a_if);
     let mut extra: Vec<&str> = rdma.iter().map(String::as_str).collect();
     extra.extend(["--metrics-addr", "off"]);
@@ -127,7 +120,7 @@ fn a_sigkilled_runs_roce_class_goes_back_to_the_value_from_before_it() {
 fn an_administrators_change_during_the_run_survives_the_stop() {
     let pair = Pair::new("198.18.72.1", "198.18.72.2");
     let ns = pair.a.name.clone();
-    let dir = temp_dir("admin");
+    let dir = linkpilot_tests::temp_dir("rev-admin");
     let (rdma, tos) = rdma_fixture(&dir, pair.a_if);
     let mut extra: Vec<&str> = rdma.iter().map(String::as_str).collect();
     extra.extend(["--metrics-addr", "off"]);
@@ -175,7 +168,7 @@ impl Drop for ReadOnlyMount {
 fn a_failing_actuator_is_pending_until_it_holds() {
     let pair = Pair::new("198.18.73.1", "198.18.73.2");
     let ns = pair.a.name.clone();
-    let dir = temp_dir("pending");
+    let dir = linkpilot_tests::temp_dir("rev-pending");
     // The env file's directory is a read-only file system (EROFS) until the test fixes it.
     let ro = ReadOnlyMount::new(&dir.join("run"));
     let env_file = dir.join("run/nccl.env");

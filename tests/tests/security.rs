@@ -25,9 +25,7 @@ const NOBODY: [&str; 7] =
     ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--"];
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sc-sec-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
+    let dir = linkpilot_tests::temp_dir(&format!("security-{name}"));
     // Others may enter (the status socket's test), as /run/linkpilot (0755).
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     dir

@@ -167,12 +167,6 @@ dscp = 26
 roce_traffic_class = 106
 "#;
 
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("sc-unit-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
-
 #[test]
 fn the_daemon_works_under_exactly_the_units_capabilities() {
     let caps = unit_capabilities();
@@ -180,7 +174,7 @@ fn the_daemon_works_under_exactly_the_units_capabilities() {
     let hk = lab.host(linkpilot_lab::lab::Site::Hk, 0).clone();
     let (ecn, rmem) = (sysctl(&hk.netns, "net.ipv4.tcp_ecn"), tcp_rmem_max(&hk.netns));
     assert_ne!((ecn.as_str(), rmem.as_str()), ("1", "67108864"), "what the daemon will set");
-    let dir = temp_dir("caps");
+    let dir = linkpilot_tests::temp_dir("unit-caps");
     let wrapper = setpriv(&caps);
     let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
     let mut d = Daemon::start_under(&hk.netns, &wrapper, &dir, POLICY, &["--metrics-addr", "off"]);
@@ -243,7 +237,7 @@ fn without_any_one_of_the_units_capabilities_the_daemon_stops_naming_what_failed
     let ecn = sysctl(&ns, "net.ipv4.tcp_ecn");
     for cap in &caps {
         let fewer: Vec<String> = caps.iter().filter(|c| *c != cap).cloned().collect();
-        let dir = temp_dir(cap);
+        let dir = linkpilot_tests::temp_dir(cap);
         // Our check names the capability before anything is loaded...
         let log = refused(&ns, &fewer, &[], &dir);
         let name = format!("CAP_{}", cap.to_ascii_uppercase());
@@ -269,7 +263,7 @@ fn without_any_one_of_the_units_capabilities_the_daemon_stops_naming_what_failed
 fn under_ip_netns_exec_the_units_capabilities_cannot_mount_tracefs() {
     let caps = unit_capabilities();
     let pair = Pair::new("198.18.86.1", "198.18.86.2");
-    let dir = temp_dir("netns-exec");
+    let dir = linkpilot_tests::temp_dir("unit-netns-exec");
     std::fs::create_dir_all(&dir).expect("dir");
     std::fs::write(dir.join("policy.toml"), PAIR_POLICY).expect("policy");
     let bin = linkpilot_bin().display().to_string();
@@ -344,7 +338,7 @@ fn the_units_syscall_filter_allows_every_call_the_daemon_makes() {
     assert!(allowed.iter().any(|c| c == "bpf") && !allowed.iter().any(|c| c == "setrlimit"));
     let caps = unit_capabilities();
     let pair = Pair::new("198.18.87.1", "198.18.87.2");
-    let dir = temp_dir("syscalls");
+    let dir = linkpilot_tests::temp_dir("unit-syscalls");
     std::fs::create_dir_all(&dir).expect("dir");
     let trace = dir.join("strace.txt").display().to_string();
     // strace after setpriv: what it sees is the daemon under the unit's capabilities, from
