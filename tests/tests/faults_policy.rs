@@ -104,7 +104,9 @@ fn a_policy_replaced_100_times_a_second_never_runs_an_invalid_version() {
     );
     let bad: Vec<&String> = seen.iter().filter(|s| !s.starts_with('v')).collect();
     assert!(bad.is_empty(), "an invalid version ran: {bad:?} (all: {seen:?})");
-    assert!(rejected > Some(0) && applied > Some(0), "{st}");
+    // Applied includes the last valid version's reload. Whether a once-a-second check met an
+    // invalid version during the churn is chance (three samples): the rejection is shown below.
+    assert!(applied > Some(0), "{st}");
     let secs = start.elapsed().as_secs_f64();
     assert!(ticks as f64 >= secs * 10.0 * 0.7, "{ticks} ticks in {secs:.1} s");
     // One more invalid version in place: rejected, the last valid one stays.
