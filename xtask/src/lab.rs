@@ -140,11 +140,21 @@ impl Lab {
         hosts_per_site: u8,
         secs: u64,
     ) -> anyhow::Result<Self> {
-        let _ = Command::new(bin("linkpilot-lab"))
-            .args(["cleanup", "--name", name])
-            .stdout(Stdio::null())
-            .status();
-        let mut child = Command::new(bin("linkpilot-lab"))
+        Self::start_with(&bin("linkpilot-lab"), out, scenario, name, hosts_per_site, secs)
+    }
+
+    /// As `start`, with the given `linkpilot-lab` binary.
+    pub fn start_with(
+        lab_bin: &Path,
+        out: &Path,
+        scenario: &str,
+        name: &str,
+        hosts_per_site: u8,
+        secs: u64,
+    ) -> anyhow::Result<Self> {
+        let _ =
+            Command::new(lab_bin).args(["cleanup", "--name", name]).stdout(Stdio::null()).status();
+        let mut child = Command::new(lab_bin)
             .args(["run", "--scenario", scenario, "--name", name, "--json"])
             .args(["--hosts", &hosts_per_site.to_string(), "--duration", &secs.to_string()])
             .stdout(Stdio::piped())

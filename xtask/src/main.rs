@@ -1,7 +1,8 @@
 //! Project automation: `cargo xtask setup | build-ebpf | test | fuzz | demo | bench-daemon |
-//! bench-training`.
+//! bench-training | bench-datapath`.
 
 mod bench_daemon;
+mod bench_datapath;
 mod bench_training;
 mod build_ebpf;
 mod demo;
@@ -65,6 +66,29 @@ enum Command {
         #[arg(long, requires = "configs")]
         keep: bool,
     },
+    /// What the eBPF programs cost on real traffic (as root): linkpilot builds vs no programs,
+    /// interleaved round by round, over a veth pair, the WAN lab and loopback (tracepoints),
+    /// with the kernel's bpf_stats per program.
+    BenchDatapath {
+        /// A linkpilot binary to compare: NAME=PATH (repeat; default
+        /// current=target/release/linkpilot).
+        #[arg(long = "bin", value_name = "NAME=PATH", value_parser = bench_datapath::parse_bin)]
+        bins: Vec<(String, std::path::PathBuf)>,
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=50))]
+        rounds: u32,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=300))]
+        seconds: u64,
+        /// The linkpilot-lab binary (default target/release/linkpilot-lab).
+        #[arg(long)]
+        lab_bin: Option<std::path::PathBuf>,
+        /// A subset of the parts (default all).
+        #[arg(long, value_enum, value_delimiter = ',')]
+        parts: Vec<bench_datapath::Part>,
+        /// Write every measurement's raw figures here.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
     /// The coverage-guided fuzz targets (fuzz/: cargo-fuzz on nightly, and atheris for the
     /// Python env-file loader), each for a while from the committed seeds; fails on a crash,
     /// naming the input.
@@ -125,6 +149,16 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Demo { seconds } => demo::run(seconds),
         Command::BenchDaemon { flows, seconds } => bench_daemon::run(flows, seconds),
+        Command::BenchDatapath { bins, rounds, seconds, lab_bin, parts, json } => {
+            bench_datapath::run(bench_datapath::Args {
+                bins,
+                rounds,
+                seconds,
+                lab_bin,
+                parts,
+                json,
+            })
+        }
         Command::BenchTraining { quick, scenario, configs, keep } => {
             bench_training::run(bench_training::Args { quick, scenario, configs, keep })
         }
