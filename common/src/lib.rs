@@ -6,6 +6,7 @@
 #![cfg_attr(not(feature = "std"), no_std)]
 
 pub mod board;
+pub mod fixed;
 pub mod maps;
 pub mod packet;
 pub mod tuner;

@@ -23,11 +23,19 @@ pub const PROGRAM_NAMES: [&str; 6] = [
     PROG_TC_NOOP,
 ];
 
-/// Per-CPU hash: ifindex (`u32`) -> [`IfaceStats`]. Only watched interfaces have an entry; the
-/// controller inserts them before attaching, the programs never insert.
+/// Per-CPU array of [`IfaceStats`], [`MAX_IFACES`] slots: the slot of a watched interface is
+/// the one its [`IfaceConfig`] names, assigned (and zeroed) by the controller before attaching.
+/// An array rather than a hash keyed by ifindex: the verifier inlines its lookup.
 pub const MAP_IFACE_STATS: &str = "LP_IFACE_STATS";
-/// Hash: ifindex (`u32`) -> [`IfaceConfig`].
+/// Hash: ifindex (`u32`) -> [`IfaceConfig`]. Only watched interfaces have an entry.
 pub const MAP_IFACE_CONFIG: &str = "LP_IFACE_CONFIG";
+/// Array of [`IfaceConfig`], [`IFACE_INDEX_SLOTS`] slots: the configuration of a watched
+/// interface at `ifindex % IFACE_INDEX_SLOTS` (its `ifindex` field says whose it is), in front
+/// of [`MAP_IFACE_CONFIG`], whose hash lookup costs a packet more than all its counters. Two
+/// watched interfaces at the same slot: the second is found in the hash.
+pub const MAP_IFACE_INDEX: &str = "LP_IFACE_INDEX";
+/// Slots of [`MAP_IFACE_INDEX`] (a power of two).
+pub const IFACE_INDEX_SLOTS: u32 = 256;
 /// Hash: [`LocalAddr`] -> ifindex (`u32`): addresses of watched interfaces, used to attribute a
 /// retransmission (whose tracepoint carries no device) to the interface owning its source address.
 pub const MAP_LOCAL_ADDRS: &str = "LP_LOCAL_ADDRS";
@@ -62,9 +70,46 @@ pub struct PeerCacheEntry {
     pub generation: u32,
 }
 
-/// Per-CPU hash: [`PeerKey`] -> [`PeerStats`]. The controller inserts every (watched interface,
-/// peer) pair, including [`PEER_OTHER`], before attaching.
+/// Per-CPU array of [`PeerStats`], [`MAX_PEER_ENTRIES`] slots: the counters of (interface slot,
+/// peer id) at [`peer_stats_index`].
 pub const MAP_PEER_STATS: &str = "LP_PEER_STATS";
+
+/// The index in [`MAP_PEER_STATS`] of an interface's slot and a peer id (at most
+/// [`MAX_PEERS`]; [`PEER_OTHER`] included).
+#[inline(always)]
+pub fn peer_stats_index(slot: u32, peer: u32) -> u32 {
+    slot * (MAX_PEERS + 1) + peer
+}
+
+/// Per-CPU array of one [`DatapathLosses`]: what the programs lost, by kind.
+pub const MAP_LOSSES: &str = "LP_LOSSES";
+/// Array of `u64`, one per [`crate::packet::Loss`] kind: `bpf_ktime_get_ns` of the last
+/// warning the programs logged about that kind (at most one per [`LOSS_WARN_INTERVAL_NS`]).
+pub const MAP_LOSS_WARNED: &str = "LP_LOSS_WARNED";
+/// The programs warn about a kind of loss at most this often.
+pub const LOSS_WARN_INTERVAL_NS: u64 = 10_000_000_000;
+
+/// What the programs could not count, per CPU. Evictions from the flow table are not seen by
+/// the programs: the controller derives them as inserts - removes - entries present.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DatapathLosses {
+    /// By [`crate::packet::Loss`] kind.
+    pub by_kind: [u64; crate::packet::LOSS_KINDS],
+    /// Flow-table inserts of a key that was absent, and removes of one that was present.
+    pub flow_inserts: u64,
+    pub flow_removes: u64,
+}
+
+impl DatapathLosses {
+    pub fn accumulate(&mut self, o: &Self) {
+        for (a, b) in self.by_kind.iter_mut().zip(o.by_kind) {
+            *a = a.wrapping_add(b);
+        }
+        self.flow_inserts = self.flow_inserts.wrapping_add(o.flow_inserts);
+        self.flow_removes = self.flow_removes.wrapping_add(o.flow_removes);
+    }
+}
 /// Array of [`DscpRule`], [`MAX_DSCP_RULES`] slots; the egress program applies the first enabled
 /// rule that matches.
 pub const MAP_DSCP_RULES: &str = "LP_DSCP_RULES";
@@ -167,14 +212,6 @@ impl DscpRule {
             && (self.peer == ANY_PEER || self.peer == peer)
             && (all_ports || in_range(sport) || in_range(dport))
     }
-}
-
-/// Key of [`MAP_PEER_STATS`].
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct PeerKey {
-    pub ifindex: u32,
-    pub peer: u32,
 }
 
 /// Key of [`MAP_PEERS`] (the layout `bpf_lpm_trie_key` requires: prefix length, then data).
@@ -502,9 +539,13 @@ pub const L2_RAW_IP: u32 = 2;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IfaceConfig {
+    /// The interface's index (0: an empty slot of [`MAP_IFACE_INDEX`]).
+    pub ifindex: u32,
     /// [`L2_ETHERNET`] or [`L2_RAW_IP`].
     pub l2: u32,
-    pub _reserved: u32,
+    /// The interface's slot in [`MAP_IFACE_STATS`] and [`MAP_PEER_STATS`] (below [`MAX_IFACES`]).
+    pub slot: u32,
+    pub _pad: u32,
 }
 
 /// Key of [`MAP_LOCAL_ADDRS`]: an IPv4 address occupies the first 4 bytes, the rest are zero.
@@ -564,7 +605,6 @@ pub fn v4_mapped(a: [u8; 4]) -> [u8; 16] {
 
 const _: () = assert!(core::mem::size_of::<IfaceStats>() == 72);
 const _: () = assert!(core::mem::size_of::<DscpRule>() == 20);
-const _: () = assert!(core::mem::size_of::<PeerKey>() == 8);
 const _: () = assert!(core::mem::size_of::<PeerPrefix>() == 20);
 const _: () = assert!(core::mem::size_of::<DirCounters>() == 72);
 const _: () = assert!(core::mem::size_of::<RoceCounters>() == 16 * 8);
@@ -572,10 +612,11 @@ const _: () = assert!(core::mem::size_of::<QpKey>() == 28);
 const _: () = assert!(core::mem::size_of::<PeerStats>() == 2 * 72 + 2 * 128 + 32 + 8 + 32 + 64 * 8);
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 40);
 const _: () = assert!(core::mem::size_of::<FlowState>() == 48);
-const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 8);
+const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 16);
 const _: () = assert!(core::mem::size_of::<LocalAddr>() == 20);
 const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 24);
 const _: () = assert!(core::mem::size_of::<PeerCacheEntry>() == 24);
+const _: () = assert!(core::mem::size_of::<DatapathLosses>() == 5 * 8);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -585,11 +626,11 @@ mod pod {
     unsafe impl aya::Pod for super::IfaceConfig {}
     unsafe impl aya::Pod for super::LocalAddr {}
     unsafe impl aya::Pod for super::KernelOffsets {}
-    unsafe impl aya::Pod for super::PeerKey {}
     unsafe impl aya::Pod for super::DscpRule {}
     unsafe impl aya::Pod for super::QpKey {}
     unsafe impl aya::Pod for super::FlowKey {}
     unsafe impl aya::Pod for super::FlowState {}
     unsafe impl aya::Pod for super::PeerPrefix {}
     unsafe impl aya::Pod for super::PeerStats {}
+    unsafe impl aya::Pod for super::DatapathLosses {}
 }

@@ -29,12 +29,12 @@ impl PacketBytes for [u8] {
 }
 
 const ETH_HLEN: usize = 14;
-const ETH_P_IP: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86dd;
+pub(crate) const ETH_P_IP: u16 = 0x0800;
+pub(crate) const ETH_P_IPV6: u16 = 0x86dd;
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88a8;
-const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
+pub(crate) const IPPROTO_TCP: u8 = 6;
+pub(crate) const IPPROTO_UDP: u8 = 17;
 
 #[inline(always)]
 fn be16(p: &(impl PacketBytes + ?Sized), off: usize) -> Option<u16> {
@@ -65,6 +65,9 @@ pub struct Headers {
     /// Addresses, IPv4 as IPv4-mapped IPv6 (`::ffff:a.b.c.d`) so one LPM trie serves both.
     pub src: [u8; 16],
     pub dst: [u8; 16],
+    /// An extension, TCP or UDP header ends before it should: past the end of the packet, or
+    /// past the bytes the programs read of it. The packet is unparsed above IP.
+    pub truncated: bool,
 }
 
 const IPPROTO_HOPOPTS: u8 = 0;
@@ -151,6 +154,7 @@ pub fn parse(p: &(impl PacketBytes + ?Sized), l2: u32) -> Option<Headers> {
             }
             let (Some(next), Some(hlen)) = (p.byte(l4), p.byte(l4 + 1)) else {
                 l4 = 0;
+                h.truncated = true;
                 break;
             };
             let len = match proto {
@@ -188,13 +192,15 @@ pub fn parse(p: &(impl PacketBytes + ?Sized), l2: u32) -> Option<Headers> {
             let doff = usize::from(p.byte(l4 + 12).unwrap_or(0) >> 4) * 4;
             let flags = p.byte(l4 + 13);
             if doff < 20 || flags.is_none() || p.byte(l4 + doff - 1).is_none() {
-                return Some(h); // truncated or malformed: unparsed above IP
+                h.truncated = true; // or malformed: unparsed above IP
+                return Some(h);
             }
             h.tcp_flags = flags.unwrap_or(0);
             h.header_len = (l4 + doff) as u16;
         }
         IPPROTO_UDP => {
             if p.byte(l4 + 7).is_none() {
+                h.truncated = true;
                 return Some(h);
             }
             h.header_len = (l4 + 8) as u16;
@@ -212,6 +218,46 @@ pub fn parse(p: &(impl PacketBytes + ?Sized), l2: u32) -> Option<Headers> {
     h.dport = be16(p, l4 + 2).unwrap_or(0);
     h.l4 = l4 as u16;
     Some(h)
+}
+
+/// What the counters lose of a packet, by kind: each kind has a counter and a rate-limited
+/// warning (`linkpilot_datapath_lost_total{kind}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Loss {
+    /// An IP header, or the TCP/UDP/extension header after it, cut short or malformed.
+    TruncatedHeader = 0,
+    /// A link layer the parser does not know: an interface type other than Ethernet or raw
+    /// IP, or stacked VLAN tags.
+    UnknownLinkType = 1,
+    /// A map insert that failed (a full table).
+    MapInsertFailed = 2,
+}
+
+/// Number of [`Loss`] kinds.
+pub const LOSS_KINDS: usize = 3;
+
+/// Why `parse` found no IP header in `p` (it returned `None`), if that loses an IP packet:
+/// ARP, LLDP and the like lose nothing.
+pub fn unparsed_loss(p: &(impl PacketBytes + ?Sized), l2: u32) -> Option<Loss> {
+    let ethertype = match l2 {
+        L2_ETHERNET => {
+            let Some(outer) = be16(p, 12) else { return Some(Loss::TruncatedHeader) };
+            if outer != ETH_P_8021Q && outer != ETH_P_8021AD {
+                outer
+            } else {
+                match be16(p, ETH_HLEN + 2) {
+                    None => return Some(Loss::TruncatedHeader),
+                    Some(ETH_P_8021Q | ETH_P_8021AD) => return Some(Loss::UnknownLinkType),
+                    Some(inner) => inner,
+                }
+            }
+        }
+        // Everything on a raw IP link is meant to be IP.
+        L2_RAW_IP => return Some(Loss::TruncatedHeader),
+        _ => return Some(Loss::UnknownLinkType),
+    };
+    (ethertype == ETH_P_IP || ethertype == ETH_P_IPV6).then_some(Loss::TruncatedHeader)
 }
 
 /// Length of the headers that every segment of a GSO packet repeats, through TCP or UDP.

@@ -2,14 +2,20 @@
 //! peer), and a closed connection leaves the flow table at once instead of waiting for the LRU.
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
-use linkpilot_common::{sock_state_record as rec, tcp_state as st, FlowKey, FlowState, PeerKey};
+use linkpilot_common::{
+    packet::Loss, sock_state_record as rec, tcp_state as st, FlowKey, FlowState,
+};
 
 use crate::{
-    kernel::in_watched_netns,
+    kernel::{in_watched_netns, Record},
+    losses::{flow_table, lost},
     retransmit::LOCAL_ADDRS,
     rtt::{addresses, AddrOffsets, FLOWS},
-    traffic::PEER_STATS,
+    traffic::{iface_slot, peer_stats},
 };
+
+/// -EEXIST: the flow is there already (tcp_probe saw it first).
+const EEXIST: i32 = -17;
 
 const IPPROTO_TCP: u16 = 6;
 /// BPF_NOEXIST: never overwrite what tcp_probe already recorded.
@@ -63,13 +69,13 @@ fn classify(old: i32, new: i32) -> Option<Event> {
 fn try_state(ctx: &TracePointContext) -> Result<(), i64> {
     // SAFETY (all reads): offsets within the record, checked against tracefs at load time.
     let (protocol, old, new): (u16, i32, i32) = unsafe {
-        (ctx.read_at(rec::PROTOCOL)?, ctx.read_at(rec::OLDSTATE)?, ctx.read_at(rec::NEWSTATE)?)
+        (ctx.field(rec::PROTOCOL)?, ctx.field(rec::OLDSTATE)?, ctx.field(rec::NEWSTATE)?)
     };
     if protocol != IPPROTO_TCP {
         return Ok(());
     }
     let Some(event) = classify(old, new) else { return Ok(()) };
-    let family: u16 = unsafe { ctx.read_at(rec::FAMILY)? };
+    let family: u16 = unsafe { ctx.field(rec::FAMILY)? };
     let Some((local_key, local, remote)) = addresses(ctx, family, &SOCK_STATE_ADDRS)? else {
         return Ok(());
     };
@@ -79,7 +85,7 @@ fn try_state(ctx: &TracePointContext) -> Result<(), i64> {
         return Ok(());
     }
     let peer = crate::peers::peer_of_uncached(&remote);
-    if let Some(ps) = PEER_STATS.get_ptr_mut(PeerKey { ifindex, peer }) {
+    if let Some(ps) = iface_slot(ifindex).and_then(|slot| peer_stats(slot, peer)) {
         // SAFETY: a per-CPU value.
         let f = unsafe { &mut (*ps).flows };
         match event {
@@ -89,18 +95,23 @@ fn try_state(ctx: &TracePointContext) -> Result<(), i64> {
             Event::FailedOpen => f.failed_opens += 1,
         }
     }
-    let (sport, dport): (u16, u16) =
-        unsafe { (ctx.read_at(rec::SPORT)?, ctx.read_at(rec::DPORT)?) };
+    let (sport, dport): (u16, u16) = unsafe { (ctx.field(rec::SPORT)?, ctx.field(rec::DPORT)?) };
     let key = FlowKey { family, local_port: sport, remote_port: dport, _pad: 0, local, remote };
     match event {
         Event::ActiveOpen | Event::PassiveOpen => {
             // SAFETY: bpf_ktime_get_ns has no preconditions.
             let now = unsafe { bpf_ktime_get_ns() };
             let state = FlowState { last_ns: now, ifindex, peer, ..FlowState::default() };
-            let _ = FLOWS.insert(key, state, NOEXIST);
+            match FLOWS.insert(key, state, NOEXIST) {
+                Ok(()) => flow_table(false),
+                Err(EEXIST) => {}
+                Err(_) => lost(ctx, Loss::MapInsertFailed),
+            }
         }
         Event::Close | Event::FailedOpen => {
-            let _ = FLOWS.remove(key);
+            if FLOWS.remove(key).is_ok() {
+                flow_table(true);
+            }
         }
     }
     Ok(())

@@ -1,8 +1,78 @@
 //! What the controller patches in at load time from the running kernel (BTF offsets, the watched
 //! network namespace), and the namespace check every tracepoint makes before it counts.
 
-use aya_ebpf::{helpers::bpf_probe_read_kernel, programs::TracePointContext};
+use aya_ebpf::{helpers::bpf_probe_read_kernel, programs::TracePointContext, EbpfContext};
 use linkpilot_common::KernelOffsets;
+
+/// Fields of a tracepoint's record read straight from the program's context, which the verifier
+/// allows as aligned loads of 1, 2, 4 or 8 bytes at constant offsets. aya's `read_at` goes
+/// through `bpf_probe_read_kernel`: a helper call per field, most of a tracepoint's cost.
+pub(crate) trait Record {
+    /// The `T` at `offset` of the record, in loads as wide as its alignment there allows.
+    /// Never fails; a `Result` so that it reads like `read_at`.
+    ///
+    /// # Safety
+    /// `offset..offset + size_of::<T>()` lies within the record, and `offset` is a constant
+    /// once inlined (the verifier takes no variable context offsets).
+    unsafe fn field<T: Copy>(&self, offset: usize) -> Result<T, i32>;
+}
+
+impl Record for TracePointContext {
+    #[inline(always)]
+    unsafe fn field<T: Copy>(&self, offset: usize) -> Result<T, i32> {
+        let mut out = core::mem::MaybeUninit::<T>::uninit();
+        let dst = out.as_mut_ptr().cast::<u8>();
+        let size = core::mem::size_of::<T>();
+        // Straight-line loads, each at a constant offset from the context pointer itself: a loop
+        // (unrolled or not) walks a pointer derived from the context, which the verifier
+        // refuses ("modified ctx ptr"). Volatile: LLVM would merge neighbours into one wider,
+        // misaligned load. The record layouts need these sizes and alignments only.
+        // SAFETY: within the record (the caller's promise), each load aligned to its size; the
+        // stores go to `out`.
+        unsafe {
+            match (size, offset % 8) {
+                (2, _) => copy::<u16>(self, offset, dst, 0),
+                (4, 0 | 4) => copy::<u32>(self, offset, dst, 0),
+                (4, _) => {
+                    copy::<u16>(self, offset, dst, 0);
+                    copy::<u16>(self, offset + 2, dst, 2);
+                }
+                (8, 0) => copy::<u64>(self, offset, dst, 0),
+                (16, 0) => {
+                    copy::<u64>(self, offset, dst, 0);
+                    copy::<u64>(self, offset + 8, dst, 8);
+                }
+                (16, 4) => {
+                    for i in [0, 4, 8, 12] {
+                        copy::<u32>(self, offset + i, dst, i);
+                    }
+                }
+                (16, _) => {
+                    for i in [0, 2, 4, 6, 8, 10, 12, 14] {
+                        copy::<u16>(self, offset + i, dst, i);
+                    }
+                }
+                // No record field of ours has another shape.
+                _ => return Err(-22),
+            }
+        }
+        // SAFETY: every byte of `out` was written above; T is plain data (Copy, any bits).
+        Ok(unsafe { out.assume_init() })
+    }
+}
+
+/// One aligned load of a `W` at `offset` of the record, stored at `dst + at`.
+///
+/// # Safety
+/// As [`Record::field`], and `offset` is a multiple of `size_of::<W>()`.
+#[inline(always)]
+unsafe fn copy<W: Copy>(ctx: &TracePointContext, offset: usize, dst: *mut u8, at: usize) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let v = ctx.as_ptr().cast::<u8>().add(offset).cast::<W>().read_volatile();
+        dst.add(at).cast::<W>().write_unaligned(v);
+    }
+}
 
 /// Set by the controller at load time.
 #[unsafe(no_mangle)]
@@ -33,7 +103,7 @@ pub(crate) fn in_watched_netns(ctx: &TracePointContext, skaddr: usize) -> bool {
     }
     // SAFETY: the offset is within the record (checked against tracefs at load time);
     // bpf_probe_read_kernel tolerates any address and reports failure.
-    let Ok(sk) = (unsafe { ctx.read_at::<u64>(skaddr) }) else { return false };
+    let Ok(sk) = (unsafe { ctx.field::<u64>(skaddr) }) else { return false };
     let Ok(net) = (unsafe { bpf_probe_read_kernel((sk + u64::from(sock_net)) as *const u64) })
     else {
         return false;

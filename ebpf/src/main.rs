@@ -6,6 +6,7 @@
 
 mod flows;
 mod kernel;
+mod losses;
 mod peers;
 mod retransmit;
 mod rtt;

@@ -13,13 +13,13 @@ use linkpilot_common::{
         FAMILY as TP_FAMILY, SADDR as TP_SADDR, SADDR_V6 as TP_SADDR_V6, SKADDR as TP_SKADDR,
         SKBADDR as TP_SKBADDR, SPORT as TP_SPORT,
     },
-    FlowKey, LocalAddr, PeerKey, MAX_LOCAL_ADDRS,
+    FlowKey, LocalAddr, MAX_LOCAL_ADDRS,
 };
 
 use crate::{
-    kernel::{in_watched_netns, LP_KERNEL_OFFSETS},
+    kernel::{in_watched_netns, Record, LP_KERNEL_OFFSETS},
     rtt::{addresses, AddrOffsets, FLOWS},
-    traffic::{IFACE_STATS, PEER_STATS},
+    traffic::{iface_slot, peer_stats, IFACE_STATS},
 };
 
 #[map(name = "LP_LOCAL_ADDRS")]
@@ -36,7 +36,7 @@ pub fn lp_tcp_retrans(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn try_count(ctx: &TracePointContext) -> Result<(), i64> {
     // SAFETY: offsets are within the record the format file describes.
-    let family: u16 = unsafe { ctx.read_at(TP_FAMILY)? };
+    let family: u16 = unsafe { ctx.field(TP_FAMILY)? };
     let Some((key, local, remote)) = addresses(ctx, family, &RETRANSMIT_ADDRS)? else {
         return Ok(());
     };
@@ -45,11 +45,12 @@ fn try_count(ctx: &TracePointContext) -> Result<(), i64> {
     if !in_watched_netns(ctx, TP_SKADDR) {
         return Ok(());
     }
-    let Some(stats) = IFACE_STATS.get_ptr_mut(ifindex) else { return Ok(()) };
+    let Some(slot) = iface_slot(ifindex) else { return Ok(()) };
+    let Some(stats) = IFACE_STATS.get_ptr_mut(slot) else { return Ok(()) };
     // SAFETY: a read-only global patched at load time; `err` is only read where it exists.
     let has_err = unsafe { core::ptr::read_volatile(&LP_KERNEL_OFFSETS.retransmit_has_err) };
     // SAFETY: offset within the record when `has_err` is set.
-    let err: i32 = if has_err != 0 { unsafe { ctx.read_at(TP_ERR)? } } else { 0 };
+    let err: i32 = if has_err != 0 { unsafe { ctx.field(TP_ERR)? } } else { 0 };
     // SAFETY: a per-CPU value; see traffic.rs.
     let stats = unsafe { &mut *stats };
     if err != 0 {
@@ -58,7 +59,7 @@ fn try_count(ctx: &TracePointContext) -> Result<(), i64> {
     }
     let segs = u64::from(segments(ctx));
     stats.retrans_segs += segs;
-    attribute(ctx, family, ifindex, segs, local, remote)
+    attribute(ctx, family, slot, segs, local, remote)
 }
 
 const RETRANSMIT_ADDRS: AddrOffsets =
@@ -69,18 +70,18 @@ const RETRANSMIT_ADDRS: AddrOffsets =
 fn attribute(
     ctx: &TracePointContext,
     family: u16,
-    ifindex: u32,
+    slot: u32,
     segs: u64,
     local: [u8; 16],
     remote: [u8; 16],
 ) -> Result<(), i64> {
     let peer = crate::peers::peer_of_uncached(&remote);
-    if let Some(ps) = PEER_STATS.get_ptr_mut(PeerKey { ifindex, peer }) {
+    if let Some(ps) = peer_stats(slot, peer) {
         // SAFETY: a per-CPU value.
         unsafe { (*ps).retrans_segs += segs };
     }
     // SAFETY: offsets within the record, checked against tracefs at load time.
-    let (sport, dport): (u16, u16) = unsafe { (ctx.read_at(TP_SPORT)?, ctx.read_at(TP_DPORT)?) };
+    let (sport, dport): (u16, u16) = unsafe { (ctx.field(TP_SPORT)?, ctx.field(TP_DPORT)?) };
     let key = FlowKey { family, local_port: sport, remote_port: dport, _pad: 0, local, remote };
     if let Some(f) = FLOWS.get_ptr_mut(key) {
         // SAFETY: an LRU value; see rtt.rs on concurrent updates.
@@ -99,7 +100,7 @@ fn segments(ctx: &TracePointContext) -> u16 {
         return 1;
     }
     // SAFETY: offset within the tracepoint record.
-    let Ok(skb) = (unsafe { ctx.read_at::<u64>(TP_SKBADDR) }) else { return 1 };
+    let Ok(skb) = (unsafe { ctx.field::<u64>(TP_SKBADDR) }) else { return 1 };
     let ptr = (skb + u64::from(off)) as *const u16;
     // SAFETY: bpf_probe_read_kernel tolerates any address and reports failure.
     match unsafe { bpf_probe_read_kernel(ptr) } {

@@ -9,11 +9,16 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use linkpilot_common::{
-    probe_record as rec, v4_mapped, FlowKey, FlowState, LocalAddr, PeerKey, AF_INET, AF_INET6,
-    MAX_FLOWS,
+    probe_record as rec, v4_mapped, FlowKey, FlowState, LocalAddr, AF_INET, AF_INET6, MAX_FLOWS,
 };
 
-use crate::{kernel::in_watched_netns, retransmit::LOCAL_ADDRS, traffic::PEER_STATS};
+use crate::{
+    kernel::{in_watched_netns, Record},
+    losses::{flow_table, lost},
+    retransmit::LOCAL_ADDRS,
+    traffic::{iface_slot, peer_stats},
+};
+use linkpilot_common::packet::Loss;
 
 #[map(name = "LP_FLOWS")]
 pub(crate) static FLOWS: LruHashMap<FlowKey, FlowState> =
@@ -49,12 +54,12 @@ pub(crate) fn addresses(
     // SAFETY (reads): offsets within the record, checked against tracefs at load time.
     if family == AF_INET {
         let (l, r): ([u8; 4], [u8; 4]) =
-            unsafe { (ctx.read_at(off.local4)?, ctx.read_at(off.remote4)?) };
+            unsafe { (ctx.field(off.local4)?, ctx.field(off.remote4)?) };
         la.addr[..4].copy_from_slice(&l);
         Ok(Some((la, v4_mapped(l), v4_mapped(r))))
     } else if family == AF_INET6 {
         let (l, r): ([u8; 16], [u8; 16]) =
-            unsafe { (ctx.read_at(off.local6)?, ctx.read_at(off.remote6)?) };
+            unsafe { (ctx.field(off.local6)?, ctx.field(off.remote6)?) };
         if l[..12] == V4_MAPPED_PREFIX {
             // A dual-stack socket carrying IPv4: its local address is an IPv4 one.
             la.family = AF_INET;
@@ -82,15 +87,15 @@ const PROBE_ADDRS: AddrOffsets = AddrOffsets {
 fn try_probe(ctx: &TracePointContext) -> Result<(), i64> {
     // SAFETY (all reads): offsets within the record, checked against tracefs at load time.
     let (snd_nxt, snd_una): (u32, u32) =
-        unsafe { (ctx.read_at(rec::SND_NXT)?, ctx.read_at(rec::SND_UNA)?) };
+        unsafe { (ctx.field(rec::SND_NXT)?, ctx.field(rec::SND_UNA)?) };
     if snd_nxt == snd_una {
         return Ok(()); // nothing in flight: this end is not refreshing its RTT
     }
-    let srtt: u32 = unsafe { ctx.read_at(rec::SRTT)? };
+    let srtt: u32 = unsafe { ctx.field(rec::SRTT)? };
     if srtt == 0 {
         return Ok(());
     }
-    let family: u16 = unsafe { ctx.read_at(rec::FAMILY)? };
+    let family: u16 = unsafe { ctx.field(rec::FAMILY)? };
     let Some((local_key, local, remote)) = addresses(ctx, family, &PROBE_ADDRS)? else {
         return Ok(());
     };
@@ -100,7 +105,7 @@ fn try_probe(ctx: &TracePointContext) -> Result<(), i64> {
         return Ok(());
     }
     let peer = crate::peers::peer_of_uncached(&remote);
-    if let Some(ps) = PEER_STATS.get_ptr_mut(PeerKey { ifindex, peer }) {
+    if let Some(ps) = iface_slot(ifindex).and_then(|slot| peer_stats(slot, peer)) {
         // SAFETY: a per-CPU value.
         let rtt = unsafe { &mut (*ps).rtt };
         let us = u64::from(srtt);
@@ -113,9 +118,8 @@ fn try_probe(ctx: &TracePointContext) -> Result<(), i64> {
             rtt.max_us = us;
         }
     }
-    let (sport, dport): (u16, u16) =
-        unsafe { (ctx.read_at(rec::SPORT)?, ctx.read_at(rec::DPORT)?) };
-    let cwnd: u32 = unsafe { ctx.read_at(rec::SND_CWND)? };
+    let (sport, dport): (u16, u16) = unsafe { (ctx.field(rec::SPORT)?, ctx.field(rec::DPORT)?) };
+    let cwnd: u32 = unsafe { ctx.field(rec::SND_CWND)? };
     let key = FlowKey { family, local_port: sport, remote_port: dport, _pad: 0, local, remote };
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
@@ -144,7 +148,10 @@ fn try_probe(ctx: &TracePointContext) -> Result<(), i64> {
                 snd_cwnd: cwnd,
                 _pad: 0,
             };
-            let _ = FLOWS.insert(key, state, 0);
+            match FLOWS.insert(key, state, 0) {
+                Ok(()) => flow_table(false),
+                Err(_) => lost(ctx, Loss::MapInsertFailed),
+            }
         }
     }
     Ok(())

@@ -1,34 +1,68 @@
 //! Per-interface and per-peer counters at TC ingress and egress: packets, bytes, ECN codepoints,
 //! TCP ECE/CWR, egress DSCP (and its rewrite), RoCEv2 transport signals.
 
-use crate::peers::peer_of;
+use crate::{losses::lost, peers::peer_of};
 use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::TC_ACT_UNSPEC,
     helpers::generated::bpf_loop,
     macros::{classifier, map},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::TcContext,
 };
 use linkpilot_common::{
+    fixed::{parse_fixed, Linear},
     packet::{
-        parse, parse_bth, psn_repeated, wire_bytes, Headers, PacketBytes, CNP_OPCODE, ROCEV2_PORT,
+        parse, parse_bth, psn_repeated, unparsed_loss, wire_bytes, Headers, Loss, PacketBytes,
+        CNP_OPCODE, ROCEV2_PORT,
     },
-    DirCounters, DscpRule, IfaceConfig, IfaceStats, PeerKey, PeerStats, QpKey, RoceCounters,
-    MAX_DSCP_RULES, MAX_IFACES, MAX_PEER_ENTRIES, MAX_ROCE_QPS,
+    peer_stats_index, DirCounters, DscpRule, IfaceConfig, IfaceStats, PeerStats, QpKey,
+    RoceCounters, IFACE_INDEX_SLOTS, MAX_DSCP_RULES, MAX_IFACES, MAX_PEERS, MAX_PEER_ENTRIES,
+    MAX_ROCE_QPS,
 };
 
 #[map(name = "LP_IFACE_STATS")]
-pub(crate) static IFACE_STATS: PerCpuHashMap<u32, IfaceStats> =
-    PerCpuHashMap::with_max_entries(MAX_IFACES, 0);
+pub(crate) static IFACE_STATS: PerCpuArray<IfaceStats> =
+    PerCpuArray::with_max_entries(MAX_IFACES, 0);
 
 #[map(name = "LP_IFACE_CONFIG")]
 static IFACE_CONFIG: HashMap<u32, IfaceConfig> = HashMap::with_max_entries(MAX_IFACES, 0);
 
+#[map(name = "LP_IFACE_INDEX")]
+static IFACE_INDEX: Array<IfaceConfig> = Array::with_max_entries(IFACE_INDEX_SLOTS, 0);
+
+/// The configuration of `ifindex`: from its slot of the direct-mapped index (an inlined array
+/// access), else from the hash.
+#[inline(always)]
+fn iface_config(ifindex: u32) -> Option<(u32, u32)> {
+    if let Some(c) = IFACE_INDEX.get(ifindex & (IFACE_INDEX_SLOTS - 1)) {
+        if c.ifindex == ifindex {
+            return Some((c.l2, c.slot));
+        }
+    }
+    // SAFETY: the controller writes this map only with whole values.
+    unsafe { IFACE_CONFIG.get(ifindex) }.map(|c| (c.l2, c.slot))
+}
+
 #[map(name = "LP_PEER_STATS")]
-pub(crate) static PEER_STATS: PerCpuHashMap<PeerKey, PeerStats> =
-    PerCpuHashMap::with_max_entries(MAX_PEER_ENTRIES, 0);
+pub(crate) static PEER_STATS: PerCpuArray<PeerStats> =
+    PerCpuArray::with_max_entries(MAX_PEER_ENTRIES, 0);
+
+/// The counter slot of `ifindex` (a watched interface), for the tracepoints.
+#[inline(always)]
+pub(crate) fn iface_slot(ifindex: u32) -> Option<u32> {
+    iface_config(ifindex).map(|(_, slot)| slot)
+}
+
+/// The counters of (`slot`, `peer`).
+#[inline(always)]
+pub(crate) fn peer_stats(slot: u32, peer: u32) -> Option<*mut PeerStats> {
+    if peer > MAX_PEERS {
+        return None;
+    }
+    PEER_STATS.get_ptr_mut(peer_stats_index(slot, peer))
+}
 
 /// Egress DSCP rewrite rules, compacted: the first disabled slot ends the list.
 #[map(name = "LP_DSCP_RULES")]
@@ -42,9 +76,8 @@ const HEADER_BYTES: usize = 128;
 #[map(name = "LP_SCRATCH")]
 static SCRATCH: PerCpuArray<[u8; HEADER_BYTES]> = PerCpuArray::with_max_entries(1, 0);
 
-/// The packet's first bytes, copied with one `bpf_skb_load_bytes` (which also reads non-linear
-/// skbs). Direct packet access would save the copy, but LLVM merges its bounds checks into
-/// shapes the verifier rejects.
+/// The slow path: the packet's first bytes, copied with one `bpf_skb_load_bytes` (which also
+/// reads non-linear skbs), for what the fast path ([`Direct`]) does not take.
 struct Head<'a> {
     bytes: &'a [u8; HEADER_BYTES],
     len: usize,
@@ -86,6 +119,71 @@ impl PacketBytes for Head<'_> {
     }
 }
 
+/// The fast path: the skb's linear data read in place. Each read checks its own constant
+/// offset against `data_end` and reads through the pointer it checked, the shape the verifier
+/// follows (a check on a derived integer, which LLVM produces when several reads share one
+/// check, is lost on it).
+struct Direct {
+    data: usize,
+    end: usize,
+    len: usize,
+}
+
+impl Linear for Direct {
+    #[inline(always)]
+    fn read<const N: usize>(&self, off: usize) -> Option<[u8; N]> {
+        let at = self.data + off;
+        if at + N > self.end {
+            return None;
+        }
+        // SAFETY: `at..at + N` lies within the linear data, checked above.
+        Some(unsafe { core::ptr::read_unaligned(at as *const [u8; N]) })
+    }
+
+    #[inline(always)]
+    fn packet_len(&self) -> usize {
+        self.len
+    }
+}
+
+/// Up to 16 bytes from `at` (a RoCEv2 BTH and AETH), copied, for the BTH parser.
+struct Bytes16 {
+    bytes: [u8; 16],
+    len: usize,
+}
+
+impl Bytes16 {
+    /// Loads 16 bytes, or the 12 of a BTH alone when fewer are left (a RoCEv2 packet ends with
+    /// a 4-byte ICRC, so a whole one always has 16): fixed sizes, as the verifier wants them.
+    #[inline(always)]
+    fn load(ctx: &TcContext, at: usize) -> Self {
+        let mut b = Bytes16 { bytes: [0; 16], len: 0 };
+        let left = (ctx.len() as usize).saturating_sub(at);
+        if left >= 16 {
+            if let Ok(bytes) = ctx.load::<[u8; 16]>(at) {
+                b = Bytes16 { bytes, len: 16 };
+            }
+        } else if left >= 12 {
+            if let Ok(bth) = ctx.load::<[u8; 12]>(at) {
+                b.bytes[..12].copy_from_slice(&bth);
+                b.len = 12;
+            }
+        }
+        b
+    }
+}
+
+impl PacketBytes for Bytes16 {
+    #[inline(always)]
+    fn byte(&self, offset: usize) -> Option<u8> {
+        if offset < self.len {
+            self.bytes.get(offset).copied()
+        } else {
+            None
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Direction {
     Rx = 0,
@@ -113,14 +211,16 @@ pub fn lp_tc_egress(ctx: TcContext) -> i32 {
 fn count(ctx: &TcContext, dir: Direction) {
     // SAFETY: `skb` is the context pointer the kernel passed to this program.
     let (ifindex, gso_segs) = unsafe { ((*ctx.skb.skb).ifindex, (*ctx.skb.skb).gso_segs) };
-    // SAFETY: the controller writes this map only with whole values.
-    let Some(config) = (unsafe { IFACE_CONFIG.get(ifindex) }) else { return };
-    let Some(stats) = IFACE_STATS.get_ptr_mut(ifindex) else { return };
+    let Some((l2, slot)) = iface_config(ifindex) else { return };
+    let Some(stats) = IFACE_STATS.get_ptr_mut(slot) else { return };
     // A zeroed `Headers` (version 0) for non-IP rather than an Option: LLVM fills the None arm
     // of an Option with whatever register is at hand, which the verifier rejects as pointer
     // arithmetic when that register holds a pointer.
-    let head = Head::load(ctx);
-    let mut h = head.as_ref().and_then(|head| parse(head, config.l2)).unwrap_or_default();
+    let mut h = Headers::default();
+    let direct = Direct { data: ctx.data(), end: ctx.data_end(), len: ctx.len() as usize };
+    if !parse_fixed(&direct, l2, &mut h) {
+        h = slow_parse(ctx, l2);
+    }
     let segs = gso_segs.max(1);
     let header_len = (segs > 1 && h.header_len != 0).then_some(usize::from(h.header_len));
     let bytes = wire_bytes(ctx.len(), segs, header_len);
@@ -152,28 +252,39 @@ fn count(ctx: &TcContext, dir: Direction) {
             stats.tx_dscp_rewritten += segs;
         }
     }
-    let Some(ps) = PEER_STATS.get_ptr_mut(PeerKey { ifindex, peer }) else { return };
+    let Some(ps) = peer_stats(slot, peer) else { return };
     // SAFETY: a per-CPU value, as above.
     let ps = unsafe { &mut *ps };
     count_peer(ps, dir, &h, segs, bytes);
     if h.proto == IPPROTO_UDP && h.l4 != 0 && h.dport == ROCEV2_PORT {
-        if let Some(head) = &head {
-            let roce = if dir == Direction::Rx { &mut ps.rx_roce } else { &mut ps.tx_roce };
-            count_roce(
-                roce,
-                head,
-                &h,
-                QpKey { ifindex, direction: dir as u32, dest_qp: 0, remote },
-            );
-        }
+        let roce = if dir == Direction::Rx { &mut ps.rx_roce } else { &mut ps.tx_roce };
+        let qp = QpKey { ifindex, direction: dir as u32, dest_qp: 0, remote };
+        count_roce(ctx, roce, &h, qp);
     }
+}
+
+/// The slow path: any layout the parser knows, from a copy of the first bytes; says what it
+/// loses.
+#[inline(always)]
+fn slow_parse(ctx: &TcContext, l2: u32) -> Headers {
+    let Some(head) = Head::load(ctx) else { return Headers::default() };
+    let h = parse(&head, l2).unwrap_or_default();
+    if h.version == 0 {
+        if let Some(kind) = unparsed_loss(&head, l2) {
+            lost(ctx, kind);
+        }
+    } else if h.truncated {
+        lost(ctx, Loss::TruncatedHeader);
+    }
+    h
 }
 
 /// RoCEv2: BTH class, CNPs, AETH ACK/NAK syndromes, and repeated PSNs per destination QP.
 #[inline(always)]
-fn count_roce(r: &mut RoceCounters, head: &Head, h: &Headers, mut qp: QpKey) {
+fn count_roce(ctx: &TcContext, r: &mut RoceCounters, h: &Headers, mut qp: QpKey) {
     r.packets += 1;
-    let Some(b) = parse_bth(head, usize::from(h.l4) + 8) else {
+    let bth = Bytes16::load(ctx, usize::from(h.l4) + 8);
+    let Some(b) = parse_bth(&bth, 0) else {
         r.truncated += 1;
         return;
     };
@@ -194,11 +305,22 @@ fn count_roce(r: &mut RoceCounters, head: &Head, h: &Headers, mut qp: QpKey) {
         return;
     }
     qp.dest_qp = b.dest_qp;
-    // SAFETY: values are plain u32 written whole by this program.
-    match unsafe { ROCE_QPS.get(qp) } {
-        Some(&last) if psn_repeated(last, b.psn) => r.retransmitted += 1,
-        _ => {
-            let _ = ROCE_QPS.insert(qp, b.psn, 0);
+    // The last PSN updated in place: an insert (a second hash walk, and an LRU list update)
+    // only for a QP not seen before.
+    match ROCE_QPS.get_ptr_mut(qp) {
+        // SAFETY: a plain u32; a concurrent update of the same QP on another CPU is one
+        // store against another, either PSN being a recent one.
+        Some(last) => unsafe {
+            if psn_repeated(*last, b.psn) {
+                r.retransmitted += 1;
+            } else {
+                *last = b.psn;
+            }
+        },
+        None => {
+            if ROCE_QPS.insert(qp, b.psn, 0).is_err() {
+                lost(ctx, Loss::MapInsertFailed);
+            }
         }
     }
 }
@@ -235,6 +357,10 @@ extern "C" fn scan_rule(i: u32, ctx: *mut c_void) -> i64 {
 /// path through the parser.
 #[inline(always)]
 fn rewrite_dscp(ctx: &TcContext, h: &mut Headers, ifindex: u32, peer: u32) -> Option<u8> {
+    // No rules (the list is compacted): no scan.
+    if DSCP_RULES.get(0).is_none_or(|r| r.enabled == 0) {
+        return None;
+    }
     let mut scan = RuleScan { ifindex, peer, sport: h.sport, dport: h.dport, dscp: -1 };
     // SAFETY: the callback and its context are valid for the duration of the call.
     unsafe {

@@ -1,10 +1,12 @@
 //! The header parser the TC programs run (common/src/packet.rs), over packet bytes as TC sees
-//! them: the first byte picks the link type (Ethernet, raw IP, or an unknown one).
+//! them: the first byte picks the link type (Ethernet, raw IP, or an unknown one). The fast path
+//! (common/src/fixed.rs) must agree with it wherever it answers.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use linkpilot_common::{
-    packet::{parse, parse_bth, segment_header_len, wire_bytes, ROCEV2_PORT},
+    fixed::parse_fixed,
+    packet::{parse, parse_bth, segment_header_len, unparsed_loss, wire_bytes, Headers, ROCEV2_PORT},
     L2_ETHERNET, L2_RAW_IP,
 };
 
@@ -16,6 +18,14 @@ fuzz_target!(|data: &[u8]| {
         _ => u32::from(kind),
     };
     let h = parse(p, l2);
+    // The programs' fast path, where it answers, agrees with the parser.
+    let mut fast = Headers::default();
+    if parse_fixed(p, l2, &mut fast) {
+        assert_eq!(Some(fast), h, "the fast path disagrees");
+    }
+    if h.is_none() {
+        let _ = unparsed_loss(p, l2);
+    }
     let seg = segment_header_len(p, l2);
     assert_eq!(seg, h.and_then(|h| (h.header_len != 0).then_some(usize::from(h.header_len))));
     let Some(h) = h else {

@@ -65,16 +65,25 @@ fn ifindex(ns: &str, iface: &str) -> u32 {
     out.split(':').next().expect("index").trim().parse().expect("ifindex")
 }
 
-fn bpftool(args: &[&str], key: &[String], value: Option<usize>) {
+fn bpftool(args: &[&str], key: &[String], value: Option<&[String]>) {
     let mut full: Vec<&str> = [&["bpftool", "map"], args, &["key", "hex"]].concat();
     full.extend(key.iter().map(String::as_str));
-    let zeros = vec!["00"; value.unwrap_or(0)];
-    if value.is_some() {
+    if let Some(value) = value {
         full.push("value");
         full.push("hex");
-        full.extend(zeros.iter().copied());
+        full.extend(value.iter().map(String::as_str));
     }
     sh(&full);
+}
+
+/// The value at `key` of map `id`, as hex bytes.
+fn lookup(id: &str, key: &[String]) -> Vec<String> {
+    let mut args = vec!["bpftool", "map", "lookup", "id", id, "key", "hex"];
+    args.extend(key.iter().map(String::as_str));
+    args.push("--json");
+    let v: serde_json::Value = serde_json::from_str(&sh(&args)).expect("bpftool JSON");
+    let bytes = v["value"].as_array().expect("value bytes");
+    bytes.iter().map(|b| b.as_str().expect("hex").trim_start_matches("0x").to_owned()).collect()
 }
 
 /// Waits for the daemon's first tick, failing with its log if it exits first.
@@ -100,22 +109,19 @@ fn a_failed_sensing_read_skips_a_tick_and_only_a_lasting_failure_stops_the_daemo
         &["--sensing-give-up-s", "3"],
     );
     wait_up(&mut d, &dir);
-    // Break what the daemon reads every tick: the counters of (lpa0, peer b), deleted under it.
+    // Break what the daemon reads every tick: the configuration of lpa0 that names its counters'
+    // slot, deleted under it.
     let pid = d.child.id();
-    let id = map_id_of(pid, "LP_PEER_STATS").to_string();
-    let value_size = {
-        let show: serde_json::Value =
-            serde_json::from_str(&sh(&["bpftool", "map", "show", "id", &id, "--json"])).unwrap();
-        show["bytes_value"].as_u64().expect("bytes_value") as usize
-    };
-    let k = key(&[ifindex(&pair.a.name, pair.a_if), 1]);
+    let id = map_id_of(pid, "LP_IFACE_CONFIG").to_string();
+    let k = key(&[ifindex(&pair.a.name, pair.a_if)]);
+    let saved = lookup(&id, &k);
     bpftool(&["delete", "id", &id], &k, None);
     wait_for("failed ticks in the status", Duration::from_secs(5), || {
         status_json(&dir)["sensing_failing_ticks"].as_u64() >= Some(3)
     });
     assert!(d.child.try_wait().expect("wait").is_none(), "the daemon stopped: {}", d.log());
     // Mended: the daemon carries on by itself, and says what happened.
-    bpftool(&["update", "id", &id], &k, Some(value_size));
+    bpftool(&["update", "id", &id], &k, Some(&saved));
     let ticks = status_json(&dir)["ticks"].as_u64().unwrap();
     wait_for("ticks again", Duration::from_secs(5), || {
         let st = status_json(&dir);
@@ -125,7 +131,7 @@ fn a_failed_sensing_read_skips_a_tick_and_only_a_lasting_failure_stops_the_daemo
     let errors = st["sensing_errors"].as_u64().unwrap();
     assert!(errors >= 3, "{st}");
     let last = st["last_sensing_error"].as_str().unwrap_or_default();
-    assert!(last.contains("LP_PEER_STATS"), "the error names the map: {st}");
+    assert!(last.contains("LP_IFACE_CONFIG"), "the error names the map: {st}");
     let m = scrape(&pair.a.name);
     assert_eq!(sample(&m, "linkpilot_sensing_errors_total"), Some(errors as f64), "{m}");
     assert!(d.log().contains("sensing recovered after"), "{}", d.log());
@@ -144,7 +150,7 @@ fn a_failed_sensing_read_skips_a_tick_and_only_a_lasting_failure_stops_the_daemo
     let log = d.log();
     assert!(!status.success(), "{log}");
     assert!(lasted >= Duration::from_secs(3), "gave up after {lasted:?}: {log}");
-    assert!(log.contains("giving up") && log.contains("LP_PEER_STATS"), "{log}");
+    assert!(log.contains("giving up") && log.contains("LP_IFACE_CONFIG"), "{log}");
     assert!(!Path::new(&dir.join("status.sock")).exists(), "cleaned up: {log}");
     let _ = std::fs::remove_dir_all(&dir);
 }

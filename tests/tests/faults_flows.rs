@@ -3,14 +3,16 @@
 //! ones opened, thousands a second) while iperf3 crosses the watched link. The daemon keeps
 //! deciding (ticks in its status), reads the table as bpftool counts it, keeps measuring the
 //! iperf3 flow (the least recently used entries are evicted, not the busy one), its memory stays
-//! bounded (VmRSS), closed connections leave the table, and the namespace is left as it was.
+//! bounded (VmRSS), closed connections leave the table, the evictions are counted (at least the
+//! established ends ss lists beyond the entries bpftool counts) and warned about, and the namespace
+//! is left as it was.
 
 use std::time::{Duration, Instant};
 
 use linkpilot_common::MAX_FLOWS;
 use linkpilot_tests::{
     connections::Connections,
-    daemon::{scrape, status_json, wait_for, Daemon},
+    daemon::{sample, scrape, status_json, wait_for, Daemon},
     faults::{self, end, iperf3, maps_of, policy, rss, stop, ticks_during, HostBefore},
     netns::{Netns, Pair},
     oracle::{map_entries, map_named},
@@ -91,12 +93,22 @@ fn a_full_flow_table_under_churn_keeps_the_daemon_deciding_and_measuring() {
     wait_for("the daemon reads the full table", Duration::from_secs(10), || {
         status_json(&dir)["flows"].as_u64().unwrap_or(0) as f64 >= cap as f64 * 0.99
     });
+    // What the table lost, the daemon says: every established end (ss) beyond the entries
+    // present (bpftool) was evicted, and counted as such.
+    let evicted_at_least = held.saturating_sub(full as usize) as f64;
+    let evicted =
+        || sample(&scrape(&pair.a.name), "linkpilot_datapath_lost_total{kind=\"flow_evicted\"}");
+    wait_for("the evictions in the metrics", Duration::from_secs(10), || {
+        evicted().unwrap_or(0.0) >= evicted_at_least
+    });
+    assert!(d.log().contains("evicted from the full flow table"), "{}", d.log());
     let rss_full = rss(pid);
     // Bounded by the table, not the connections: a read is at most MAX_FLOWS entries of 80 bytes.
     assert!(rss_full <= rss_before + (32 << 20), "RSS {rss_before} before, {rss_full} at full");
     eprintln!(
         "{n} connections opened in {opened_in:.1?}: ss {held} established ends, \
-         bpftool {full}/{cap} entries, daemon RSS {:.1} MiB -> {:.1} MiB",
+         bpftool {full}/{cap} entries, {:?} evictions counted, daemon RSS {:.1} MiB -> {:.1} MiB",
+        evicted(),
         rss_before as f64 / MB,
         rss_full as f64 / MB
     );

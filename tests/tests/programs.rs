@@ -187,6 +187,57 @@ fn malformed_and_truncated_packets_are_counted_never_misparsed_never_dropped() {
     }
 }
 
+/// Each fixture of the table above loses what its kind says, on both paths, and nothing else.
+#[test]
+fn what_the_programs_lose_is_counted_by_kind() {
+    use linkpilot_common::packet::Loss;
+    checks::check_privileges().expect("root");
+    let (offsets, _) = checks::kernel_offsets(true);
+    let mut probes = Probes::load(offsets).expect("load");
+    probes.set_peers(&[(PEER, "198.18.1.0/24".parse().unwrap())]).expect("peers");
+    probes.count_on(&Iface::resolve("lo").expect("lo")).expect("count on lo");
+    let truncated = Some(Loss::TruncatedHeader);
+    let expected = [
+        ("IPv4 TCP, CE, ECE", None),
+        ("IPv4 header length 16", truncated),
+        ("IPv4 options past the end", truncated),
+        ("TCP data offset 4", truncated),
+        ("TCP header truncated", truncated),
+        ("TCP options truncated", truncated),
+        ("IPv4 later fragment", None),
+        ("802.1Q IPv4 UDP, CE", None),
+        ("802.1Q truncated inside", truncated),
+        ("QinQ (two tags, not parsed)", Some(Loss::UnknownLinkType)),
+        ("ARP", None),
+        ("IPv4 version 6 in IPv4 ethertype", truncated),
+        ("IPv6 UDP, CE", None),
+        ("IPv6 hop-by-hop then UDP", None),
+        ("IPv6 five extension headers", None),
+        ("IPv6 later fragment", None),
+        ("IPv6 extension header truncated", truncated),
+    ];
+    let fixtures = fixtures();
+    assert_eq!(fixtures.len(), expected.len(), "a kind for every fixture");
+    for ((name, packet, _), (want_name, kind)) in fixtures.iter().zip(expected) {
+        assert_eq!(*name, want_name);
+        for egress in [false, true] {
+            let before = probes.losses().expect("losses");
+            probes.run_classifier(egress, packet, 1).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let after = probes.losses().expect("losses");
+            let mut want = before.by_kind;
+            if let Some(k) = kind {
+                want[k as usize] += 1;
+            }
+            assert_eq!(
+                after.by_kind,
+                want,
+                "{name} ({})",
+                if egress { "egress" } else { "ingress" }
+            );
+        }
+    }
+}
+
 #[test]
 fn egress_dscp_histogram_and_ipv4_mapped_peers() {
     checks::check_privileges().expect("root");

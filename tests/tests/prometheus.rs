@@ -274,7 +274,7 @@ fn prometheus_scrapes_the_daemon_and_every_dashboard_query_returns_data() {
         .flatten()
         .flat_map(|g| g["rules"].as_array().into_iter().flatten())
         .collect();
-    assert_eq!(all.len(), 7, "{rules}");
+    assert_eq!(all.len(), 8, "{rules}");
     for r in all {
         assert_eq!(r["health"], "ok", "rule {}: {}", r["name"], r["lastError"]);
     }

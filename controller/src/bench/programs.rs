@@ -29,7 +29,8 @@ fn ipv4(total: usize, proto: u8) -> Vec<u8> {
     h
 }
 
-/// 1514-byte TCP/IPv4, 1086-byte RoCEv2 (UDP 4791, BTH RC SEND ONLY), 1514-byte TCP/IPv6.
+/// 1514-byte TCP/IPv4, 1086-byte RoCEv2 (UDP 4791, BTH RC SEND ONLY), 1514-byte TCP/IPv6, and a
+/// malformed 1514-byte IPv4 packet (header length 16 bytes): the slow path and a counted loss.
 pub fn fixtures() -> Vec<Fixture> {
     let tcp = |mut p: Vec<u8>, total: usize| {
         p.extend_from_slice(&[
@@ -48,10 +49,13 @@ pub fn fixtures() -> Vec<Fixture> {
     ip6.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10]);
     ip6.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10]);
     let tcp6 = tcp(ip6, 1514);
+    let mut malformed = tcp4.clone();
+    malformed[14] = 0x44;
     vec![
         Fixture { name: "tcp4", bytes: tcp4 },
         Fixture { name: "rocev2", bytes: roce },
         Fixture { name: "tcp6", bytes: tcp6 },
+        Fixture { name: "malformed", bytes: malformed },
     ]
 }
 
@@ -77,7 +81,7 @@ pub fn run(repeat: u32, rounds: usize) -> anyhow::Result<()> {
     probes.count_on(&Iface::resolve("lo")?)?;
     println!("repeat {repeat}, {rounds} rounds, ns per packet: median (minimum)");
     println!(
-        "{:<8} {:>12} {:>12} {:>12} {:>16} {:>16}",
+        "{:<9} {:>12} {:>12} {:>12} {:>16} {:>16}",
         "packet", "empty", "ingress", "egress", "ingress-empty", "egress-empty"
     );
     let cell = |(med, min): (f64, f64)| format!("{med:.0} ({min:.0})");
@@ -89,7 +93,7 @@ pub fn run(repeat: u32, rounds: usize) -> anyhow::Result<()> {
             median(|| probes.run_classifier(true, &fx.bytes, repeat).map(|r| r.1), rounds)?;
         let above = |(m, n): (f64, f64)| (m - empty.0, n - empty.1);
         println!(
-            "{:<8} {:>12} {:>12} {:>12} {:>16} {:>16}",
+            "{:<9} {:>12} {:>12} {:>12} {:>16} {:>16}",
             fx.name,
             cell(empty),
             cell(ingress),

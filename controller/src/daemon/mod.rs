@@ -8,6 +8,7 @@ mod health;
 mod ifaces;
 pub(crate) mod ledger;
 mod linelog;
+mod losses;
 pub(crate) mod metrics;
 mod options;
 mod reload;
@@ -143,6 +144,7 @@ struct Daemon {
     health: SensingHealth,
     /// Watched interfaces that are gone now (ifaces.rs).
     missing: Vec<String>,
+    losses: losses::LossReport,
 }
 
 /// Reading the flow table costs ~0.5 us per flow: a big table is read less often than the
@@ -194,6 +196,11 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         }
     }
     let mut probes = Probes::load(offsets)?;
+    let _datapath_log = probes
+        .take_logger()
+        .map(crate::kernel::datapath_log::forward)
+        .transpose()
+        .context("reading the programs' log")?;
     if o.netlink_tc {
         probes.use_netlink_tc();
     }
@@ -243,6 +250,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         tuner_read: None,
         health: SensingHealth::new(Duration::from_secs(o_give_up)),
         missing: Vec::new(),
+        losses: losses::LossReport::default(),
     };
     for i in &d.ifaces {
         d.metrics.interface_present(&i.name, 1);
@@ -359,6 +367,8 @@ impl Daemon {
             readings.flows_skipped = true;
         }
         self.probes.read_rows(&self.ifaces, &self.rows, ports, &mut readings)?;
+        let present = (!readings.flows_skipped).then_some(readings.flows.len());
+        self.losses.update(&self.probes.losses()?, present, &self.metrics.datapath_lost);
         let flows = self.flows_seen;
         let snap = self.sensors.tick(self.started.elapsed(), &readings);
         if self.record.is_some() {

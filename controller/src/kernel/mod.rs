@@ -5,6 +5,7 @@
 
 pub mod batch;
 pub mod checks;
+pub mod datapath_log;
 pub mod iface;
 pub mod peers;
 mod probe_error;

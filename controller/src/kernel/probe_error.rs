@@ -2,7 +2,7 @@
 //! kept short for the error and whole at debug level.
 
 use aya::{maps::MapError, programs::ProgramError, EbpfError};
-use linkpilot_common::{MAX_DSCP_RULES, MAX_PEERS};
+use linkpilot_common::{MAX_DSCP_RULES, MAX_IFACES, MAX_PEERS};
 use tracing::debug;
 
 /// Failure to load, attach or use the eBPF programs.
@@ -31,6 +31,14 @@ pub enum ProbeError {
     PeerId { id: u32 },
     #[error("map {map}: {source}")]
     Map { map: &'static str, source: Box<MapError> },
+    #[error("opening the programs' log (aya-log): {0}")]
+    Log(#[source] Box<aya_log::Error>),
+    #[error("cannot count on interface {ifindex}: all {MAX_IFACES} counter slots are in use")]
+    TooManyIfaces { ifindex: u32 },
+    #[error(
+        "interface {ifindex} is configured with counter slot {slot}, past the last ({MAX_IFACES})"
+    )]
+    Slot { ifindex: u32, slot: u32 },
 }
 
 pub(super) fn map_error(map: &'static str, e: MapError) -> ProbeError {

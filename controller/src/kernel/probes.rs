@@ -6,7 +6,7 @@ use std::collections::HashMap as StdHashMap;
 use aya::{
     maps::{
         lpm_trie::{Key as LpmKey, LpmTrie},
-        Array, HashMap, Map, MapData, MapError, PerCpuHashMap, PerCpuValues,
+        Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues,
     },
     programs::{
         tc::{self, NlOptions, SchedClassifierLinkId, TcAttachOptions},
@@ -17,9 +17,10 @@ use aya::{
 };
 use ipnet::IpNet;
 use linkpilot_common::{
-    DscpRule, FlowKey, FlowState, IfaceConfig, IfaceStats, KernelOffsets, LocalAddr, PeerKey,
-    PeerStats, GLOBAL_KERNEL_OFFSETS, MAP_DSCP_RULES, MAP_FLOWS, MAP_IFACE_CONFIG, MAP_IFACE_STATS,
-    MAP_LOCAL_ADDRS, MAP_PEERS, MAP_PEER_GENERATION, MAP_PEER_STATS, MAX_DSCP_RULES, MAX_FLOWS,
+    peer_stats_index, DatapathLosses, DscpRule, FlowKey, FlowState, IfaceConfig, IfaceStats,
+    KernelOffsets, LocalAddr, PeerStats, GLOBAL_KERNEL_OFFSETS, IFACE_INDEX_SLOTS, MAP_DSCP_RULES,
+    MAP_FLOWS, MAP_IFACE_CONFIG, MAP_IFACE_INDEX, MAP_IFACE_STATS, MAP_LOCAL_ADDRS, MAP_LOSSES,
+    MAP_PEERS, MAP_PEER_GENERATION, MAP_PEER_STATS, MAX_DSCP_RULES, MAX_FLOWS, MAX_IFACES,
     MAX_PEERS, PEER_OTHER, PROG_SOCK_STATE, PROG_TCP_PROBE, PROG_TCP_RETRANSMIT, PROG_TC_EGRESS,
     PROG_TC_INGRESS, PROG_TC_NOOP,
 };
@@ -38,9 +39,6 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// BPF_NOEXIST: insert only if the key is absent.
-const NO_EXIST: u64 = 1;
-
 /// The eBPF object built by build.rs from the `ebpf/` crate (empty without the `native`
 /// feature).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/linkpilot"));
@@ -48,19 +46,23 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/li
 /// Loaded programs and the maps the controller uses.
 pub struct Probes {
     ebpf: Ebpf,
-    stats: PerCpuHashMap<MapData, u32, IfaceStats>,
+    stats: PerCpuArray<MapData, IfaceStats>,
     config: HashMap<MapData, u32, IfaceConfig>,
+    iface_index: Array<MapData, IfaceConfig>,
     local_addrs: HashMap<MapData, LocalAddr, u32>,
     peers: LpmTrie<MapData, [u8; 16], u32>,
-    peer_stats: PerCpuHashMap<MapData, PeerKey, PeerStats>,
+    peer_stats: PerCpuArray<MapData, PeerStats>,
+    losses: PerCpuArray<MapData, DatapathLosses>,
+    /// The programs' warnings (aya-log), until [`Probes::take_logger`].
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     dscp_rules: Array<MapData, DscpRule>,
     peer_generation: Array<MapData, u32>,
     /// Peer ids in use, besides PEER_OTHER.
     peer_ids: Vec<u32>,
     /// What the trie holds: (trie key, peer id).
     prefixes: Vec<(crate::kernel::peers::TrieKey, u32)>,
-    /// Interfaces with counters (watched, or set up for test runs).
-    counted: Vec<u32>,
+    /// Interfaces with counters (watched, or set up for test runs) by counter slot; `None`: free.
+    counted: Vec<Option<IfaceConfig>>,
     watched: Vec<Iface>,
     /// Each watched interface's ingress and egress links, to detach those of a deleted device.
     tc_links: Vec<(u32, Vec<(&'static str, SchedClassifierLinkId)>)>,
@@ -88,17 +90,24 @@ impl Probes {
         }
         let stats = take_map(&mut ebpf, MAP_IFACE_STATS)?;
         let config = take_map(&mut ebpf, MAP_IFACE_CONFIG)?;
+        let iface_index = take_map(&mut ebpf, MAP_IFACE_INDEX)?;
         let local_addrs = take_map(&mut ebpf, MAP_LOCAL_ADDRS)?;
         let peers = take_map(&mut ebpf, MAP_PEERS)?;
         let peer_stats = take_map(&mut ebpf, MAP_PEER_STATS)?;
         let dscp_rules = take_map(&mut ebpf, MAP_DSCP_RULES)?;
         let peer_generation = take_map(&mut ebpf, MAP_PEER_GENERATION)?;
+        let losses = take_map(&mut ebpf, MAP_LOSSES)?;
+        let logger =
+            aya_log::EbpfLogger::init(&mut ebpf).map_err(|e| ProbeError::Log(Box::new(e)))?;
         Ok(Self {
+            losses,
+            logger: Some(logger),
             dscp_rules,
             peer_generation,
             ebpf,
             stats,
             config,
+            iface_index,
             local_addrs,
             peers,
             peer_stats,
@@ -119,12 +128,9 @@ impl Probes {
         {
             return Err(ProbeError::PeerId { id });
         }
-        // Counters first, so the programs find them as soon as the trie names the peer.
+        // Every (interface slot, peer id) has its counters from the start (an array).
         for &(id, _) in prefixes {
             if !self.peer_ids.contains(&id) {
-                for ifindex in self.counted.clone() {
-                    self.zero_peer_stats(ifindex, id, NO_EXIST)?;
-                }
                 self.peer_ids.push(id);
             }
         }
@@ -164,18 +170,31 @@ impl Probes {
         updated
     }
 
-    /// Creates zeroed counters of (`ifindex`, `peer`); with [`NO_EXIST`], keeps existing ones.
-    fn zero_peer_stats(&mut self, ifindex: u32, peer: u32, flags: u64) -> Result<(), ProbeError> {
-        let zero = PerCpuValues::try_from(vec![PeerStats::default(); nr_cpus()?])
-            .map_err(|e| map_error(MAP_PEER_STATS, MapError::from(e)))?;
-        match self.peer_stats.insert(PeerKey { ifindex, peer }, zero, flags) {
-            Err(MapError::SyscallError(e))
-                if flags == NO_EXIST && e.io_error.raw_os_error() == Some(libc::EEXIST) =>
-            {
-                Ok(())
-            }
-            r => r.map_err(|e| map_error(MAP_PEER_STATS, e)),
+    /// Zeroes the counters of interface slot `slot`: its own and those of every peer id.
+    fn zero_slot(&mut self, slot: u32) -> Result<(), ProbeError> {
+        let cpus = nr_cpus()?;
+        let zero = PerCpuValues::try_from(vec![IfaceStats::default(); cpus])
+            .map_err(|e| map_error(MAP_IFACE_STATS, MapError::from(e)))?;
+        self.stats.set(slot, zero, 0).map_err(|e| map_error(MAP_IFACE_STATS, e))?;
+        for peer in 0..=MAX_PEERS {
+            let zero = PerCpuValues::try_from(vec![PeerStats::default(); cpus])
+                .map_err(|e| map_error(MAP_PEER_STATS, MapError::from(e)))?;
+            self.peer_stats
+                .set(peer_stats_index(slot, peer), zero, 0)
+                .map_err(|e| map_error(MAP_PEER_STATS, e))?;
         }
+        Ok(())
+    }
+
+    /// The counter slot of `ifindex`, as the configuration map the programs read says (not as
+    /// this process remembers it: an entry gone from the map is an error to report, not one to
+    /// read around).
+    fn slot_of(&self, ifindex: u32) -> Result<u32, ProbeError> {
+        let config = self.config.get(&ifindex, 0).map_err(|e| map_error(MAP_IFACE_CONFIG, e))?;
+        if config.slot >= MAX_IFACES {
+            return Err(ProbeError::Slot { ifindex, slot: config.slot });
+        }
+        Ok(config.slot)
     }
 
     /// Starts counting on `iface`: zeroes its counters, then attaches ingress and egress.
@@ -184,25 +203,40 @@ impl Probes {
         self.attach_tc(iface)
     }
 
-    /// Creates the zeroed counters and configuration of `iface` without attaching anything, so
-    /// that [`Probes::run_classifier`] counts into them.
+    /// Gives `iface` a counter slot (the lowest free one, or the one it has), zeroes its
+    /// counters and writes its configuration, without attaching anything, so that
+    /// [`Probes::run_classifier`] counts into them.
     pub fn count_on(&mut self, iface: &Iface) -> Result<(), ProbeError> {
-        let zero = vec![IfaceStats::default(); nr_cpus()?];
-        let zero = aya::maps::PerCpuValues::try_from(zero).map_err(|e| ProbeError::Map {
-            map: MAP_IFACE_STATS,
-            source: Box::new(MapError::from(e)),
-        })?;
-        self.stats.insert(iface.ifindex, zero, 0).map_err(|e| map_error(MAP_IFACE_STATS, e))?;
-        for peer in std::iter::once(PEER_OTHER).chain(self.peer_ids.clone()) {
-            self.zero_peer_stats(iface.ifindex, peer, 0)?;
-        }
-        if !self.counted.contains(&iface.ifindex) {
-            self.counted.push(iface.ifindex);
-        }
-        self.config
-            .insert(iface.ifindex, IfaceConfig { l2: iface.l2, _reserved: 0 }, 0)
-            .map_err(|e| map_error(MAP_IFACE_CONFIG, e))?;
-        Ok(())
+        let slot =
+            match self.counted.iter().position(|c| c.is_some_and(|c| c.ifindex == iface.ifindex)) {
+                Some(slot) => slot,
+                None => match self.counted.iter().position(Option::is_none) {
+                    Some(free) => free,
+                    None if self.counted.len() < MAX_IFACES as usize => {
+                        self.counted.push(None);
+                        self.counted.len() - 1
+                    }
+                    None => return Err(ProbeError::TooManyIfaces { ifindex: iface.ifindex }),
+                },
+            };
+        // Counters zeroed before the configuration points the programs at them.
+        self.zero_slot(slot as u32)?;
+        let config =
+            IfaceConfig { ifindex: iface.ifindex, l2: iface.l2, slot: slot as u32, _pad: 0 };
+        self.counted[slot] = Some(config);
+        self.config.insert(iface.ifindex, config, 0).map_err(|e| map_error(MAP_IFACE_CONFIG, e))?;
+        self.refresh_index(iface.ifindex)
+    }
+
+    /// Writes the direct-mapped index entry that `ifindex` falls on: the counted interface of
+    /// the lowest slot that falls there too, or an empty entry.
+    fn refresh_index(&mut self, ifindex: u32) -> Result<(), ProbeError> {
+        let at = ifindex % IFACE_INDEX_SLOTS;
+        let entry = (self.counted.iter().flatten())
+            .find(|c| c.ifindex % IFACE_INDEX_SLOTS == at)
+            .copied()
+            .unwrap_or_default();
+        self.iface_index.set(at, entry, 0).map_err(|e| map_error(MAP_IFACE_INDEX, e))
     }
 
     /// Attaches through the clsact qdisc (netlink) even where TCX exists: what kernels before
@@ -260,13 +294,13 @@ impl Probes {
                 }
             }
         }
-        // Absent entries are fine: a counter of an index nothing carries any more.
-        let _ = self.stats.remove(&old.ifindex);
+        // An absent entry is fine: the configuration of an index nothing carries any more. Its
+        // slot is free again (zeroed when next given out).
         let _ = self.config.remove(&old.ifindex);
-        for peer in std::iter::once(PEER_OTHER).chain(self.peer_ids.clone()) {
-            let _ = self.peer_stats.remove(&PeerKey { ifindex: old.ifindex, peer });
+        for c in self.counted.iter_mut().filter(|c| c.is_some_and(|c| c.ifindex == old.ifindex)) {
+            *c = None;
         }
-        self.counted.retain(|&i| i != old.ifindex);
+        self.refresh_index(old.ifindex)?;
         self.watched.retain(|w| w.ifindex != old.ifindex);
         self.watch(new)
     }
@@ -281,8 +315,9 @@ impl Probes {
         r: &mut crate::sense::sensors::Readings,
     ) -> Result<(), ProbeError> {
         for iface in ifaces {
+            let slot = self.slot_of(iface.ifindex)?;
             for (id, name) in rows {
-                let stats = self.peer_stats(iface.ifindex, *id)?;
+                let stats = self.slot_peer_stats(slot, *id)?;
                 r.peers.push(crate::sense::sensors::PeerReading {
                     link: iface.name.clone(),
                     ifindex: iface.ifindex,
@@ -370,7 +405,8 @@ impl Probes {
 
     /// Counters of `ifindex` summed over CPUs, since it was watched.
     pub fn stats(&self, ifindex: u32) -> Result<IfaceStats, ProbeError> {
-        let per_cpu = self.stats.get(&ifindex, 0).map_err(|e| map_error(MAP_IFACE_STATS, e))?;
+        let slot = self.slot_of(ifindex)?;
+        let per_cpu = self.stats.get(&slot, 0).map_err(|e| map_error(MAP_IFACE_STATS, e))?;
         let mut sum = IfaceStats::default();
         per_cpu.iter().for_each(|v| sum.accumulate(v));
         Ok(sum)
@@ -445,13 +481,34 @@ impl Probes {
 
     /// Counters of (`ifindex`, `peer`) summed over CPUs.
     pub fn peer_stats(&self, ifindex: u32, peer: u32) -> Result<PeerStats, ProbeError> {
+        self.slot_peer_stats(self.slot_of(ifindex)?, peer)
+    }
+
+    fn slot_peer_stats(&self, slot: u32, peer: u32) -> Result<PeerStats, ProbeError> {
+        if peer > MAX_PEERS {
+            return Err(ProbeError::PeerId { id: peer });
+        }
         let per_cpu = self
             .peer_stats
-            .get(&PeerKey { ifindex, peer }, 0)
+            .get(&peer_stats_index(slot, peer), 0)
             .map_err(|e| map_error(MAP_PEER_STATS, e))?;
         let mut sum = PeerStats::default();
         per_cpu.iter().for_each(|v| sum.accumulate(v));
         Ok(sum)
+    }
+
+    /// What the programs lost, summed over CPUs.
+    pub fn losses(&self) -> Result<DatapathLosses, ProbeError> {
+        let per_cpu = self.losses.get(&0, 0).map_err(|e| map_error(MAP_LOSSES, e))?;
+        let mut sum = DatapathLosses::default();
+        per_cpu.iter().for_each(|v| sum.accumulate(v));
+        Ok(sum)
+    }
+
+    /// The reader of the programs' warnings (aya-log), once: poll it (see
+    /// [`crate::kernel::datapath_log`]) or the warnings wait in their ring buffer.
+    pub fn take_logger(&mut self) -> Option<aya_log::EbpfLogger<&'static dyn log::Log>> {
+        self.logger.take()
     }
 
     /// Makes the local-address map equal to `want` (address -> ifindex).

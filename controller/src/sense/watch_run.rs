@@ -48,6 +48,11 @@ pub async fn run(
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
 
     let mut probes = Probes::load(offsets)?;
+    let _datapath_log = probes
+        .take_logger()
+        .map(crate::kernel::datapath_log::forward)
+        .transpose()
+        .context("reading the programs' log")?;
     probes.set_peers(&peer_ids.prefixes)?;
     probes.set_dscp_rules(&rules)?;
     probes

@@ -76,6 +76,7 @@ pub struct Metrics {
     pub reloads: Family<Labels, Counter>,
     pub actuator_errors: Family<Labels, Counter>,
     pub sensing_errors: Counter,
+    pub datapath_lost: Family<Labels, Counter>,
     pub interface_reattached: Family<Labels, Counter>,
     interface_present: Family<Labels, Gauge>,
     pub log_write_errors: Family<Labels, Counter>,
@@ -207,6 +208,15 @@ impl Metrics {
             "Ticks skipped because a sensing read failed",
             sensing_errors.clone(),
         );
+        let datapath_lost = family(
+            r,
+            "datapath_lost",
+            "Packets or flows the eBPF programs could not count, by kind: truncated_header, \
+             unknown_link_type, map_insert_failed, flow_evicted (from the full flow table)",
+        );
+        for k in crate::daemon::losses::KINDS {
+            let _ = datapath_lost.get_or_create(&labels(&[("kind", k)]));
+        }
         let interface_present = family(
             r,
             "interface_present",
@@ -278,6 +288,7 @@ impl Metrics {
             reloads,
             actuator_errors,
             sensing_errors,
+            datapath_lost,
             interface_reattached,
             interface_present,
             log_write_errors,
