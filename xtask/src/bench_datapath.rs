@@ -38,6 +38,7 @@ pub struct Args {
     pub lab_bin: Option<PathBuf>,
     pub parts: Vec<Part>,
     pub json: Option<PathBuf>,
+    pub quick: bool,
 }
 
 /// `NAME=PATH` of `--bin`.
@@ -64,6 +65,8 @@ pub struct Sample {
     pub round: u32,
     pub metrics: Vec<(&'static str, f64)>,
     pub progs: BTreeMap<String, ProgDelta>,
+    /// The metrics of the run the program figures come from (round 1).
+    pub profiled: Metrics,
 }
 
 type Metrics = Vec<(&'static str, f64)>;
@@ -119,11 +122,16 @@ fn preflight(parts: &[Part], configs: &[Config], lab_bin: &Path) -> anyhow::Resu
     Ok(())
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(mut args: Args) -> anyhow::Result<()> {
     let root = workspace_root();
+    if args.quick {
+        (args.rounds, args.seconds) = (1, 2);
+        args.parts = vec![Part::Veth, Part::Tracepoints];
+    }
     let mut bins = args.bins.clone();
     if bins.is_empty() {
-        bins.push(("current".into(), root.join("target/release/linkpilot")));
+        let profile = if args.quick { "debug" } else { "release" };
+        bins.push(("current".into(), root.join(format!("target/{profile}/linkpilot"))));
     }
     let mut configs = vec![Config { name: "none".into(), bin: None }];
     for (name, bin) in bins {
@@ -177,7 +185,50 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if !failed.is_empty() {
         bail!("part(s) {} failed (see above)", failed.join(", "));
     }
+    if args.quick {
+        check_counts(&samples)?;
+    }
     Ok(())
+}
+
+/// The quick form's oracle: in the profiled run, the egress classifier ran once per packet
+/// iperf3 says it sent (plus a few of iperf3's control connection), and tcp_probe at least once
+/// per request/response transaction (each end receives a segment).
+fn check_counts(samples: &[Sample]) -> anyhow::Result<()> {
+    let profiled = |part: &'static str, test: &'static str| {
+        samples.iter().filter(move |s| s.part == part && s.test == test && !s.progs.is_empty())
+    };
+    let metric = |s: &Sample, k: &str| s.profiled.iter().find(|m| m.0 == k).map(|m| m.1);
+    let mut checked = 0;
+    for s in profiled("veth", "udp") {
+        let sent = metric(s, "tx_packets").context("tx_packets")?;
+        let ran = s.progs.get("lp_tc_egress").map_or(0.0, |d| d.cnt as f64);
+        println!("quick: {}: lp_tc_egress ran {ran:.0} times for {sent:.0} packets sent", s.config);
+        if !(sent > 1000.0 && ran >= sent * 0.99 && ran <= sent * 1.05 + 200.0) {
+            bail!("{}: lp_tc_egress ran {ran:.0} times for {sent:.0} UDP packets", s.config);
+        }
+        checked += 1;
+    }
+    for s in profiled("tracepoints", "rr") {
+        let txns = metric(s, "txn_s").context("txn_s")? * s.progs_seconds();
+        let ran = s.progs.get("lp_tcp_probe").map_or(0.0, |d| d.net_cnt());
+        println!("quick: {}: lp_tcp_probe ran {ran:.0} times for {txns:.0} transactions", s.config);
+        if !(txns > 100.0 && ran >= txns * 0.9) {
+            bail!("{}: lp_tcp_probe ran {ran:.0} times for {txns:.0} transactions", s.config);
+        }
+        checked += 1;
+    }
+    if checked == 0 {
+        bail!("no profiled measurement to check");
+    }
+    Ok(())
+}
+
+impl Sample {
+    /// Seconds of the profiled run.
+    fn progs_seconds(&self) -> f64 {
+        self.progs.values().map(|d| d.seconds).fold(0.0, f64::max)
+    }
 }
 
 pub struct Ctx {
@@ -190,20 +241,28 @@ pub struct Ctx {
 /// Idle time with the programs attached, to measure the background (other namespaces' TCP).
 const IDLE: Duration = Duration::from_secs(1);
 
-/// Runs `traffic` once for `cfg`: bare for "none", else with its watch attached on `at` and
-/// bpf_stats on.
+/// Runs `traffic` once for `cfg`: bare for "none", else with its watch attached on `at`. The
+/// rates come from a run with bpf_stats off (it times every program run, two clock reads that
+/// cost more than our TC programs themselves); with `profile`, a second run with bpf_stats on
+/// gives each program's own figures.
 fn measure(
     ctx: &Ctx,
     cfg: &Config,
     at: &Attach,
     traffic: &mut dyn FnMut() -> anyhow::Result<Metrics>,
-) -> anyhow::Result<(Metrics, BTreeMap<String, ProgDelta>)> {
+    profile: bool,
+) -> anyhow::Result<(Metrics, BTreeMap<String, ProgDelta>, Metrics)> {
     check_stop()?;
     thread::sleep(Duration::from_millis(300));
-    let Some(bin) = &cfg.bin else { return Ok((traffic()?, BTreeMap::new())) };
-    let _stats = probe::StatsOn::enable()?;
+    let Some(bin) = &cfg.bin else { return Ok((traffic()?, BTreeMap::new(), Vec::new())) };
     let log = ctx.out.join(format!("watch-{}.log", cfg.name));
     let watch = probe::Watch::start(bin, at, &log)?;
+    let rates = traffic()?;
+    if !profile {
+        return Ok((rates, BTreeMap::new(), Vec::new()));
+    }
+    check_stop()?;
+    let _stats = probe::StatsOn::enable()?;
     let ids = watch.prog_ids()?;
     let i0 = probe::snapshot(&ids)?;
     let t = Instant::now();
@@ -212,11 +271,11 @@ fn measure(
     let idle_s = t.elapsed().as_secs_f64();
     let a = probe::snapshot(&ids)?;
     let t = Instant::now();
-    let m = traffic()?;
+    let profiled = traffic()?;
     let b = probe::snapshot(&ids)?;
     let secs = t.elapsed().as_secs_f64();
     drop(watch);
-    Ok((m, probe::deltas((&i0, &i1, idle_s), &a, &b, secs)))
+    Ok((rates, probe::deltas((&i0, &i1, idle_s), &a, &b, secs), profiled))
 }
 
 /// One round after another; in each, every test for every configuration in turn.
@@ -230,7 +289,7 @@ fn rounds(
     for round in 1..=ctx.rounds {
         for (test, traffic) in tests.iter_mut() {
             for cfg in &ctx.configs {
-                let (metrics, progs) = measure(ctx, cfg, at, &mut **traffic)
+                let (metrics, progs, profiled) = measure(ctx, cfg, at, &mut **traffic, round == 1)
                     .with_context(|| format!("{part} {test} {} round {round}", cfg.name))?;
                 let (k, v) = metrics.first().copied().unwrap_or(("?", 0.0));
                 println!("  {part} round {round} {test:<6} {:<10} {k} {v:.4}", cfg.name);
@@ -241,6 +300,7 @@ fn rounds(
                     round,
                     metrics,
                     progs,
+                    profiled,
                 });
             }
         }
@@ -256,6 +316,7 @@ fn udp_metrics(v: &Value) -> anyhow::Result<Metrics> {
         ("rx_pps", (sent - lost) / secs),
         ("tx_pps", sent / secs),
         ("loss_pct", num(v, &["end", "sum", "lost_percent"])?),
+        ("tx_packets", sent),
     ])
 }
 
@@ -275,19 +336,23 @@ fn veth(ctx: &Ctx, samples: &mut Vec<Sample>) -> anyhow::Result<()> {
         ip(&["-n", ns, "addr", "add", addr, "dev", dev])?;
         ip(&["-n", ns, "link", "set", dev, "up"])?;
     }
-    let _server = iperf_server("lpd-b", "198.18.77.2")?;
+    // Sender and receiver on CPUs of their own where there are two: the sender's CPU carries
+    // the whole kernel path (the veth hands the packet to the peer's stack in its softirq), so
+    // its packet rate is what the programs' cost shows in, and pinning halves the spread.
+    let pin = thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
+    let (client_cpu, server_cpu): (&[&str], &[&str]) =
+        if pin { (&["-A", "0"], &["-A", "1"]) } else { (&[], &[]) };
+    let _server = iperf_server("lpd-b", "198.18.77.2", server_cpu)?;
     let at =
         Attach { netns: "lpd-a".into(), iface: "lpd-va".into(), peer: "b=198.18.77.0/24".into() };
     let s = ctx.secs.to_string();
     let mut udp = || {
-        let a = ["-c", "198.18.77.2", "-u", "-b", "0", "-l", "1472", "-t", &s];
-        udp_metrics(&iperf_client("lpd-a", &a, ctx.secs)?)
+        let a = [&["-c", "198.18.77.2", "-u", "-b", "0", "-l", "1472", "-t", &s], client_cpu];
+        udp_metrics(&iperf_client("lpd-a", &a.concat(), ctx.secs)?)
     };
     let mut tcp = || {
-        Ok(vec![(
-            "gbit_s",
-            tcp_gbit(&iperf_client("lpd-a", &["-c", "198.18.77.2", "-t", &s], ctx.secs)?)?,
-        )])
+        let a = [&["-c", "198.18.77.2", "-t", &s], client_cpu].concat();
+        Ok(vec![("gbit_s", tcp_gbit(&iperf_client("lpd-a", &a, ctx.secs)?)?)])
     };
     rounds(ctx, "veth", &at, &mut [("udp", &mut udp), ("tcp", &mut tcp)], samples)
 }
@@ -301,7 +366,7 @@ fn lab_part(ctx: &Ctx, lab_bin: &Path, samples: &mut Vec<Sample>) -> anyhow::Res
     let running = lab::Lab::start_with(lab_bin, &ctx.out, "steady-180ms", "lpd", 1, lab_secs)?;
     let (hk, us) = (running.host("Hk", 0).clone(), running.host("Us", 0).clone());
     let net = us.ipv4.rsplit_once('.').map(|(n, _)| n).context("the US host's address")?;
-    let _server = iperf_server(&us.netns, &us.ipv4)?;
+    let _server = iperf_server(&us.netns, &us.ipv4, &[])?;
     let at =
         Attach { netns: hk.netns.clone(), iface: "eth0".into(), peer: format!("us={net}.0/24") };
     let s = ctx.secs.to_string();
@@ -332,7 +397,7 @@ fn tracepoints(ctx: &Ctx, samples: &mut Vec<Sample>) -> anyhow::Result<()> {
             bail!("sysctl -w {kv} in lpd-t failed");
         }
     }
-    let _iperf = iperf_server("lpd-t", ADDR)?;
+    let _iperf = iperf_server("lpd-t", ADDR, &[])?;
     let echo = EchoServer::start("lpd-t", ADDR)?;
     let at = Attach { netns: "lpd-t".into(), iface: "lpd-t0".into(), peer: format!("p={ADDR}/24") };
     let (rr, crr, secs) = (echo.rr, echo.crr, ctx.secs);

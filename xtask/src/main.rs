@@ -88,6 +88,10 @@ enum Command {
         /// Write every measurement's raw figures here.
         #[arg(long)]
         json: Option<std::path::PathBuf>,
+        /// The short form CI runs: the debug build, veth and tracepoints, one 2 s round; fails
+        /// unless the programs ran once per packet iperf3 sent and per segment received.
+        #[arg(long, conflicts_with_all = ["rounds", "seconds", "parts"])]
+        quick: bool,
     },
     /// The coverage-guided fuzz targets (fuzz/: cargo-fuzz on nightly, and atheris for the
     /// Python env-file loader), each for a while from the committed seeds; fails on a crash,
@@ -149,7 +153,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Demo { seconds } => demo::run(seconds),
         Command::BenchDaemon { flows, seconds } => bench_daemon::run(flows, seconds),
-        Command::BenchDatapath { bins, rounds, seconds, lab_bin, parts, json } => {
+        Command::BenchDatapath { bins, rounds, seconds, lab_bin, parts, json, quick } => {
             bench_datapath::run(bench_datapath::Args {
                 bins,
                 rounds,
@@ -157,6 +161,7 @@ fn main() -> anyhow::Result<()> {
                 lab_bin,
                 parts,
                 json,
+                quick,
             })
         }
         Command::BenchTraining { quick, scenario, configs, keep } => {

@@ -105,6 +105,19 @@ pub fn run(privileged: bool) -> anyhow::Result<()> {
         release: false,
     })
     .context("soak --quick")?;
+    // The datapath benchmark's short form: its harness runs, and the programs ran once per
+    // packet iperf3 sent (bpf_stats against iperf3's count).
+    eprintln!("test: cargo xtask bench-datapath --quick");
+    crate::bench_datapath::run(crate::bench_datapath::Args {
+        bins: Vec::new(),
+        rounds: 1,
+        seconds: 2,
+        lab_bin: None,
+        parts: Vec::new(),
+        json: None,
+        quick: true,
+    })
+    .context("bench-datapath --quick")?;
     // The README's main command, cut short: it fails unless the daemon decided and the
     // timeline was drawn.
     eprintln!("test: cargo xtask demo --seconds 30");

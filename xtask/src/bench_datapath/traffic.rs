@@ -73,10 +73,12 @@ pub fn in_netns<T: Send + 'static>(
     .map_err(|_| anyhow::anyhow!("a traffic thread panicked"))?
 }
 
-/// `iperf3 -s` bound to `addr` in `netns`, once it listens.
-pub fn iperf_server(netns: &str, addr: &str) -> anyhow::Result<Reaped> {
+/// `iperf3 -s` bound to `addr` in `netns` with `extra` arguments (CPU affinity), once it
+/// listens.
+pub fn iperf_server(netns: &str, addr: &str, extra: &[&str]) -> anyhow::Result<Reaped> {
     let child = in_ns(netns, "iperf3")
         .args(["-s", "-B", addr, "-p", "5201"])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
