@@ -2,7 +2,8 @@
 //! VLAN tags than the kernel and the parser take off, sent by scapy onto the watched veth, are
 //! counted per kind in the daemon's metrics (as many as scapy sent and the kernel's interface
 //! counter received) and warned about through aya-log in the daemon's log, once per kind however
-//! many arrive (the programs rate-limit).
+//! many arrive (the programs rate-limit). Its per-CPU counters are sized for the interfaces it
+//! watches.
 
 use std::time::Duration;
 
@@ -10,6 +11,8 @@ use linkpilot_tests::{
     daemon::{sample, scrape, wait_for, Daemon},
     faults::{self, policy},
     netns::{Netns, Pair},
+    oracle::map_named,
+    sh,
 };
 
 /// The kernel's count of frames received on `iface` in `ns`.
@@ -43,6 +46,12 @@ fn truncated_headers_and_stacked_vlans_are_counted_by_kind_and_warned_once() {
     let dir = faults::temp_dir("losses");
     let mut d = Daemon::start(&pair.a.name, &dir, &policy(pair.a_if, pair.b_addr, "calm", 10));
     faults::wait_up(&mut d);
+    // Its counters are sized for its one interface: 65 peer rows (64 peers and "other") per CPU,
+    // not 64 interfaces' worth (bpftool).
+    let peers = map_named(&faults::maps_of(d.child.id()), "LP_PEER_STATS").expect("LP_PEER_STATS");
+    let show = sh(&["bpftool", "map", "show", "id", &peers.to_string(), "--json"]);
+    let show: serde_json::Value = serde_json::from_str(&show).expect("bpftool JSON");
+    assert_eq!(show["max_entries"], 65, "{show}");
     let metrics = &pair.a.name;
     assert_eq!(lost(metrics, "truncated_header"), 0.0, "nothing lost yet");
     let mac = pair.a.exec(&["cat", &format!("/sys/class/net/{}/address", pair.a_if)]);

@@ -195,7 +195,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
             warn!("{f} is attached and held by something else (a pinned link?); left alone");
         }
     }
-    let mut probes = Probes::load(offsets)?;
+    let mut probes = Probes::load_for(offsets, ifaces.len() as u32)?;
     let _datapath_log = probes
         .take_logger()
         .map(crate::kernel::datapath_log::forward)

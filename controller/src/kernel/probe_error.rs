@@ -33,12 +33,15 @@ pub enum ProbeError {
     Map { map: &'static str, source: Box<MapError> },
     #[error("opening the programs' log (aya-log): {0}")]
     Log(#[source] Box<aya_log::Error>),
-    #[error("cannot count on interface {ifindex}: all {MAX_IFACES} counter slots are in use")]
-    TooManyIfaces { ifindex: u32 },
     #[error(
-        "interface {ifindex} is configured with counter slot {slot}, past the last ({MAX_IFACES})"
+        "cannot count on interface {ifindex}: all {slots} counter slots are in use (at most \
+         {MAX_IFACES} interfaces)"
     )]
-    Slot { ifindex: u32, slot: u32 },
+    TooManyIfaces { ifindex: u32, slots: u32 },
+    #[error(
+        "interface {ifindex} is configured with counter slot {slot}, past the last of {slots}"
+    )]
+    Slot { ifindex: u32, slot: u32, slots: u32 },
 }
 
 pub(super) fn map_error(map: &'static str, e: MapError) -> ProbeError {

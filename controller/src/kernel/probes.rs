@@ -63,6 +63,8 @@ pub struct Probes {
     prefixes: Vec<(crate::kernel::peers::TrieKey, u32)>,
     /// Interfaces with counters (watched, or set up for test runs) by counter slot; `None`: free.
     counted: Vec<Option<IfaceConfig>>,
+    /// Counter slots the maps were sized for.
+    slots: u32,
     watched: Vec<Iface>,
     /// Each watched interface's ingress and egress links, to detach those of a deleted device.
     tc_links: Vec<(u32, Vec<(&'static str, SchedClassifierLinkId)>)>,
@@ -70,14 +72,24 @@ pub struct Probes {
 }
 
 impl Probes {
-    /// Loads the object with `offsets` patched in and verifies every program. Nothing is
-    /// attached yet.
+    /// Loads the object with `offsets` patched in and verifies every program, with counter
+    /// slots for [`MAX_IFACES`] interfaces. Nothing is attached yet.
     pub fn load(offsets: KernelOffsets) -> Result<Self, ProbeError> {
+        Self::load_for(offsets, MAX_IFACES)
+    }
+
+    /// [`Probes::load`] with counter slots for `ifaces` interfaces (1 to [`MAX_IFACES`]): the
+    /// per-CPU counter arrays are sized at load, and the peer counters take 64 KB per interface
+    /// and CPU (4 MB per CPU for all 64 slots, half a gigabyte on a 128-CPU node).
+    pub fn load_for(offsets: KernelOffsets, ifaces: u32) -> Result<Self, ProbeError> {
         if OBJECT.is_empty() {
             return Err(ProbeError::NoObject);
         }
+        let slots = ifaces.clamp(1, MAX_IFACES);
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_KERNEL_OFFSETS, &offsets, true)
+            .map_max_entries(MAP_IFACE_STATS, slots)
+            .map_max_entries(MAP_PEER_STATS, slots * (MAX_PEERS + 1))
             .load(OBJECT)
             .map_err(|e| ProbeError::Object(Box::new(e)))?;
         for name in [PROG_TC_INGRESS, PROG_TC_EGRESS] {
@@ -100,6 +112,7 @@ impl Probes {
         let logger =
             aya_log::EbpfLogger::init(&mut ebpf).map_err(|e| ProbeError::Log(Box::new(e)))?;
         Ok(Self {
+            slots,
             losses,
             logger: Some(logger),
             dscp_rules,
@@ -191,8 +204,8 @@ impl Probes {
     /// read around).
     fn slot_of(&self, ifindex: u32) -> Result<u32, ProbeError> {
         let config = self.config.get(&ifindex, 0).map_err(|e| map_error(MAP_IFACE_CONFIG, e))?;
-        if config.slot >= MAX_IFACES {
-            return Err(ProbeError::Slot { ifindex, slot: config.slot });
+        if config.slot >= self.slots {
+            return Err(ProbeError::Slot { ifindex, slot: config.slot, slots: self.slots });
         }
         Ok(config.slot)
     }
@@ -212,11 +225,14 @@ impl Probes {
                 Some(slot) => slot,
                 None => match self.counted.iter().position(Option::is_none) {
                     Some(free) => free,
-                    None if self.counted.len() < MAX_IFACES as usize => {
+                    None if self.counted.len() < self.slots as usize => {
                         self.counted.push(None);
                         self.counted.len() - 1
                     }
-                    None => return Err(ProbeError::TooManyIfaces { ifindex: iface.ifindex }),
+                    None => {
+                        let slots = self.slots;
+                        return Err(ProbeError::TooManyIfaces { ifindex: iface.ifindex, slots });
+                    }
                 },
             };
         // Counters zeroed before the configuration points the programs at them.

@@ -47,7 +47,7 @@ pub async fn run(
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
 
-    let mut probes = Probes::load(offsets)?;
+    let mut probes = Probes::load_for(offsets, ifaces.len() as u32)?;
     let _datapath_log = probes
         .take_logger()
         .map(crate::kernel::datapath_log::forward)
