@@ -98,14 +98,20 @@ impl<'a> Head<'a> {
     }
 }
 
+/// Byte `offset` of a copy holding `len` valid bytes.
+#[inline(always)]
+fn copied_byte(bytes: &[u8], len: usize, offset: usize) -> Option<u8> {
+    if offset < len {
+        bytes.get(offset).copied()
+    } else {
+        None
+    }
+}
+
 impl PacketBytes for Head<'_> {
     #[inline(always)]
     fn byte(&self, offset: usize) -> Option<u8> {
-        if offset < self.len {
-            self.bytes.get(offset).copied()
-        } else {
-            None
-        }
+        copied_byte(self.bytes, self.len, offset)
     }
 
     #[inline(always)]
@@ -176,11 +182,7 @@ impl Bytes16 {
 impl PacketBytes for Bytes16 {
     #[inline(always)]
     fn byte(&self, offset: usize) -> Option<u8> {
-        if offset < self.len {
-            self.bytes.get(offset).copied()
-        } else {
-            None
-        }
+        copied_byte(&self.bytes, self.len, offset)
     }
 }
 

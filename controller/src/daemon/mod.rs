@@ -196,10 +196,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         }
     }
     let mut probes = Probes::load_for(offsets, ifaces.len() as u32)?;
-    let _datapath_log = probes
-        .take_logger()
-        .map(crate::kernel::datapath_log::forward)
-        .transpose()
+    let _datapath_log = crate::kernel::datapath_log::forward_from(&mut probes)
         .context("reading the programs' log")?;
     if o.netlink_tc {
         probes.use_netlink_tc();

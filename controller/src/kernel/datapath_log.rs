@@ -5,6 +5,14 @@
 use aya_log::EbpfLogger;
 use tokio::io::{unix::AsyncFd, Interest};
 
+use super::probes::Probes;
+
+/// Forwards the warnings of `probes`' programs (see [`forward`]); `None` if they are forwarded
+/// already.
+pub fn forward_from(probes: &mut Probes) -> std::io::Result<Option<tokio::task::JoinHandle<()>>> {
+    probes.take_logger().map(forward).transpose()
+}
+
 /// Forwards every record `logger` receives until the task is dropped or the ring buffer fails.
 /// Needs a tokio runtime.
 pub fn forward(

@@ -48,10 +48,7 @@ pub async fn run(
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
 
     let mut probes = Probes::load_for(offsets, ifaces.len() as u32)?;
-    let _datapath_log = probes
-        .take_logger()
-        .map(crate::kernel::datapath_log::forward)
-        .transpose()
+    let _datapath_log = crate::kernel::datapath_log::forward_from(&mut probes)
         .context("reading the programs' log")?;
     probes.set_peers(&peer_ids.prefixes)?;
     probes.set_dscp_rules(&rules)?;
