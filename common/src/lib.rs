@@ -9,8 +9,10 @@ pub mod board;
 pub mod fixed;
 pub mod maps;
 pub mod packet;
+pub mod records;
 pub mod tuner;
 #[cfg(feature = "std")]
 pub mod units;
 
 pub use maps::*;
+pub use records::*;
