@@ -34,6 +34,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("hk-us-day", include_str!("../scenarios/hk-us-day.toml")),
     ("training-day", include_str!("../scenarios/training-day.toml")),
     ("training-quick", include_str!("../scenarios/training-quick.toml")),
+    ("training-holdout", include_str!("../scenarios/training-holdout.toml")),
 ];
 
 /// One direction of the WAN link.

@@ -50,6 +50,16 @@ one-element all_reduce (MAX) that carries rank 0's "time is up", so all ranks st
 step. That all_reduce is blocking and costs at least one round trip (180 ms in the lab), so it
 is kept rare (default every 10 steps); it runs after the step's ``t_end`` and is reported as
 ``sync_s``. Evaluation also runs after ``t_end`` (``eval_s``); both count in ``--duration``.
+``--stop-file F`` costs no round trip: before each step every rank reads F, and once it holds a
+step number K every rank stops before step K. Whoever writes F (the benchmark, which reads every
+rank's step lines) picks K far enough ahead of the furthest rank that no rank has begun step K.
+
+Checkpoints. ``--checkpoint-every-s S --checkpoint-dir D``: rank 0 saves the parameters after
+the first step that ends S seconds or more after its last save (and after the last step) to
+``D/step-<steps>.pt``, with the step's ``t_end`` and the model sizing, from a background thread;
+``python/benchmarks/eval_checkpoints.py`` evaluates them after the run, so the curve of eval loss
+against time costs the run nothing (in-run evaluation pauses every rank), and fast and slow
+configurations get the same time resolution. Only rank 0 decides, so no agreement is needed.
 
 Output: JSON lines on stdout, flushed; rank 0 prints them (every rank with --all-ranks-report).
 Every line has "rank". First, once:
@@ -63,11 +73,14 @@ then one per step:
      gradient exchange), "loss" (this rank's batch), "codec" (the hook's for large buckets;
      "none" without a hook), "wire_bytes" (the hook's, per rank; without a hook params x 4),
      "coding_s" (encode + decode), "buckets" ([numel, codec, wire_bytes] per bucket, or null),
-     "decision_id" and "board_state" (null without a hook), "timeout_s" (the collective
+     "decision_id" and "board_state" (null without a hook), "proposed" (the codec this rank's
+     board asked for at this step, which the next step's agreed codec takes into account; null
+     without a hook), "timeout_s" (the collective
      timeout in force), "compute_s_baseline" (forward+backward of one batch, no communication,
      measured once at startup on the bare module), and when evaluated "eval_loss", "eval_s",
      when synced for --duration "sync_s"}
-Every rank prints the last line, {"done": true, "steps", "stopped" ("steps" or "duration"),
+Every rank prints the last line, {"done": true, "steps", "stopped" ("steps", "duration" or
+"stop-file"),
 "final_loss", "final_eval_loss", "digest" (SHA-256 of the parameters: replicas print the same),
 "elapsed_s"}. A failed collective (timeout, connection reset, a peer gone) makes the rank print
 {"failed": "<error>", "step": N (-1 while setting up)} and exit with status 3 at once. Ranks
@@ -87,6 +100,7 @@ import statistics
 import sys
 import sysconfig
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
@@ -253,6 +267,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--duration", type=float, help="stop after this many seconds (rank 0's clock)")
     run.add_argument("--sync-every", type=int, default=10,
                      help="steps between --duration checks (each costs a round trip)")
+    run.add_argument("--stop-file", help="stop before the step number this file holds, once "
+                     "it holds one (read before every step; no round trip)")
+    run.add_argument("--checkpoint-every-s", type=float, default=0.0,
+                     help="rank 0 saves the parameters every S seconds (at a step's end) and "
+                     "after the last step")
+    run.add_argument("--checkpoint-dir", help="where --checkpoint-every-s saves")
     run.add_argument("--all-ranks-report", action="store_true", help="every rank prints steps")
     comm = ap.add_argument_group("gradient exchange")
     comm.add_argument("--hook", choices=["none", "linkpilot", "fixed"], default="none",
@@ -280,8 +300,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     model.add_argument("--eval-windows", type=int, default=16)
     model.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     args = ap.parse_args(argv)
-    if args.steps is None and args.duration is None:
-        ap.error("give --steps or --duration (or both)")
+    if args.steps is None and args.duration is None and args.stop_file is None:
+        ap.error("give --steps, --duration or --stop-file")
+    if args.checkpoint_every_s < 0 or (args.checkpoint_every_s and not args.checkpoint_dir):
+        ap.error("--checkpoint-every-s needs a positive interval and --checkpoint-dir")
     if args.hook == "none" and args.sites:
         ap.error("--sites needs --hook linkpilot or fixed")
     if (args.steps is not None and args.steps < 1) or args.sync_every < 1:
@@ -289,6 +311,45 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.width % args.heads:
         ap.error("--width must be a multiple of --heads")
     return args
+
+
+def stop_step(path: str) -> int | None:
+    """The step number the stop file holds, or None while it holds none (absent, or not yet a
+    whole number: the writer renames a finished file into place, but an empty one is harmless)."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+class Checkpoints:
+    """Rank 0's parameter snapshots: copied on the training thread (a memcpy), written by one
+    background thread to ``step-<steps>.pt`` under a temporary name first, so a reader never
+    sees a partial file."""
+
+    def __init__(self, directory: str, model: dict[str, Any]) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.model = model
+        self.writer = ThreadPoolExecutor(max_workers=1)
+
+    def save(self, net: nn.Module, steps: int, t_end: float) -> None:
+        state = {k: v.detach().clone() for k, v in net.state_dict().items()}
+        record = {"steps": steps, "t_end": t_end, "model": self.model, "state": state}
+        self.writer.submit(self._write, record, self.dir / f"step-{steps:06d}.pt")
+
+    @staticmethod
+    def _write(record: dict[str, Any], path: Path) -> None:
+        partial = path.with_suffix(".partial")
+        torch.save(record, partial)
+        partial.rename(path)
+
+    def close(self) -> None:
+        self.writer.shutdown(wait=True)
 
 
 class Reporter:
@@ -358,11 +419,23 @@ def train(args: argparse.Namespace, report: Reporter) -> int:
         "compute_s_baseline": baseline,
     })
 
+    checkpoints = None
+    if args.checkpoint_every_s and args.rank == 0:
+        checkpoints = Checkpoints(args.checkpoint_dir, {
+            "width": args.width, "depth": args.depth, "heads": args.heads, "seq": args.seq,
+            "data_mib": args.data_mib, "seed": args.seed})
     stop = torch.zeros(1)
     started = time.time()
     loss_value, last_eval = math.nan, math.nan
     stopped, step = "steps", 0
+    saved, saved_at = -1, started
+    t_end = started
     while args.steps is None or step < args.steps:
+        if args.stop_file:
+            k = stop_step(args.stop_file)
+            if k is not None and step >= k:
+                stopped = "stop-file"
+                break
         report.step = step
         x, y = windows(corpus, batch_offsets(corpus, args.seed, step, args.rank, args.world,
                                              args.batch, args.seq), args.seq)
@@ -388,10 +461,14 @@ def train(args: argparse.Namespace, report: Reporter) -> int:
             if stats else None,
             "decision_id": stats.decision_id if stats else None,
             "board_state": stats.board_state if stats else None,
+            "proposed": stats.proposed if stats else None,
             "timeout_s": (state.timeout if state else group_timeout()).total_seconds(),
             "compute_s_baseline": baseline,
         }
         step += 1
+        if checkpoints is not None and (step == 1 or t_end - saved_at >= args.checkpoint_every_s):
+            checkpoints.save(net, step, t_end)
+            saved, saved_at = step, t_end
         last = args.steps is not None and step >= args.steps
         if args.duration is not None and not last and step % args.sync_every == 0:
             t_sync = time.time()
@@ -407,6 +484,12 @@ def train(args: argparse.Namespace, report: Reporter) -> int:
         report.line(line)
         if last:
             break
+    if stopped == "stop-file" and step > 0:
+        last_eval = eval_loss(net, ex, ey)  # the last step was reported without one
+    if checkpoints is not None:
+        if saved != step and step > 0:
+            checkpoints.save(net, step, t_end)
+        checkpoints.close()
     # Every rank has received everything sent to it before any exits (an exit with unread
     # data resets the connection under a peer's last receive).
     dist.barrier()

@@ -92,6 +92,9 @@ class StepStats:
     codec: str
     decision_id: int
     board_state: str
+    #: What this rank proposed for the next step from its own board (the safe codec when the
+    #: board is missing or stale): ``codec`` of the next step is the strongest of every rank's.
+    proposed: str = ""
     buckets: list[BucketStats] = field(default_factory=list)
 
     @property
@@ -161,7 +164,8 @@ class LinkpilotHook:
         self._agreed = self._next
         self._proposal, state, decision = self._read_board()
         self._raise_timeout(max(self._proposal.watchdog_s, self._agreed.watchdog_s))
-        self._current = StepStats(self._step, self._agreed.codec, decision, state)
+        self._current = StepStats(self._step, self._agreed.codec, decision, state,
+                                  self._proposal.codec)
 
     def _finish_step(self) -> None:
         assert self._current is not None

@@ -138,3 +138,46 @@ def test_a_lost_peer_fails_fast_with_status_3() -> None:
     last = json.loads(rest.splitlines()[-1])
     assert procs[0].returncode == 3, stderr
     assert last["failed"] and last["step"] >= 1 and last["rank"] == 0, last
+
+
+def test_a_stop_file_stops_every_rank_at_its_step_and_checkpoints_evaluate_as_in_run(
+        tmp_path: Path) -> None:
+    stop = tmp_path / "stop"
+    stop.write_text("4\n")
+    ckpt = tmp_path / "ckpt"
+    procs = run_job("--hook", "fixed", "--codec", "int8", "--stop-file", str(stop),
+                    "--checkpoint-every-s", "0.000001", "--checkpoint-dir", str(ckpt),
+                    "--eval-every", "0", "--all-ranks-report")
+    ranks = finish(procs)
+    done = [lines[-1] for lines in ranks]
+    assert all(d["done"] and d["steps"] == 4 and d["stopped"] == "stop-file" for d in done), done
+    assert len({d["digest"] for d in done}) == 1, done
+    for lines in ranks:
+        steps = [v for v in lines if "step" in v]
+        assert [v["step"] for v in steps] == [0, 1, 2, 3]
+        assert {v["proposed"] for v in steps} == {"int8"}  # the fixed hook's safe codec
+    # Rank 0 alone saved, after every step (the interval is shorter than a step).
+    assert sorted(p.name for p in ckpt.iterdir()) == [f"step-00000{n}.pt" for n in (1, 2, 3, 4)]
+    evaluator = REPO / "python" / "benchmarks" / "eval_checkpoints.py"
+    out = subprocess.run([sys.executable, str(evaluator), "--dir", str(ckpt), "--windows", "2",
+                          "--noise-sets", "3", "--threads", "1"],
+                         capture_output=True, text=True, timeout=120, check=True)
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    curve, noise = lines[:-1], lines[-1]["eval_noise"]
+    assert [v["steps"] for v in curve] == [1, 2, 3, 4]
+    t_end = {v["step"] + 1: v["t_end"] for v in ranks[0] if "step" in v}
+    assert all(v["t_end"] == t_end[v["steps"]] for v in curve)
+    # The same parameters on the same windows: the in-run evaluation after the last step.
+    assert curve[-1]["eval_loss"] == done[0]["final_eval_loss"]
+    assert noise["steps"] == 4 and noise["windows"] == 2 and len(noise["losses"]) == 3
+    assert noise["stdev"] > 0 and noise["range"] >= noise["stdev"]
+
+
+def test_checkpoint_evaluation_refuses_what_it_cannot_do(tmp_path: Path) -> None:
+    evaluator = REPO / "python" / "benchmarks" / "eval_checkpoints.py"
+    empty = subprocess.run([sys.executable, str(evaluator), "--dir", str(tmp_path)],
+                           capture_output=True, text=True, timeout=60)
+    assert empty.returncode != 0 and "no step-*.pt checkpoints" in empty.stderr
+    bad = subprocess.run([sys.executable, str(evaluator), "--dir", str(tmp_path),
+                          "--noise-sets", "1"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--noise-sets" in bad.stderr

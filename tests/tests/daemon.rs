@@ -58,6 +58,12 @@ dscp = 10
 roce_traffic_class = 42
 "#;
 
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 #[test]
 fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
     let lab = lab_with("drun", "delay = \"10ms\"\nrate = \"50Mbit/s\"\nqueue = \"2MiB\"\necn = { mode = \"step\", threshold = \"5ms\" }");
@@ -67,6 +73,7 @@ fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
     }
     let rmem_before = tcp_rmem_max(&hk.netns);
     let dir = std::env::temp_dir().join(format!("lp-daemon-{}", std::process::id()));
+    let started_ms = unix_ms();
     let mut d = Daemon::start(&hk.netns, &dir, POLICY);
     wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
@@ -158,6 +165,17 @@ fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
     assert!(decisions
         .lines()
         .any(|l| l.contains("\"state\":\"congested\"") && l.contains("ce_fraction")));
+    // Every decision carries the wall-clock time it was taken, in order, within the test's.
+    let stamps: Vec<u64> = decisions
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).expect("a JSON line")["unix_ms"]
+                .as_u64()
+                .expect("unix_ms")
+        })
+        .collect();
+    assert!(stamps.windows(2).all(|w| w[0] <= w[1]), "{stamps:?}");
+    assert!(stamps.iter().all(|t| (started_ms..=unix_ms()).contains(t)), "{stamps:?}");
     assert!(trace.lines().count() > 20, "the recorded trace");
     let _ = std::fs::remove_dir_all(&dir);
 }

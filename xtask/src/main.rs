@@ -51,20 +51,32 @@ enum Command {
     /// Real DDP training across the WAN lab: untuned vs the static hand-tuning vs linkpilot
     /// adaptive vs fixed codecs (the per-phase oracle); results in target/bench-training (root).
     BenchTraining {
-        /// The short form CI runs: training-quick (a calm and a congested phase), untuned vs
-        /// adaptive; fails unless adaptive is faster when congested and its loss holds.
+        /// The short form CI runs: training-quick, untuned vs adaptive and a hook that ignores
+        /// its board, once; fails unless adaptive's ranks follow the boards through a codec
+        /// change (and the ignoring hook fails that check), and adaptive is faster when
+        /// congested.
         #[arg(long)]
         quick: bool,
-        /// Another lab scenario (a built-in name or a file).
-        #[arg(long)]
-        scenario: Option<String>,
-        /// A subset of configurations, e.g. untuned,adaptive.
+        /// Runs per configuration, interleaved round-robin (default: 3; quick: 1).
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..=20))]
+        repeats: Option<u16>,
+        /// Lab scenarios (built-in names or files; default: training-day and the held-out
+        /// training-holdout; quick: training-quick).
+        #[arg(long = "scenario", value_delimiter = ',')]
+        scenarios: Option<Vec<String>>,
+        /// A subset of configurations, e.g. untuned,adaptive (default: each scenario's set).
         #[arg(long, value_delimiter = ',')]
         configs: Option<Vec<String>>,
-        /// Report the other configurations' results of an earlier run over the same scenario
-        /// with these (to re-run one configuration after a policy change).
+        /// Keep the earlier runs of configurations not run now and report them too (to re-run
+        /// one configuration after a policy change).
         #[arg(long, requires = "configs")]
         keep: bool,
+        /// Only summarize the runs already in target/bench-training.
+        #[arg(long, conflicts_with_all = ["repeats", "configs", "keep"])]
+        report_only: bool,
+        /// Held-out windows per evaluation of a checkpoint.
+        #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=512))]
+        eval_windows: u32,
     },
     /// What the eBPF programs cost on real traffic (as root): linkpilot builds vs no programs,
     /// interleaved round by round, over a veth pair, the WAN lab and loopback (tracepoints),
@@ -164,8 +176,22 @@ fn main() -> anyhow::Result<()> {
                 quick,
             })
         }
-        Command::BenchTraining { quick, scenario, configs, keep } => {
-            bench_training::run(bench_training::Args { quick, scenario, configs, keep })
-        }
+        Command::BenchTraining {
+            quick,
+            repeats,
+            scenarios,
+            configs,
+            keep,
+            report_only,
+            eval_windows,
+        } => bench_training::run(bench_training::Args {
+            quick,
+            repeats: repeats.map(usize::from),
+            scenarios,
+            configs,
+            keep,
+            report_only,
+            eval_windows,
+        }),
     }
 }

@@ -122,14 +122,18 @@ pub fn run(privileged: bool) -> anyhow::Result<()> {
     // timeline was drawn.
     eprintln!("test: cargo xtask demo --seconds 30");
     crate::demo::run(Some(30)).context("the demo")?;
-    // The headline's short form: real training across the lab, untuned vs adaptive; it fails
-    // unless adaptive is faster when congested and its loss holds.
+    // The headline's short form: real training across the lab; it fails unless adaptive's
+    // ranks follow the daemons' boards through a codec change, a hook that ignores its board
+    // fails that same check, and adaptive is faster than untuned when congested.
     eprintln!("test: cargo xtask bench-training --quick");
     crate::bench_training::run(crate::bench_training::Args {
         quick: true,
-        scenario: None,
+        repeats: None,
+        scenarios: None,
         configs: None,
         keep: false,
+        report_only: false,
+        eval_windows: 128,
     })
     .context("bench-training --quick")
 }

@@ -17,6 +17,23 @@ use anyhow::Context;
 use tracing::{info, warn};
 
 use super::metrics::Metrics;
+use crate::control::Decision;
+
+/// A decision as the decision log keeps it: the decision and the wall-clock time it was taken
+/// (`unix_ms`), so that it can be set beside a training job's own timestamps; its `at_ms`
+/// counts from the daemon's start.
+pub fn decision_line(d: &Decision) -> serde_json::Result<String> {
+    #[derive(serde::Serialize)]
+    struct Logged<'a> {
+        unix_ms: u64,
+        #[serde(flatten)]
+        decision: &'a Decision,
+    }
+    let unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    serde_json::to_string(&Logged { unix_ms, decision: d })
+}
 
 pub struct LineLog {
     file: fs::File,

@@ -374,7 +374,7 @@ impl Daemon {
         let decisions = self.core.step(&snap);
         for d in &decisions {
             info!(id = d.id, link = %d.link, state = %d.state, changes = ?d.changes, reason = %d.reason, "decision");
-            linelog::append(&mut self.decision_log, &serde_json::to_string(d)?, &self.metrics);
+            linelog::append(&mut self.decision_log, &linelog::decision_line(d)?, &self.metrics);
             self.metrics.decision(&d.link, &d.state);
             match self.last.iter_mut().find(|(l, _, _)| *l == d.link) {
                 Some(e) => *e = (d.link.clone(), d.id, d.reason.clone()),

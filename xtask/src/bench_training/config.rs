@@ -1,4 +1,5 @@
-//! The benchmark's configurations: how the hosts are tuned and how the ranks exchange gradients.
+//! The benchmark's configurations: how the hosts are tuned, where the ranks run and how they
+//! exchange gradients; and which scenarios the shipped policies were tuned on.
 
 use std::{
     fs,
@@ -8,6 +9,20 @@ use std::{
 use anyhow::{bail, Context as _};
 
 use crate::run::workspace_root;
+
+/// Scenarios whose figures the shipped policies were tuned against (`policies/hk-us.toml`'s
+/// codecs came from the training day's oracle); every other scenario is held out.
+pub const TUNED_ON: &[&str] = &["training-day"];
+
+/// Scenarios of the full run: the one the policies were tuned on, and one they were not.
+pub const FULL_SCENARIOS: &[&str] = &["training-day", "training-holdout"];
+pub const QUICK_SCENARIO: &str = "training-quick";
+
+/// Configurations of a held-out scenario (the comparisons the goals speak of; the oracle's fixed
+/// codecs are run on the tuned scenario only).
+const HELD_OUT_CONFIGS: &[&str] = &["untuned", "static", "adaptive", "colocated"];
+/// The quick form: the comparison CI checks, and the negative control of its codec check.
+const QUICK_CONFIGS: &[&str] = &["untuned", "adaptive", "board-ignored"];
 
 /// A policy file the daemon runs with on every host: the shipped one, mirrored for the US site
 /// (its peer is the HK prefix), its link's capacity the lab's (the shipped files describe the
@@ -34,18 +49,11 @@ impl Policy {
             if declared != 1 {
                 bail!("{}: {declared} capacity lines, expected one", self.file.display());
             }
-            text = text
-                .lines()
-                .map(|l| {
-                    if l.trim_start().starts_with("capacity =") {
-                        format!("capacity = \"{}Mbit/s\"", (bps / 1e6).round())
-                    } else {
-                        l.to_owned()
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join("\n")
-                + "\n";
+            text = replace_lines(
+                &text,
+                "capacity =",
+                &format!("capacity = \"{}Mbit/s\"", (bps / 1e6).round()),
+            );
         }
         if site == "Us" {
             // The far side of a US host is Hong Kong.
@@ -61,20 +69,16 @@ impl Policy {
             }
         }
         if let Some(codec) = &self.compression {
-            let lines: Vec<String> = text
-                .lines()
-                .map(|l| {
-                    if l.trim_start().starts_with("compression =") {
-                        format!("compression = \"{codec}\"")
-                    } else {
-                        l.to_owned()
-                    }
-                })
-                .collect();
-            text = lines.join("\n") + "\n";
+            text = replace_lines(&text, "compression =", &format!("compression = \"{codec}\""));
         }
         Ok(text)
     }
+}
+
+fn replace_lines(text: &str, starting: &str, with: &str) -> String {
+    let lines: Vec<&str> =
+        text.lines().map(|l| if l.trim_start().starts_with(starting) { with } else { l }).collect();
+    lines.join("\n") + "\n"
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,13 +87,32 @@ pub enum Hook {
     Ddp,
     /// linkpilot's hook following the host's board.
     Board,
+    /// linkpilot's hook pointed at no board: it proposes its safe codec (none) on every step
+    /// while the daemons decide. The negative control of the check that the ranks follow the
+    /// boards: a hook broken this way must fail it.
+    IgnoresBoard,
+}
+
+/// Where the ranks run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// One site's ranks on each side of the lab's WAN link.
+    Wan,
+    /// Every rank on the Hong Kong host, over loopback: no delay, no bottleneck. The same
+    /// ranks, script and data: the fastest this machine trains, the ceiling of every other
+    /// configuration.
+    Colocated,
 }
 
 #[derive(Clone, Debug)]
 pub struct Config {
     pub name: String,
     pub per_site: u8,
+    /// Sequences per rank and step: with two ranks per site it is halved, so every
+    /// configuration trains on the same global batch, the same windows in the same order.
+    pub batch: u32,
     pub hook: Hook,
+    pub placement: Placement,
     pub policy: Option<Policy>,
     /// Oracle candidates: fixed configurations the per-phase ceiling is taken from.
     pub oracle_candidate: bool,
@@ -97,59 +120,60 @@ pub struct Config {
 
 /// Fixed codecs the oracle chooses from, per phase, all with the hand-tuned host settings.
 const ORACLE_CODECS: &[&str] = &["none", "fp16", "int8", "int4", "topk:1%"];
+/// Sequences per rank and step with one rank per site.
+pub const BATCH: u32 = 8;
 
 pub fn all() -> Vec<Config> {
+    let base = |name: &str, hook, policy: Option<Policy>| Config {
+        name: name.into(),
+        per_site: 1,
+        batch: BATCH,
+        hook,
+        placement: Placement::Wan,
+        policy,
+        oracle_candidate: false,
+    };
     let mut v = vec![
+        base("untuned", Hook::Ddp, None),
+        Config { placement: Placement::Colocated, ..base("colocated", Hook::Ddp, None) },
+        base("static", Hook::Board, Some(Policy::shipped("static-handtuned.toml"))),
+        base("adaptive", Hook::Board, Some(Policy::shipped("hk-us.toml"))),
         Config {
-            name: "untuned".into(),
-            per_site: 1,
-            hook: Hook::Ddp,
-            policy: None,
-            oracle_candidate: false,
-        },
-        Config {
-            name: "static".into(),
-            per_site: 1,
-            hook: Hook::Board,
-            policy: Some(Policy::shipped("static-handtuned.toml")),
-            oracle_candidate: false,
-        },
-        Config {
-            name: "adaptive".into(),
-            per_site: 1,
-            hook: Hook::Board,
-            policy: Some(Policy::shipped("hk-us.toml")),
-            oracle_candidate: false,
-        },
-        Config {
-            name: "adaptive-2x".into(),
             per_site: 2,
-            hook: Hook::Board,
-            policy: Some(Policy::shipped("hk-us.toml")),
-            oracle_candidate: false,
+            batch: BATCH / 2,
+            ..base("adaptive-2x", Hook::Board, Some(Policy::shipped("hk-us.toml")))
         },
+        base("board-ignored", Hook::IgnoresBoard, Some(Policy::shipped("hk-us.toml"))),
     ];
     for codec in ORACLE_CODECS {
         let mut policy = Policy::shipped("static-handtuned.toml");
         policy.compression = Some((*codec).to_owned());
         v.push(Config {
-            name: format!("fixed-{}", codec.replace([':', '%'], "")),
-            per_site: 1,
-            hook: Hook::Board,
-            policy: Some(policy),
             oracle_candidate: true,
+            ..base(&format!("fixed-{}", codec.replace([':', '%'], "")), Hook::Board, Some(policy))
         });
     }
     v
 }
 
-/// The configurations to run: `--configs` by name, else all (quick: untuned and adaptive).
-pub fn select(quick: bool, names: Option<&[String]>) -> anyhow::Result<Vec<Config>> {
+/// The configurations to run over `scenario`: `--configs` by name, else the scenario's default
+/// set (quick: untuned, adaptive and the negative control; a held-out scenario: the goals'
+/// comparisons; the tuned scenario: everything but the negative control).
+pub fn select(
+    scenario: &str,
+    quick: bool,
+    names: Option<&[String]>,
+) -> anyhow::Result<Vec<Config>> {
     let all = all();
     let names: Vec<String> = match names {
         Some(n) => n.to_vec(),
-        None if quick => vec!["untuned".into(), "adaptive".into()],
-        None => return Ok(all),
+        None if quick => QUICK_CONFIGS.iter().map(|s| (*s).to_owned()).collect(),
+        None if !TUNED_ON.contains(&scenario) => {
+            HELD_OUT_CONFIGS.iter().map(|s| (*s).to_owned()).collect()
+        }
+        None => {
+            return Ok(all.into_iter().filter(|c| c.hook != Hook::IgnoresBoard).collect());
+        }
     };
     names
         .iter()
@@ -165,7 +189,7 @@ pub fn select(quick: bool, names: Option<&[String]>) -> anyhow::Result<Vec<Confi
 impl Config {
     pub fn describe(&self) -> String {
         let hosts = match &self.policy {
-            None => "hosts' defaults, no daemon".to_owned(),
+            None => "hosts' defaults (CUBIC), no daemon".to_owned(),
             Some(p) => format!(
                 "linkpilot run with {}{}",
                 p.file.file_name().and_then(|f| f.to_str()).unwrap_or("?"),
@@ -178,11 +202,17 @@ impl Config {
         let hook = match self.hook {
             Hook::Ddp => "DDP's all-reduce",
             Hook::Board => "the linkpilot hook on the host's board",
+            Hook::IgnoresBoard => "the linkpilot hook reading no board (its safe codec, none)",
         };
-        format!("{} rank(s) per site; {hosts}; {hook}", self.per_site)
+        let place = match self.placement {
+            Placement::Wan => format!("{} rank(s) per site", self.per_site),
+            Placement::Colocated => "both ranks on one host over loopback (no WAN)".to_owned(),
+        };
+        format!("{place}, batch {} per rank; {hosts}; {hook}", self.batch)
     }
 
-    /// The training script's arguments for this configuration.
+    /// The training script's arguments for this configuration, with the host's board and env
+    /// file.
     pub fn rank_args(&self, board: &Path, env_file: &Path) -> Vec<String> {
         let mut a: Vec<String> = match self.hook {
             Hook::Ddp => vec!["--hook".into(), "none".into()],
@@ -192,7 +222,14 @@ impl Config {
                 "--board".into(),
                 board.display().to_string(),
             ],
+            Hook::IgnoresBoard => vec![
+                "--hook".into(),
+                "linkpilot".into(),
+                "--board".into(),
+                board.with_extension("not-the-daemons").display().to_string(),
+            ],
         };
+        a.extend(["--batch".into(), self.batch.to_string()]);
         if self.policy.is_some() {
             a.extend(["--env-file".into(), env_file.display().to_string()]);
         }

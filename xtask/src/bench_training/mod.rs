@@ -1,55 +1,84 @@
 //! `cargo xtask bench-training`: real DDP training (torch, gloo on CPU) across the WAN lab, each
-//! configuration a fresh run over the same scenario: untuned, the reference case's static
-//! hand-tuning, linkpilot adaptive (the daemon on both sites, the hook following its board), and
-//! fixed codecs with tuned buffers from which the per-phase oracle is taken. Results in
-//! `target/bench-training/` (JSON, a markdown table, SVG plots).
+//! configuration a fresh run over the same scenario, repeated with the configurations
+//! interleaved round-robin so that the machine's drift hits all alike: untuned, the reference
+//! case's static hand-tuning, linkpilot adaptive (the daemon on both sites, the hook following
+//! its board), the same ranks co-located (the ceiling), and fixed codecs with tuned buffers from
+//! which the per-phase oracle is taken. Results in `target/bench-training/<scenario>/` (JSON, a
+//! markdown table, SVG plots); each run's files in `<config>/r<repeat>/`.
 
+mod check;
 mod config;
+mod markdown;
 mod plot;
 mod report;
+mod run;
+mod runs;
+mod stats;
+mod transport;
 
-use std::{
-    fs,
-    io::{BufRead, BufReader, Write as _},
-    path::{Path, PathBuf},
-    process::{Command, Stdio},
-    sync::mpsc,
-    thread,
-    time::{Duration, Instant},
-};
+use std::{fs, path::Path, process::Command};
 
 use anyhow::{bail, Context as _};
-use serde_json::Value;
 
 use crate::{
-    lab::{self, Host, Lab, Reaped},
+    lab,
     run::{status, workspace_root},
 };
-pub use config::Config;
-
-const LAB_NAME: &str = "bt";
-/// The lab's first phase, in which the ranks start; not reported.
-pub const WARMUP_PHASE: &str = "warmup";
 
 pub struct Args {
     pub quick: bool,
-    pub scenario: Option<String>,
+    pub repeats: Option<usize>,
+    pub scenarios: Option<Vec<String>>,
     pub configs: Option<Vec<String>>,
+    /// Keep earlier runs of the configurations not run now, and report them too.
     pub keep: bool,
+    /// Only summarize the runs already in `target/bench-training`.
+    pub report_only: bool,
+    pub eval_windows: u32,
 }
 
-/// What one configuration's run left: rank 0's step lines, the lab's timeline, the decisions.
-pub struct RunResult {
-    pub config: Config,
-    pub steps: Vec<Value>,
-    pub failed: Vec<String>,
-    pub timeline: Vec<Value>,
-    pub decisions: usize,
-    /// Seconds of one pass of the scenario: what came after it is not reported.
-    pub pass_s: f64,
-}
+/// Repeats of the full run: the least that gives a median and a range.
+const FULL_REPEATS: usize = 3;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let out = workspace_root().join("target/bench-training");
+    let scenarios: Vec<String> = args.scenarios.clone().unwrap_or_else(|| {
+        if args.quick {
+            vec![config::QUICK_SCENARIO.to_owned()]
+        } else {
+            config::FULL_SCENARIOS.iter().map(|s| (*s).to_owned()).collect()
+        }
+    });
+    if !args.report_only {
+        measure(&args, &scenarios, &out)?;
+    }
+    for scenario in &scenarios {
+        let dir = out.join(scenario_dir(scenario));
+        let runs = runs::load_all(&dir)?;
+        if runs.is_empty() {
+            bail!("no runs of {scenario} in {}", dir.display());
+        }
+        let summary = report::summarize(scenario, &runs);
+        fs::write(dir.join("results.json"), serde_json::to_string_pretty(&summary)?)?;
+        let table = markdown::markdown(&summary);
+        fs::write(dir.join("results.md"), &table)?;
+        plot::step_times(&runs, &dir.join("step-time.svg"))?;
+        plot::loss(&runs, &dir.join("loss.svg"))?;
+        println!("\n{table}");
+        println!("results: {0}/results.json, results.md, step-time.svg, loss.svg", dir.display());
+        if args.quick {
+            check::quick(&runs)?;
+        }
+    }
+    Ok(())
+}
+
+/// A scenario's results directory: its name, or a file's stem.
+fn scenario_dir(scenario: &str) -> String {
+    Path::new(scenario).file_stem().and_then(|s| s.to_str()).unwrap_or(scenario).to_owned()
+}
+
+fn measure(args: &Args, scenarios: &[String], out: &Path) -> anyhow::Result<()> {
     if !lab::is_root() {
         bail!("the benchmark builds network namespaces and runs the daemon: run it as root");
     }
@@ -58,275 +87,99 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "build",
         Command::new(env!("CARGO")).args(["build", "-p", "linkpilot", "-p", "linkpilot-lab"]),
     )?;
-    let scenario = args
-        .scenario
-        .clone()
-        .unwrap_or_else(|| if args.quick { "training-quick" } else { "training-day" }.to_owned());
-    let configs = config::select(args.quick, args.configs.as_deref())?;
-    let out = workspace_root().join("target/bench-training");
-    if args.keep {
-        for c in &configs {
-            let _ = fs::remove_dir_all(out.join(&c.name));
-        }
-    } else {
-        let _ = fs::remove_dir_all(&out);
+    let repeats = args.repeats.unwrap_or(if args.quick { 1 } else { FULL_REPEATS });
+    let eval = run::Eval { windows: args.eval_windows, noise_sets: 8 };
+    struct Plan {
+        scenario: String,
+        configs: Vec<config::Config>,
+        pass_s: f64,
+        capacity: Option<f64>,
     }
-    fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let secs = lab::pass_seconds(&scenario)?;
-    let capacity = lab::top_rate(&scenario)?;
+    let mut plans = Vec::new();
+    for scenario in scenarios {
+        let configs = config::select(scenario, args.quick, args.configs.as_deref())?;
+        let dir = out.join(scenario_dir(scenario));
+        if args.keep {
+            for c in &configs {
+                let _ = fs::remove_dir_all(dir.join(&c.name));
+            }
+        } else {
+            let _ = fs::remove_dir_all(&dir);
+        }
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        plans.push(Plan {
+            scenario: scenario.clone(),
+            pass_s: lab::pass_seconds(scenario)?,
+            capacity: lab::top_rate(scenario)?,
+            configs,
+        });
+    }
+    let total: usize = plans.iter().map(|p| p.configs.len()).sum::<usize>() * repeats;
     println!(
-        "bench-training: {} configuration(s) over {scenario} ({secs:.0} s each); results in {}",
-        configs.len(),
+        "bench-training: {total} run(s): {repeats} repeat(s) of {}; results in {}",
+        plans
+            .iter()
+            .map(|p| format!(
+                "{} configuration(s) over {} ({:.0} s)",
+                p.configs.len(),
+                p.scenario,
+                p.pass_s
+            ))
+            .collect::<Vec<_>>()
+            .join(" and "),
         out.display()
     );
-    let mut results = Vec::new();
-    let fresh: Vec<String> = configs.iter().map(|c| c.name.clone()).collect();
-    for c in configs {
-        println!("== {}: {}", c.name, c.describe());
-        let dir = out.join(&c.name);
-        fs::create_dir_all(&dir)?;
-        let r = run_config(&c, &scenario, secs, capacity, &dir)
-            .with_context(|| format!("configuration {} (logs in {})", c.name, dir.display()))?;
-        println!(
-            "   {} steps in the pass, last eval loss {}, {} decisions, {} failed collectives",
-            r.steps.len(),
-            r.steps.iter().rev().find_map(|s| s["eval_loss"].as_f64()).unwrap_or(f64::NAN),
-            r.decisions,
-            r.failed.len()
-        );
-        results.push(r);
-    }
-    if args.keep {
-        results = with_kept(results, &fresh, &scenario, &out)?;
-    }
-    let summary = report::summarize(&results);
-    fs::write(out.join("results.json"), serde_json::to_string_pretty(&summary)?)?;
-    let table = report::markdown(&summary);
-    fs::write(out.join("results.md"), &table)?;
-    plot::step_times(&results, &out.join("step-time.svg"))?;
-    plot::loss(&results, &out.join("loss.svg"))?;
-    println!("\n{table}");
-    println!(
-        "results: {0}/results.json, {0}/results.md, {0}/step-time.svg, {0}/loss.svg",
-        out.display()
-    );
-    if args.quick {
-        report::check_quick(&summary)?;
-    }
-    Ok(())
-}
-
-fn run_config(
-    c: &Config,
-    scenario: &str,
-    secs: f64,
-    capacity: Option<f64>,
-    dir: &Path,
-) -> anyhow::Result<RunResult> {
-    // The lab outlives the pass so that the ranks' last steps (they stop at a sync point after
-    // the pass) still have a link; steps that end after the pass are not reported.
-    let running = Lab::start(dir, scenario, LAB_NAME, c.per_site, secs.ceil() as u64 + 90)?;
-    let started = Instant::now();
-    let mut daemons = Vec::new();
-    if let Some(policy) = &c.policy {
-        for h in &running.hosts {
-            daemons.push(start_daemon(policy, h, capacity, dir)?);
-        }
-    }
-    // Train until the scenario's pass ends (the ranks agree on the last step among themselves).
-    let left = secs - started.elapsed().as_secs_f64() - 2.0;
-    let hosts = running.hosts.clone();
-    let mut ranks: Vec<RankProc> = hosts
-        .iter()
-        .enumerate()
-        .map(|(r, h)| start_rank(c, r, &hosts, h, left, dir))
-        .collect::<anyhow::Result<_>>()?;
-    let deadline = Instant::now() + Duration::from_secs_f64(left + 180.0);
-    let mut steps = Vec::new();
-    let mut done = Value::Null;
-    let mut failed = Vec::new();
-    while let Some(v) = ranks[0].next(deadline) {
-        if v.get("done").is_some() {
-            done = v;
-            break;
-        }
-        if let Some(f) = v.get("failed") {
-            failed.push(f.to_string());
-        } else if v.get("step").is_some() {
-            steps.push(v);
-        }
-    }
-    for (r, p) in ranks.iter_mut().enumerate() {
-        match p.process.wait_until(deadline) {
-            Some(s) if s.success() => {}
-            Some(s) if s.code() == Some(3) => failed.push(format!("rank {r}: a collective failed")),
-            Some(s) => bail!("rank {r} failed ({s}); its log: {}", p.log.display()),
-            None => bail!("rank {r} did not finish in time; its log: {}", p.log.display()),
-        }
-    }
-    if done.is_null() && failed.is_empty() {
-        bail!("rank 0 printed no result; its log: {}", ranks[0].log.display());
-    }
-    drop(ranks);
-    drop(daemons);
-    let timeline = running.timeline.lock().map(|t| t.clone()).unwrap_or_default();
-    drop(running);
-    let decisions =
-        fs::read_to_string(dir.join("hk0-decisions.jsonl")).map(|t| t.lines().count()).unwrap_or(0);
-    fs::write(dir.join("steps.jsonl"), steps.iter().map(|v| format!("{v}\n")).collect::<String>())?;
-    let run = serde_json::json!({ "scenario": scenario, "pass_s": secs, "failed": failed });
-    fs::write(dir.join("run.json"), run.to_string())?;
-    fs::write(
-        dir.join("lab.jsonl"),
-        timeline.iter().map(|v| format!("{v}\n")).collect::<String>(),
-    )?;
-    Ok(RunResult { config: c.clone(), steps, failed, timeline, decisions, pass_s: secs })
-}
-
-/// `linkpilot run` in `host`'s namespace with the policy for its site; every file it writes is
-/// in `dir`, prefixed with the host.
-fn start_daemon(
-    policy: &config::Policy,
-    host: &Host,
-    capacity: Option<f64>,
-    dir: &Path,
-) -> anyhow::Result<Reaped> {
-    let tag = host_tag(host);
-    let policy_file = dir.join(format!("{tag}-policy.toml"));
-    fs::write(&policy_file, policy.for_site(&host.site, capacity)?)?;
-    let p = |f: &str| dir.join(format!("{tag}-{f}")).display().to_string();
-    let child = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", host.netns))
-        .arg(lab::bin("linkpilot"))
-        .args(["run", "--policy", &policy_file.display().to_string()])
-        .args(["--board", &p("knobs"), "--env-file", &p("nccl.env")])
-        .args(["--sysctl-state", &p("sysctl-originals.json"), "--lock", &p("lock")])
-        .args(["--roce-tc-state", &p("roce-tc-originals.json")])
-        .args(["--decision-log", &p("decisions.jsonl"), "--status-socket", &p("status.sock")])
-        .args(["--metrics-addr", "off", "--tuner-stats", &p("tuner")])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(fs::File::create(p("daemon.log"))?)
-        .spawn()
-        .context("starting linkpilot run")?;
-    let daemon = Reaped(child, "linkpilot run");
-    // Up once the board exists (written before the first tick's decision is published).
-    let start = Instant::now();
-    while !Path::new(&p("knobs")).exists() {
-        if start.elapsed() > Duration::from_secs(30) {
-            bail!("the daemon on {} did not come up; see {}", host.netns, p("daemon.log"));
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
-    Ok(daemon)
-}
-
-fn host_tag(h: &Host) -> String {
-    h.netns.rsplit('-').next().unwrap_or(&h.netns).to_owned()
-}
-
-struct RankProc {
-    process: Reaped,
-    lines: mpsc::Receiver<Value>,
-    log: PathBuf,
-}
-
-impl RankProc {
-    fn next(&mut self, deadline: Instant) -> Option<Value> {
-        let left = deadline.checked_duration_since(Instant::now())?;
-        self.lines.recv_timeout(left).ok()
-    }
-}
-
-fn start_rank(
-    c: &Config,
-    rank: usize,
-    hosts: &[Host],
-    host: &Host,
-    seconds: f64,
-    dir: &Path,
-) -> anyhow::Result<RankProc> {
-    let tag = host_tag(host);
-    let script = workspace_root().join("python/benchmarks/train_lm.py");
-    let mut cmd = Command::new("nsenter");
-    cmd.arg(format!("--net=/run/netns/{}", host.netns))
-        .arg(crate::python::python())
-        .arg(script)
-        .args(["--rank", &rank.to_string(), "--world", &hosts.len().to_string()])
-        .args(["--master", &format!("{}:29500", hosts[0].ipv4), "--iface", "eth0"])
-        .args(["--duration", &format!("{seconds:.0}"), "--sync-every", "3", "--eval-every", "5"])
-        .args(c.rank_args(&dir.join(format!("{tag}-knobs")), &dir.join(format!("{tag}-nccl.env"))))
-        .env("PYTHONUNBUFFERED", "1")
-        .env("OMP_NUM_THREADS", "1")
-        .stdout(Stdio::piped())
-        .stderr(fs::File::create(dir.join(format!("rank{rank}.log")))?);
-    let mut child = cmd.spawn().context("starting a training rank")?;
-    let stdout = child.stdout.take().context("rank stdout")?;
-    let (tx, lines) = mpsc::channel();
-    let mut raw = fs::File::create(dir.join(format!("rank{rank}.jsonl")))?;
-    thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = writeln!(raw, "{line}");
-            if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                if tx.send(v).is_err() {
-                    break;
+    let mut n = 0;
+    let mut errors = Vec::new();
+    for repeat in 0..repeats {
+        for p in &plans {
+            for c in &p.configs {
+                n += 1;
+                println!(
+                    "== [{n}/{total}] {} {} repeat {}: {}",
+                    p.scenario,
+                    c.name,
+                    repeat + 1,
+                    c.describe()
+                );
+                let dir =
+                    out.join(scenario_dir(&p.scenario)).join(&c.name).join(format!("r{repeat}"));
+                let spec = run::Spec {
+                    config: c,
+                    scenario: &p.scenario,
+                    repeat,
+                    pass_s: p.pass_s,
+                    capacity: p.capacity,
+                    eval,
+                    dir: dir.clone(),
+                };
+                match run::run(&spec).and_then(|()| runs::Run::load(&dir)) {
+                    Ok(r) => println!(
+                        "   {} steps in the pass, final eval loss {}, decisions {:?}, {} failed collective(s)",
+                        r.steps().count(),
+                        r.final_loss().map_or("-".into(), |l| format!("{l:.4}")),
+                        r.decisions.iter().map(|(h, d)| format!("{h} {}", d.len())).collect::<Vec<_>>(),
+                        r.failed.len()
+                    ),
+                    // CI's short form stops at the first; a long run reports the others.
+                    Err(e) if args.quick => {
+                        return Err(e).with_context(|| format!("configuration {} (files in {})", c.name, dir.display()));
+                    }
+                    Err(e) => {
+                        println!("   FAILED: {e:#} (files in {})", dir.display());
+                        let _ = fs::remove_file(dir.join("run.json"));
+                        errors.push(format!("{} {} repeat {}: {e:#}", p.scenario, c.name, repeat + 1));
+                    }
                 }
             }
         }
-    });
-    Ok(RankProc {
-        process: Reaped(child, "a training rank"),
-        lines,
-        log: dir.join(format!("rank{rank}.log")),
-    })
-}
-
-/// `results` and, in the benchmark's order, every other configuration whose earlier run over
-/// `scenario` left its files in `out`.
-fn with_kept(
-    results: Vec<RunResult>,
-    fresh: &[String],
-    scenario: &str,
-    out: &Path,
-) -> anyhow::Result<Vec<RunResult>> {
-    let mut fresh_results: Vec<Option<RunResult>> = results.into_iter().map(Some).collect();
-    let mut all = Vec::new();
-    for c in config::all() {
-        if let Some(i) = fresh.iter().position(|n| *n == c.name) {
-            all.extend(fresh_results[i].take());
-            continue;
-        }
-        let dir = out.join(&c.name);
-        let Ok(run) = fs::read_to_string(dir.join("run.json")) else { continue };
-        let run: Value = serde_json::from_str(&run)
-            .with_context(|| format!("{}: not a run record", dir.join("run.json").display()))?;
-        if run["scenario"] != scenario {
-            println!("   not reporting {}: its run was over {}", c.name, run["scenario"]);
-            continue;
-        }
-        let lines = |f: &str| -> anyhow::Result<Vec<Value>> {
-            let path = dir.join(f);
-            let text =
-                fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-            text.lines()
-                .map(|l| serde_json::from_str(l).with_context(|| format!("{}", path.display())))
-                .collect()
-        };
-        let decisions = fs::read_to_string(dir.join("hk0-decisions.jsonl"))
-            .map(|t| t.lines().count())
-            .unwrap_or(0);
-        println!("   reporting {} from its earlier run", c.name);
-        all.push(RunResult {
-            steps: lines("steps.jsonl")?,
-            timeline: lines("lab.jsonl")?,
-            failed: run["failed"]
-                .as_array()
-                .map(|a| a.iter().filter_map(|f| f.as_str().map(str::to_owned)).collect())
-                .unwrap_or_default(),
-            decisions,
-            pass_s: run["pass_s"].as_f64().unwrap_or(0.0),
-            config: c,
-        });
     }
-    Ok(all)
+    if !errors.is_empty() {
+        println!(
+            "bench-training: {} run(s) failed and are left out:\n  {}",
+            errors.len(),
+            errors.join("\n  ")
+        );
+    }
+    Ok(())
 }

@@ -1,290 +1,328 @@
-//! Per configuration and per scenario phase: steps/s, step time p50/p99, WAN bytes per step (the
-//! lab's counters), time to the target loss, final loss, failed collectives, decisions; the
-//! oracle (per phase, the best fixed configuration); the markdown table.
+//! One scenario's runs summarized over their repeats: targets late in the day, time and steps to
+//! them, speedups with their spread and verdict, compute utilization against the co-located
+//! ceiling, quality at the day's budget, per phase rates and codecs, the per-phase oracle, the
+//! transport in force. Every figure is a median with its range.
 
-use anyhow::bail;
-use serde_json::{json, Value};
+use std::collections::BTreeMap;
 
-use super::{RunResult, WARMUP_PHASE};
+use serde_json::{json, Map, Value};
 
-/// A phase as the lab's timeline shows it: [start, end) in unix seconds, WAN bytes at each end.
-struct Phase {
-    name: String,
-    start: f64,
-    end: f64,
-    bytes: (u64, u64),
+use super::{
+    config,
+    runs::Run,
+    stats::{slope_at, Speedup, Spread},
+};
+
+/// Where a baseline's target loss is read: this share of its day, so the configurations
+/// compared reach it late, not in the first calm phase.
+pub const TARGET_AT: f64 = 0.75;
+/// The baselines a target is taken from, in the order reported.
+const BASELINES: &[&str] = &["untuned", "static"];
+pub const CEILING: &str = "colocated";
+/// Step counts at which loss per step is compared.
+const AT_STEPS: &[f64] = &[100.0, 200.0, 300.0];
+
+fn runs_of<'a>(runs: &'a [Run], name: &str) -> Vec<&'a Run> {
+    runs.iter().filter(|r| r.config == name).collect()
 }
 
-fn wan_bytes(lines: &[&Value]) -> u64 {
-    lines.iter().map(|v| v["stats"]["bytes_in"].as_u64().unwrap_or(0)).sum()
+fn spread_json(s: Option<Spread>) -> Value {
+    s.map_or(Value::Null, |s| s.json())
 }
 
-/// Phases from the lab's per-second lines (both directions per second), up to the end of the
-/// scenario's pass.
-fn phases(timeline: &[Value], pass_s: f64) -> Vec<Phase> {
-    let mut seconds: Vec<(f64, String, u64)> = Vec::new();
-    let within =
-        timeline.iter().take_while(|v| v["elapsed_s"].as_f64().is_some_and(|e| e <= pass_s + 1.0));
-    let within: Vec<Value> = within.cloned().collect();
-    for pair in within.chunks(2) {
-        let refs: Vec<&Value> = pair.iter().collect();
-        let t = pair[0]["unix_ms"].as_f64().unwrap_or(0.0) / 1e3;
-        let phase = pair[0]["phase"].as_str().unwrap_or("?").to_owned();
-        seconds.push((t, phase, wan_bytes(&refs)));
-    }
-    let mut out: Vec<Phase> = Vec::new();
-    for (t, name, bytes) in seconds {
-        match out.last_mut() {
-            Some(p) if p.name == name => {
-                p.end = t;
-                p.bytes.1 = bytes;
+/// A target: the median over a baseline's runs of the loss it had reached at [`TARGET_AT`] of
+/// its day.
+fn target(runs: &[Run], baseline: &str) -> Option<f64> {
+    Spread::of(runs_of(runs, baseline).iter().filter_map(|r| r.loss_at_fraction(TARGET_AT)))
+        .map(|s| s.median)
+}
+
+/// Times to `loss` over a configuration's runs, and how many of them reached it in the day.
+fn times_to(runs: &[&Run], loss: f64) -> (Option<Spread>, usize) {
+    let times: Vec<f64> = runs.iter().filter_map(|r| r.time_to(loss)).collect();
+    let n = times.len();
+    (Spread::of(times), n)
+}
+
+pub fn summarize(scenario: &str, runs: &[Run]) -> Value {
+    let names = config_order(runs);
+    let targets: BTreeMap<&str, f64> =
+        BASELINES.iter().filter_map(|b| target(runs, b).map(|t| (*b, t))).collect();
+    let ceiling_rate = phase_rates(&runs_of(runs, CEILING));
+    let mut configs = Vec::new();
+    for name in &names {
+        let mine = runs_of(runs, name);
+        let mut per_target = Map::new();
+        for (b, loss) in &targets {
+            let (time, reached) = times_to(&mine, *loss);
+            let steps = Spread::of(mine.iter().filter_map(|r| r.steps_to(*loss)));
+            let whole = |name: &str| {
+                let of = runs_of(runs, name);
+                let (t, n) = times_to(&of, *loss);
+                t.filter(|_| n == of.len())
+            };
+            let (base, ceiling) = (whole(b), whole(CEILING));
+            // All repeats must reach a target for a speedup: a run that never got there took
+            // longer than the day, which no ratio can state.
+            let complete = reached == mine.len();
+            per_target.insert(
+                (*b).to_owned(),
+                json!({
+                    "time_s": spread_json(time),
+                    "reached": reached,
+                    "steps": spread_json(steps),
+                    "speedup": match (base, time) {
+                        (Some(base), Some(time)) if complete => Speedup::of(base, time).json(),
+                        _ => Value::Null,
+                    },
+                    "utilization": match (ceiling, time) {
+                        (Some(c), Some(time)) if complete => {
+                            let u = Speedup::of(c, time);
+                            json!({ "median": u.median, "min": u.min, "max": u.max })
+                        }
+                        _ => Value::Null,
+                    },
+                }),
+            );
+        }
+        let mut decisions: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for r in &mine {
+            for (host, d) in &r.decisions {
+                decisions.entry(host.clone()).or_default().push(d.len() as f64);
             }
-            _ => {
-                if let Some(p) = out.last_mut() {
-                    p.end = t;
-                    p.bytes.1 = bytes;
-                }
-                out.push(Phase { name, start: t, end: t, bytes: (bytes, bytes) });
+        }
+        let rates = phase_rates(&mine);
+        let phases: Vec<Value> = rates
+            .iter()
+            .map(|(phase, p)| {
+                let share = ceiling_rate
+                    .iter()
+                    .find(|(n, _)| n == phase)
+                    .and_then(|(_, c)| Some(p.rate?.median / c.rate?.median));
+                json!({
+                    "phase": phase,
+                    "steps_per_s": spread_json(p.rate),
+                    "share_of_colocated": share,
+                    "step_p50_s": p.p50.map(|s| s.median),
+                    "step_p99_s": p.p99.map(|s| s.median),
+                    "wan_bytes_per_step": p.bytes.map(|s| s.median),
+                    "codecs": p.codecs,
+                })
+            })
+            .collect();
+        let loss_at_steps: Map<String, Value> = AT_STEPS
+            .iter()
+            .filter_map(|n| {
+                let s = Spread::of(mine.iter().filter_map(|r| r.loss_at_steps(*n)))?;
+                (s.n == mine.len()).then(|| (format!("{n}"), s.json()))
+            })
+            .collect();
+        let known = config::all().into_iter().find(|c| &c.name == name);
+        configs.push(json!({
+            "name": name,
+            "setup": known.as_ref().map(|c| c.describe()),
+            "oracle_candidate": known.as_ref().is_some_and(|c| c.oracle_candidate),
+            "runs": mine.len(),
+            "steps": spread_json(Spread::of(mine.iter().map(|r| r.steps().count() as f64))),
+            "final_eval_loss": spread_json(Spread::of(mine.iter().filter_map(|r| r.final_loss()))),
+            "targets": per_target,
+            "loss_at_steps": loss_at_steps,
+            "failed_collectives": mine.iter().flat_map(|r| r.failed.clone()).collect::<Vec<_>>(),
+            "codec_disagreements": mine.iter().map(|r| r.codec_disagreements().len()).sum::<usize>(),
+            "decisions": decisions
+                .into_iter()
+                .map(|(h, v)| (h, spread_json(Spread::of(v))))
+                .collect::<Map<String, Value>>(),
+            "phases": phases,
+            "transport": transport_of(&mine),
+        }));
+    }
+    json!({
+        "scenario": scenario,
+        "policies_tuned_on_it": config::TUNED_ON.contains(&scenario),
+        "repeats": names.iter().map(|n| runs_of(runs, n).len()).max().unwrap_or(0),
+        "targets": targets
+            .iter()
+            .map(|(b, l)| ((*b).to_owned(), json!({ "eval_loss": l, "at_share_of_day": TARGET_AT })))
+            .collect::<Map<String, Value>>(),
+        "eval_noise": eval_noise(runs),
+        "time_resolution_s": time_resolution(runs, targets.get("static").copied()),
+        "configs": configs,
+        "oracle": oracle(&configs),
+    })
+}
+
+/// Configurations in the benchmark's order, then any other that left runs.
+fn config_order(runs: &[Run]) -> Vec<String> {
+    let mut names: Vec<String> = config::all()
+        .into_iter()
+        .map(|c| c.name)
+        .filter(|n| runs.iter().any(|r| &r.config == n))
+        .collect();
+    for r in runs {
+        if !names.contains(&r.config) {
+            names.push(r.config.clone());
+        }
+    }
+    names
+}
+
+#[derive(Default)]
+struct PhaseRates {
+    rate: Option<Spread>,
+    p50: Option<Spread>,
+    p99: Option<Spread>,
+    bytes: Option<Spread>,
+    codecs: BTreeMap<String, usize>,
+}
+
+/// One phase's samples over runs: steps/s, p50, p99, WAN bytes per step, steps per codec.
+#[derive(Default)]
+struct Samples {
+    rate: Vec<f64>,
+    p50: Vec<f64>,
+    p99: Vec<f64>,
+    bytes: Vec<f64>,
+    codecs: BTreeMap<String, usize>,
+}
+
+/// Per phase name, over the runs: steps/s, step time percentiles, WAN bytes per step, codecs.
+fn phase_rates(runs: &[&Run]) -> Vec<(String, PhaseRates)> {
+    let mut order: Vec<String> = Vec::new();
+    let mut samples: BTreeMap<String, Samples> = BTreeMap::new();
+    for r in runs {
+        for p in r.phases() {
+            let m = r.in_phase(&p);
+            if !order.contains(&p.name) {
+                order.push(p.name.clone());
+            }
+            let e = samples.entry(p.name.clone()).or_default();
+            e.rate.push(m.steps_per_s);
+            e.p50.push(m.p50_s);
+            e.p99.push(m.p99_s);
+            e.bytes.push(m.wan_bytes_per_step);
+            for (c, n) in m.codecs {
+                *e.codecs.entry(c).or_default() += n;
             }
         }
     }
-    out
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i]
-}
-
-fn t(v: &Value, key: &str) -> f64 {
-    v[key].as_f64().unwrap_or(f64::NAN)
-}
-
-/// Seconds from the first step's start to the first evaluation at or below `target`.
-fn time_to(steps: &[Value], target: f64) -> Option<f64> {
-    let first = t(steps.first()?, "t_start");
-    steps
-        .iter()
-        .find(|s| s["eval_loss"].as_f64().is_some_and(|l| l <= target))
-        .map(|s| t(s, "t_end") - first)
-}
-
-/// Steps taken until the first evaluation at or below `target` (that step included).
-fn steps_to(steps: &[Value], target: f64) -> Option<usize> {
-    steps.iter().position(|s| s["eval_loss"].as_f64().is_some_and(|l| l <= target)).map(|i| i + 1)
-}
-
-fn per_phase(r: &RunResult) -> Vec<Value> {
-    phases(&r.timeline, r.pass_s)
-        .iter()
-        .filter(|p| p.name != WARMUP_PHASE && p.end > p.start)
-        .map(|p| {
-            let inside: Vec<&Value> = r
-                .steps
-                .iter()
-                .filter(|s| (p.start..p.end).contains(&t(s, "t_end")))
-                .collect();
-            let mut times: Vec<f64> =
-                inside.iter().map(|s| t(s, "t_end") - t(s, "t_start")).collect();
-            times.sort_by(f64::total_cmp);
-            let n = inside.len();
-            let mut codecs: Vec<&str> = inside.iter().filter_map(|s| s["codec"].as_str()).collect();
-            codecs.dedup();
-            json!({
-                "phase": p.name,
-                "seconds": p.end - p.start,
-                "steps": n,
-                "steps_per_s": n as f64 / (p.end - p.start),
-                "step_p50_s": percentile(&times, 0.5),
-                "step_p99_s": percentile(&times, 0.99),
-                "wan_bytes_per_step": if n > 0 { (p.bytes.1 - p.bytes.0) as f64 / n as f64 } else { f64::NAN },
-                "codecs": codecs,
-            })
+    order
+        .into_iter()
+        .map(|name| {
+            let s = samples.remove(&name).unwrap_or_default();
+            let p = PhaseRates {
+                rate: Spread::of(s.rate),
+                p50: Spread::of(s.p50),
+                p99: Spread::of(s.p99),
+                bytes: Spread::of(s.bytes),
+                codecs: s.codecs,
+            };
+            (name, p)
         })
         .collect()
 }
 
-pub fn summarize(results: &[RunResult]) -> Value {
-    // The last evaluation within the pass (the ranks stop at a sync point after it).
-    let final_loss = |r: &RunResult| r.steps.iter().rev().find_map(|s| s["eval_loss"].as_f64());
-    let untuned = results.iter().find(|r| r.config.name == "untuned");
-    // The target: where the untuned run ended up.
-    let target = untuned.and_then(final_loss);
-    let time_to_target = |r: &RunResult| target.and_then(|l| time_to(&r.steps, l * (1.0 + 1e-9)));
-    let base = untuned.and_then(time_to_target);
-    let static_run = results.iter().find(|r| r.config.name == "static");
-    let stat = static_run.and_then(time_to_target);
-    // A second target over the whole day: where the hand-tuned run ended up. The first one is
-    // often reached in the first calm phase, before the link changes at all.
-    let day_target = static_run.and_then(final_loss);
-    let time_to_day_target =
-        |r: &RunResult| day_target.and_then(|l| time_to(&r.steps, l * (1.0 + 1e-9)));
-    let stat_day = static_run.and_then(time_to_day_target);
-    let configs: Vec<Value> = results
-        .iter()
-        .map(|r| {
-            let ttt = time_to_target(r);
-            let day = time_to_day_target(r);
-            json!({
-                "name": r.config.name,
-                "setup": r.config.describe(),
-                "steps": r.steps.len(),
-                "final_eval_loss": final_loss(r),
-                "loss_gap_pct": final_loss(r).zip(target).map(|(l, u)| (l - u) / u * 100.0),
-                "time_to_target_s": ttt,
-                "speedup_vs_untuned": ttt.zip(base).map(|(a, b)| b / a),
-                "speedup_vs_static": ttt.zip(stat).map(|(a, b)| b / a),
-                "steps_to_target": target.and_then(|l| steps_to(&r.steps, l * (1.0 + 1e-9))),
-                "time_to_day_target_s": day,
-                "day_speedup_vs_static": day.zip(stat_day).map(|(a, b)| b / a),
-                "failed_collectives": r.failed,
-                "decisions": r.decisions,
-                "phases": per_phase(r),
-            })
-        })
-        .collect();
+/// The eval's own noise: per run, the stdev of the last checkpoint's loss over disjoint window
+/// sets.
+fn eval_noise(runs: &[Run]) -> Value {
+    let windows = runs.iter().find_map(|r| r.eval_noise.as_ref()?["windows"].as_u64());
     json!({
-        "target_eval_loss": target,
-        "day_target_eval_loss": day_target,
-        "configs": configs,
-        "oracle": oracle(results, &configs),
+        "stdev": spread_json(Spread::of(runs.iter().filter_map(Run::eval_noise_stdev))),
+        "curve_jitter": spread_json(Spread::of(runs.iter().filter_map(Run::curve_jitter))),
+        "windows": windows,
+        "sets": runs.iter().find_map(|r| r.eval_noise.as_ref()?["sets"].as_u64()),
     })
 }
 
-/// Per phase, the fixed configuration that makes the most progress per second: its steps/s
-/// weighed by how many steps it needs to reach the target against the fewest any fixed
-/// configuration needed (a codec whose steps are fast but learn less is not a ceiling).
-fn oracle(results: &[RunResult], configs: &[Value]) -> Vec<Value> {
-    let candidates: Vec<&Value> = results
-        .iter()
-        .zip(configs)
-        .filter(|(r, _)| r.config.oracle_candidate)
-        .map(|(_, c)| c)
-        .collect();
-    let fewest =
-        candidates.iter().filter_map(|c| c["steps_to_target"].as_f64()).fold(f64::NAN, f64::min);
-    let quality = |c: &Value| c["steps_to_target"].as_f64().map_or(0.0, |n| fewest / n);
+/// What the eval's noise means in time at the static target: noise / |slope| of each static
+/// run's curve there, for the window-sampling noise and for the curve's own jitter. A time
+/// difference below these is not resolved by the evaluations.
+fn time_resolution(runs: &[Run], target: Option<f64>) -> Value {
+    let Some(target) = target else { return Value::Null };
+    let per_run = |noise: fn(&Run) -> Option<f64>| {
+        let v = runs_of(runs, "static").into_iter().filter_map(move |r| {
+            let t = r.time_to(target)?;
+            let slope = slope_at(&r.curve_by_time(), t)?;
+            (slope < 0.0).then(|| noise(r).map(|n| n / -slope)).flatten()
+        });
+        spread_json(Spread::of(v))
+    };
+    json!({
+        "window_sampling": per_run(Run::eval_noise_stdev),
+        "curve_jitter": per_run(Run::curve_jitter),
+    })
+}
+
+/// Per phase, the fixed configuration that makes the most progress per second: the median of
+/// its steps/s weighed by how many steps it needs to the static target against the fewest any
+/// fixed configuration needed (a codec whose steps are fast but learn less is not a ceiling).
+/// Candidates that never reach the target are not judged; a phase without progress has none.
+fn oracle(configs: &[Value]) -> Vec<Value> {
+    let candidates: Vec<&Value> =
+        configs.iter().filter(|c| c["oracle_candidate"].as_bool() == Some(true)).collect();
+    let steps = |c: &Value| {
+        Spread::from_json(&c["targets"]["static"]["steps"])
+            .filter(|_| c["targets"]["static"]["reached"] == c["runs"])
+            .map(|s| s.median)
+    };
+    let fewest = candidates.iter().filter_map(|c| steps(c)).fold(f64::INFINITY, f64::min);
     let mut out = Vec::new();
     let Some(first) = candidates.first() else { return out };
-    for (i, p) in first["phases"].as_array().into_iter().flatten().enumerate() {
-        let rate = |c: &Value| c["phases"][i]["steps_per_s"].as_f64().unwrap_or(0.0);
-        let progress = |c: &Value| rate(c) * quality(c);
-        let best = candidates.iter().max_by(|a, b| progress(a).total_cmp(&progress(b)));
-        // A phase in which no configuration took a step (an outage) has no best one.
-        if let Some(best) = best.filter(|b| progress(b) > 0.0) {
+    for p in first["phases"].as_array().into_iter().flatten() {
+        let phase = &p["phase"];
+        let rate = |c: &Value| {
+            c["phases"]
+                .as_array()
+                .and_then(|ps| ps.iter().find(|q| &q["phase"] == phase))
+                .and_then(|q| Spread::from_json(&q["steps_per_s"]))
+        };
+        let best = candidates
+            .iter()
+            .filter_map(|c| {
+                let quality = fewest / steps(c)?;
+                Some((c, rate(c)?.scaled(quality), quality))
+            })
+            .filter(|(_, progress, _)| progress.median > 0.0)
+            .max_by(|a, b| a.1.median.total_cmp(&b.1.median));
+        if let Some((c, progress, quality)) = best {
             out.push(json!({
-                "phase": p["phase"],
-                "config": best["name"],
-                "steps_per_s": rate(best),
-                "quality": quality(best),
-                "progress_per_s": progress(best),
+                "phase": phase,
+                "config": c["name"],
+                "steps_per_s": spread_json(rate(c)),
+                "quality": quality,
+                "progress_per_s": progress.json(),
             }));
         }
     }
     out
 }
 
-fn num(v: &Value, digits: usize) -> String {
-    v.as_f64().filter(|x| x.is_finite()).map_or("-".into(), |x| format!("{x:.digits$}"))
+/// The transport a configuration's runs had: the first run's read-back at the pass's end and
+/// what the benchmark applied in the initial namespace, and whether every repeat had the same.
+fn transport_of(runs: &[&Run]) -> Value {
+    let Some(first) = runs.first() else { return Value::Null };
+    let settings = |r: &Run| r.transport["at_pass_end"].clone();
+    // Connection counts can differ between repeats; the sysctls must not.
+    let sysctls = |r: &Run| {
+        let t = settings(r);
+        let hosts: Vec<Value> = t["hosts"]
+            .as_object()
+            .map(|h| h.values().map(without_cc).collect())
+            .unwrap_or_default();
+        (t["initial_namespace"].clone(), hosts)
+    };
+    let same = runs.iter().all(|r| sysctls(r) == sysctls(first));
+    json!({
+        "read_back": settings(first),
+        "applied_in_initial_namespace": first.applied,
+        "same_in_every_repeat": same,
+    })
 }
 
-pub fn markdown(s: &Value) -> String {
-    let configs = s["configs"].as_array().cloned().unwrap_or_default();
-    let mut out = format!(
-        "Target: the untuned run's final eval loss, {}. Day target: the static run's, {}.\n\n\
-         | configuration | steps | steps to target | time to target (s) | vs untuned | vs static | time to day target (s) | vs static | final eval loss | gap to untuned | failed collectives | decisions |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-        num(&s["target_eval_loss"], 4),
-        num(&s["day_target_eval_loss"], 4)
-    );
-    for c in &configs {
-        out += &format!(
-            "| {} | {} | {} | {} | {}x | {}x | {} | {}x | {} | {}% | {} | {} |\n",
-            c["name"].as_str().unwrap_or("?"),
-            c["steps"],
-            num(&c["steps_to_target"], 0),
-            num(&c["time_to_target_s"], 1),
-            num(&c["speedup_vs_untuned"], 2),
-            num(&c["speedup_vs_static"], 2),
-            num(&c["time_to_day_target_s"], 1),
-            num(&c["day_speedup_vs_static"], 2),
-            num(&c["final_eval_loss"], 4),
-            num(&c["loss_gap_pct"], 2),
-            c["failed_collectives"].as_array().map_or(0, Vec::len),
-            c["decisions"],
-        );
+fn without_cc(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Some(m) = v.as_object_mut() {
+        m.remove("connections_cc");
     }
-    out += "\nPer phase: steps/s, step time p50/p99 (s), WAN bytes per step (MB), codecs used.\n\n\
-            | configuration | phase | steps/s | p50 | p99 | MB/step | codecs |\n\
-            |---|---|---:|---:|---:|---:|---|\n";
-    for c in &configs {
-        for p in c["phases"].as_array().into_iter().flatten() {
-            out += &format!(
-                "| {} | {} | {} | {} | {} | {} | {} |\n",
-                c["name"].as_str().unwrap_or("?"),
-                p["phase"].as_str().unwrap_or("?"),
-                num(&p["steps_per_s"], 3),
-                num(&p["step_p50_s"], 2),
-                num(&p["step_p99_s"], 2),
-                p["wan_bytes_per_step"].as_f64().map_or("-".into(), |b| format!("{:.2}", b / 1e6)),
-                p["codecs"].as_array().map_or(String::new(), |a| {
-                    a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" ")
-                }),
-            );
-        }
-    }
-    if let Some(oracle) = s["oracle"].as_array().filter(|o| !o.is_empty()) {
-        out += "\nOracle (per phase, the fixed configuration with the most progress per second: \
-                steps/s x fewest steps to target / its steps to target):\n\n\
-                | phase | configuration | steps/s | quality | progress/s |\n|---|---|---:|---:|---:|\n";
-        for o in oracle {
-            out += &format!(
-                "| {} | {} | {} | {} | {} |\n",
-                o["phase"].as_str().unwrap_or("?"),
-                o["config"].as_str().unwrap_or("?"),
-                num(&o["steps_per_s"], 3),
-                num(&o["quality"], 2),
-                num(&o["progress_per_s"], 3)
-            );
-        }
-    }
-    out
-}
-
-/// CI's check of the quick form: adaptive faster than untuned in the congested phase, and its
-/// loss no worse than untuned's (it trained at least as long).
-pub fn check_quick(s: &Value) -> anyhow::Result<()> {
-    let find = |name: &str| {
-        s["configs"].as_array().and_then(|c| c.iter().find(|c| c["name"] == name)).cloned()
-    };
-    let (Some(u), Some(a)) = (find("untuned"), find("adaptive")) else {
-        bail!("the quick benchmark needs the untuned and adaptive configurations");
-    };
-    let rate = |c: &Value| {
-        c["phases"]
-            .as_array()
-            .and_then(|p| p.iter().find(|p| p["phase"] == "congested"))
-            .and_then(|p| p["steps_per_s"].as_f64())
-            .unwrap_or(0.0)
-    };
-    let (ru, ra) = (rate(&u), rate(&a));
-    if ra <= ru {
-        bail!("adaptive is not faster than untuned in the congested phase: {ra:.3} vs {ru:.3} steps/s");
-    }
-    let (lu, la) = (u["final_eval_loss"].as_f64(), a["final_eval_loss"].as_f64());
-    match (lu, la) {
-        (Some(lu), Some(la)) if la.is_finite() && la <= lu * 1.01 => {}
-        _ => bail!("adaptive's loss diverged: final eval loss {la:?} vs untuned {lu:?}"),
-    }
-    if !a["failed_collectives"].as_array().is_some_and(Vec::is_empty) {
-        bail!("adaptive had failed collectives: {}", a["failed_collectives"]);
-    }
-    println!(
-        "bench-training --quick: adaptive {ra:.3} vs untuned {ru:.3} steps/s in the congested phase; \
-         final eval loss {la:?} vs {lu:?}"
-    );
-    Ok(())
+    v
 }

@@ -1,0 +1,186 @@
+//! The transport settings of a run: pinned before it, read back from the kernel while it
+//! trains, and the part of a policy's recipe a lab namespace cannot take applied where it takes
+//! effect, never silently dropped.
+//!
+//! Every lab namespace starts with CUBIC, the common distribution default (a new namespace would
+//! inherit this machine's BBR). A namespace other than the initial one may only choose an
+//! algorithm of `net.ipv4.tcp_allowed_congestion_control` (EPERM otherwise), a global list: the
+//! benchmark adds CUBIC to it for the run where it is missing. `net.core.rmem_max`/`wmem_max` are read-only in a namespace other
+//! than the initial one and `netdev_max_backlog` does not exist there: on this kernel all three
+//! are global, read from the initial namespace by every other (checked here: a value written
+//! there reads back in a lab namespace). So for a run whose policy asks for them, the benchmark
+//! writes them in the initial namespace for the run's duration and restores them after.
+
+use std::{fs, path::Path};
+
+use anyhow::{bail, Context as _};
+use linkpilot_common::units::Bytes;
+use serde_json::{json, Map, Value};
+
+use super::config::Policy;
+use crate::lab::{in_ns, Host};
+
+/// The congestion control every lab host starts with.
+pub const DEFAULT_CC: &str = "cubic";
+
+/// Read back in each namespace (relative to /proc/sys).
+const PER_NAMESPACE: &[&str] = &[
+    "net/ipv4/tcp_congestion_control",
+    "net/ipv4/tcp_ecn",
+    "net/ipv4/tcp_rmem",
+    "net/ipv4/tcp_wmem",
+    "net/ipv4/tcp_slow_start_after_idle",
+    "net/core/rmem_max",
+    "net/core/wmem_max",
+    "net/core/netdev_max_backlog",
+];
+const RMEM_MAX: &str = "net/core/rmem_max";
+const WMEM_MAX: &str = "net/core/wmem_max";
+const BACKLOG: &str = "net/core/netdev_max_backlog";
+const ALLOWED_CC: &str = "net/ipv4/tcp_allowed_congestion_control";
+
+fn dotted(key: &str) -> String {
+    key.replace('/', ".")
+}
+
+/// Sets every host's congestion control to [`DEFAULT_CC`] and checks it took.
+pub fn pin_defaults(hosts: &[Host]) -> anyhow::Result<()> {
+    for h in hosts {
+        let set = format!("net.ipv4.tcp_congestion_control={DEFAULT_CC}");
+        let out = in_ns(&h.netns, &["sysctl", "-q", "-w", &set]).output()?;
+        if !out.status.success() {
+            bail!("{}: sysctl -w {set}: {}", h.netns, String::from_utf8_lossy(&out.stderr).trim());
+        }
+        let now = read_in(&h.netns, "net/ipv4/tcp_congestion_control");
+        if now.as_deref() != Some(DEFAULT_CC) {
+            bail!("{}: congestion control reads {now:?} after setting {DEFAULT_CC}", h.netns);
+        }
+    }
+    Ok(())
+}
+
+fn read_in(netns: &str, key: &str) -> Option<String> {
+    let out = in_ns(netns, &["cat", &format!("/proc/sys/{key}")]).output().ok()?;
+    out.status.success().then(|| {
+        String::from_utf8_lossy(&out.stdout).split_whitespace().collect::<Vec<_>>().join(" ")
+    })
+}
+
+fn read_here(key: &str) -> Option<String> {
+    fs::read_to_string(Path::new("/proc/sys").join(key))
+        .ok()
+        .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+fn write_here(key: &str, value: &str) -> anyhow::Result<()> {
+    fs::write(Path::new("/proc/sys").join(key), value)
+        .with_context(|| format!("writing {} = {value} in the initial namespace", dotted(key)))
+}
+
+/// What a policy's recipe asks of the global sysctls: the socket buffer limit (its largest
+/// `tcp_buffers`, which the daemon writes to rmem_max/wmem_max where it can) and the backlog.
+fn global_wants(policy: &Policy) -> anyhow::Result<Vec<(&'static str, String)>> {
+    let text = fs::read_to_string(&policy.file)
+        .with_context(|| format!("reading {}", policy.file.display()))?;
+    let doc: toml::Table =
+        text.parse().with_context(|| format!("parsing {}", policy.file.display()))?;
+    let mut wants = Vec::new();
+    let buffers = doc
+        .get("bounds")
+        .and_then(|b| b.get("tcp_buffers"))
+        .and_then(|t| t.get("max"))
+        .and_then(|m| m.as_str());
+    if let Some(max) = buffers {
+        let bytes: Bytes = max.parse().map_err(|e: String| {
+            anyhow::anyhow!("{}: tcp_buffers.max: {e}", policy.file.display())
+        })?;
+        wants.push((RMEM_MAX, bytes.0.to_string()));
+        wants.push((WMEM_MAX, bytes.0.to_string()));
+    }
+    if let Some(backlog) =
+        doc.get("host").and_then(|h| h.get("netdev_max_backlog")).and_then(|b| b.as_integer())
+    {
+        wants.push((BACKLOG, backlog.to_string()));
+    }
+    Ok(wants)
+}
+
+/// The global sysctls a run changed in the initial namespace, restored when dropped.
+pub struct Globals {
+    saved: Vec<(&'static str, String)>,
+    /// What was applied, for the run's record: `{"net.core.rmem_max": "1073741824", ...}`.
+    pub applied: Map<String, Value>,
+}
+
+impl Globals {
+    /// Allows [`DEFAULT_CC`] in every namespace, and applies what `policy` asks of the global
+    /// sysctls.
+    pub fn apply(policy: Option<&Policy>) -> anyhow::Result<Self> {
+        let mut g = Self { saved: Vec::new(), applied: Map::new() };
+        let allowed =
+            read_here(ALLOWED_CC).with_context(|| format!("reading {}", dotted(ALLOWED_CC)))?;
+        let mut wants = Vec::new();
+        if !allowed.split_whitespace().any(|cc| cc == DEFAULT_CC) {
+            wants.push((ALLOWED_CC, format!("{allowed} {DEFAULT_CC}")));
+        }
+        if let Some(policy) = policy {
+            wants.extend(global_wants(policy)?);
+        }
+        for (key, value) in wants {
+            let before = read_here(key).with_context(|| format!("reading {} here", dotted(key)))?;
+            write_here(key, &value)?;
+            g.saved.push((key, before));
+            g.applied.insert(dotted(key), Value::String(value));
+        }
+        Ok(g)
+    }
+}
+
+impl Drop for Globals {
+    fn drop(&mut self) {
+        for (key, value) in self.saved.drain(..).rev() {
+            if let Err(e) = write_here(key, &value) {
+                eprintln!("bench-training: could not restore {}: {e:#}", dotted(key));
+            }
+        }
+    }
+}
+
+/// The settings in force, read from the kernel: per host namespace every sysctl of
+/// [`PER_NAMESPACE`] ("absent" where it does not exist), the initial namespace's global ones,
+/// and the congestion control of the host's established TCP connections (`ss -tiH`).
+pub fn read_back(hosts: &[Host]) -> Value {
+    let mut per_host = Map::new();
+    for h in hosts {
+        let mut m = Map::new();
+        for key in PER_NAMESPACE {
+            let v = read_in(&h.netns, key).unwrap_or_else(|| "absent".to_owned());
+            m.insert(dotted(key), Value::String(v));
+        }
+        m.insert("connections_cc".into(), connections_cc(&h.netns));
+        per_host.insert(h.netns.clone(), Value::Object(m));
+    }
+    let mut init = Map::new();
+    for key in [RMEM_MAX, WMEM_MAX, BACKLOG] {
+        init.insert(dotted(key), read_here(key).map_or(Value::Null, Value::String));
+    }
+    json!({ "hosts": per_host, "initial_namespace": init })
+}
+
+/// `{"cubic": 3}`: how many established TCP connections use each congestion control.
+fn connections_cc(netns: &str) -> Value {
+    let Ok(out) = in_ns(netns, &["ss", "-tinH", "state", "established"]).output() else {
+        return Value::Null;
+    };
+    let mut counts = Map::new();
+    for word in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+        if let Some(cc) = ["cubic", "bbr", "reno", "dctcp", "bbr2", "bbr3", "htcp", "vegas"]
+            .iter()
+            .find(|cc| word == **cc)
+        {
+            let n = counts.get(*cc).and_then(Value::as_u64).unwrap_or(0);
+            counts.insert((*cc).to_owned(), json!(n + 1));
+        }
+    }
+    Value::Object(counts)
+}
