@@ -1,13 +1,16 @@
 //! The NCCL tuner plugin's counter area: one small file per training process
-//! (`/run/linkpilot/tuner/<pid>`, or `$LINKPILOT_TUNER_STATS/<pid>`) in which the plugin records
-//! what it chose for each collective type and size class, so `linkpilot status` and the metrics
-//! can show that NCCL followed the board. The plugin maps the file shared and updates it with
-//! relaxed atomic stores (no system call on NCCL's call path); the daemon reads it with `read`.
-//! Little endian, `#[repr(C)]`, offsets asserted below.
+//! (`/run/linkpilot/tuner/<pid>-<random>`, or under `$LINKPILOT_TUNER_STATS`) in which the plugin
+//! records what it chose for each collective type and size class, so `linkpilot status` and the
+//! metrics can show which processes have the plugin loaded and that NCCL followed the decision
+//! their ranks adopted. The plugin counts in its own memory with relaxed atomics (no system call
+//! on NCCL's call path) and writes the whole area into the file once a second with `pwrite`,
+//! from a thread of its own; it holds an exclusive `flock` on the file while it lives, which is
+//! how the daemon tells a live process's file from a dead one's (in any PID namespace). The
+//! daemon reads the file with `read`. Little endian, `#[repr(C)]`, offsets asserted below.
 
 /// First bytes of the file.
 pub const TUNER_MAGIC: [u8; 8] = *b"LPTUNER\0";
-pub const TUNER_VERSION: u32 = 1;
+pub const TUNER_VERSION: u32 = 2;
 /// Collective slots: NCCL's Broadcast 0, Reduce 1, AllGather 2, ReduceScatter 3, AllReduce 4,
 /// and one for every other value (never tuned).
 pub const COLL_SLOTS: usize = 6;
@@ -35,9 +38,9 @@ pub const fn size_class(bytes: u64) -> usize {
 pub mod choice {
     /// Set on every recorded choice (a zero word means "never called").
     pub const SEEN: u32 = 1 << 24;
-    /// The board was fresh: the choice follows it (without: NCCL's own choice, board unusable).
-    pub const BOARD: u32 = 1 << 25;
-    /// The collective is below the board's `nccl_min_bytes`: NCCL's own choice.
+    /// A decision was adopted: the choice follows it (without: NCCL's own choice).
+    pub const ADOPTED: u32 = 1 << 25;
+    /// The collective is below the adopted decision's `min_bytes`: NCCL's own choice.
     pub const SMALL: u32 = 1 << 26;
     /// NCCL's cost table allowed none of the preferred algorithm/protocol combinations.
     pub const NOT_ALLOWED: u32 = 1 << 27;
@@ -56,19 +59,17 @@ pub mod choice {
     }
 }
 
-/// Board states of [`TunerHeader::board`].
-pub mod board_state {
-    pub const NEVER_READ: u32 = 0;
-    pub const FRESH: u32 = 1;
-    pub const MISSING: u32 = 2;
-    pub const STALE: u32 = 3;
-    /// Another file, another layout version, or cut short.
-    pub const FOREIGN: u32 = 4;
-    /// The file exists but cannot be opened or mapped.
-    pub const UNREADABLE: u32 = 5;
+/// What the process's calls follow ([`TunerHeader::adoption`]).
+pub mod adoption {
+    /// No decision adopted yet: NCCL's own choices (no linkpilot training code drives the gate,
+    /// or it has not reached its first step).
+    pub const NONE_YET: u32 = 0;
+    /// A decision the training code adopted at a step boundary, the same on every rank.
+    pub const ADOPTED: u32 = 1;
+    /// The training code withdrew it (its ranks' boards were not all fresh): NCCL's own.
+    pub const WITHDRAWN: u32 = 2;
     /// Names by value.
-    pub const NAMES: [&str; 6] =
-        ["never read", "fresh", "missing", "stale", "foreign", "unreadable"];
+    pub const NAMES: [&str; 3] = ["none yet", "adopted", "withdrawn"];
 }
 
 #[repr(C)]
@@ -81,19 +82,20 @@ pub struct TunerHeader {
     pub pid: u32,
     /// Communicators with the plugin initialised in this process now.
     pub communicators: u32,
-    /// getCollInfo calls that kept NCCL's own choice because there was no fresh board (all
+    /// getCollInfo calls that kept NCCL's own choice because no decision was adopted (all
     /// calls: the sum of the entries' `calls`; counted apart so that a call following the
-    /// board costs one atomic add, its entry's).
+    /// decision costs one atomic add, its entry's).
     pub own_calls: u64,
     /// getChunkSize calls likewise.
     pub own_chunk_calls: u64,
-    /// The newest decision id a call acted on.
-    pub decision_id: u64,
-    /// The board as the last call found it ([`board_state`]).
-    pub board: u32,
+    /// The training step from which the current decision applies (0: none adopted).
+    pub adopted_step: u64,
+    /// What the calls follow now ([`adoption`]).
+    pub adoption: u32,
     /// NCCL_BUFFSIZE as the plugin read it at the latest init, KiB.
     pub buffsize_kib: u32,
-    pub _reserved: u64,
+    /// Times the training code adopted or withdrew a decision.
+    pub adoptions: u64,
 }
 
 /// What the plugin did for one (collective, size class).
@@ -104,13 +106,13 @@ pub struct TunerEntry {
     pub choice: u32,
     pub _pad: u32,
     pub calls: u64,
-    /// The decision behind the latest change of `choice`.
-    pub decision_id: u64,
+    /// The adopted step behind the latest change of `choice`.
+    pub step: u64,
     /// The latest chunk size getChunkSize asked for, bytes (0: NCCL's own).
     pub chunk: u64,
     pub chunk_calls: u64,
-    /// The decision behind the latest change of `chunk`.
-    pub chunk_decision_id: u64,
+    /// The adopted step behind the latest change of `chunk`.
+    pub chunk_step: u64,
 }
 
 /// The whole file.
@@ -125,6 +127,6 @@ pub const TUNER_SIZE: usize = core::mem::size_of::<TunerStats>();
 
 const _: () = assert!(core::mem::size_of::<TunerHeader>() == 64);
 const _: () = assert!(core::mem::offset_of!(TunerHeader, own_calls) == 24);
-const _: () = assert!(core::mem::offset_of!(TunerHeader, board) == 48);
+const _: () = assert!(core::mem::offset_of!(TunerHeader, adoption) == 48);
 const _: () = assert!(core::mem::size_of::<TunerEntry>() == 48);
 const _: () = assert!(TUNER_SIZE == 64 + COLL_SLOTS * SIZE_CLASSES * 48);

@@ -1,21 +1,15 @@
 //! ns per getCollInfo and getChunkSize call, through the exported v6 struct as NCCL calls it,
-//! with a fresh board written by the daemon's writer (and, for comparison, a stale one).
+//! with nothing adopted (NCCL's own choices) and with a decision adopted through the gate.
 //!
 //!     cargo run --release -p linkpilot-nccl-tuner --example bench [-- CALLS]
 
-use std::{
-    ffi::c_void,
-    hint::black_box,
-    time::{Duration, Instant},
-};
+use std::{ffi::c_void, hint::black_box, time::Instant};
 
-use linkpilot::{
-    board::{board_link, set_nccl, BoardWriter},
-    control::{policy::NcclRule, Compression, Knobs},
-    kernel::probes::monotonic_ns,
-};
 use linkpilot_common::board::nccl;
-use nccl_tuner_linkpilot::ncclTunerPlugin_v6 as V6;
+use nccl_tuner_linkpilot::{
+    adopt::{linkpilot_tuner_adopt, Decision},
+    ncclTunerPlugin_v6 as V6,
+};
 
 const TABLE: [f32; 21] = [
     30., 25., 20., 5., 15., 10., -1., -1., -1., -1., -1., -1., -1., -1., -1., -1., -1., -1., -1.,
@@ -42,33 +36,8 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("lp-tuner-bench-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("stats")).unwrap();
     // Before any other thread exists.
-    std::env::set_var("LINKPILOT_BOARD", dir.join("knobs"));
     std::env::set_var("LINKPILOT_TUNER_STATS", dir.join("stats"));
     std::env::set_var("NCCL_BUFFSIZE", "8388608");
-    let k = Knobs {
-        compression: Compression::Int8,
-        chunk_bytes: 2 << 20,
-        nccl_ib_timeout: 22,
-        nccl_ib_retry_cnt: 7,
-        watchdog_s: 600,
-        dscp: 26,
-        roce_traffic_class: 106,
-        tcp_buffer_bytes: 128 << 20,
-    };
-    let mut links = Vec::new();
-    for (i, name) in ["hk-us", "hk-eu", "us-eu"].iter().enumerate() {
-        let mut l = board_link(name, "congested", i as u32, &k, 7);
-        let rule = NcclRule {
-            algo: Some(nccl::ALGO_TREE),
-            proto: Some(nccl::PROTO_SIMPLE),
-            max_channels: 4,
-        };
-        set_nccl(&mut l, rule, 1 << 20, Some(180.0));
-        links.push(l);
-    }
-    let mut w =
-        BoardWriter::create(&dir.join("knobs"), Duration::from_secs(60), monotonic_ns()).unwrap();
-    w.publish(&links, monotonic_ns());
     let mut ctx: *mut c_void = std::ptr::null_mut();
     // SAFETY: the plugin's init as NCCL calls it (no logger, no constants).
     let rc =
@@ -105,18 +74,30 @@ fn main() {
         black_box(black_box(TABLE));
     };
     println!("linkpilot NCCL tuner plugin, {calls} calls per round, median of 5 rounds");
-    println!("  table copy alone            {:6.1} ns", ns_per_call(calls, copy_only));
-    println!("  getCollInfo, fresh board    {:6.1} ns", ns_per_call(calls, coll));
-    println!("  getChunkSize, fresh board   {:6.1} ns", ns_per_call(calls, chunk));
+    println!("  table copy alone              {:6.1} ns", ns_per_call(calls, copy_only));
+    println!("  getCollInfo, none adopted     {:6.1} ns", ns_per_call(calls, coll));
+    // What the training code adopts for a congested link: Tree/Simple, 4 channels, 2 MiB.
+    let congested = Decision {
+        size: std::mem::size_of::<Decision>() as u32,
+        algo: nccl::ALGO_TREE,
+        proto: nccl::PROTO_SIMPLE,
+        max_channels: 4,
+        state_index: 1,
+        min_bytes: 1 << 20,
+        chunk_bytes: 2 << 20,
+        step: 1,
+    };
+    // SAFETY: a valid decision.
+    assert_eq!(unsafe { linkpilot_tuner_adopt(&congested) }, 0);
+    println!("  getCollInfo, adopted          {:6.1} ns", ns_per_call(calls, coll));
+    println!("  getChunkSize, adopted         {:6.1} ns", ns_per_call(calls, chunk));
     // Two threads on one communicator (the counters' cache lines are shared).
     let both: Vec<f64> = std::thread::scope(|s| {
         let a = s.spawn(|| ns_per_call(calls, coll));
         let b = s.spawn(|| ns_per_call(calls, coll));
         vec![a.join().unwrap(), b.join().unwrap()]
     });
-    println!("  getCollInfo, 2 threads      {:6.1} ns (each)", both.iter().sum::<f64>() / 2.0);
-    w.publish(&links, monotonic_ns() - 200_000_000_000);
-    println!("  getCollInfo, stale board    {:6.1} ns", ns_per_call(calls, coll));
+    println!("  getCollInfo, 2 threads        {:6.1} ns (each)", both.iter().sum::<f64>() / 2.0);
     // SAFETY: the context init made, finalized once.
     unsafe { (V6.finalize)(ctx) };
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,7 +1,9 @@
-//! The plugin's rules, pure: a fresh board slot and what NCCL passes in, what to hand back.
+//! The plugin's rules, pure: the adopted decision's [`Rule`] and what NCCL passes in, what to
+//! hand back. Nothing else enters: every rank that adopted the same rule answers the same
+//! inputs the same way.
 //!
 //! - Algorithm/protocol: of the cost table's entries that NCCL allowed (>= 0) and that match the
-//!   slot's preference, the one NCCL itself rates cheapest gets cost 0. Entries at -1 (not
+//!   rule's preference, the one NCCL itself rates cheapest gets cost 0. Entries at -1 (not
 //!   supported, or excluded by NCCL_ALGO/NCCL_PROTO) are never touched, and no entry is ever set
 //!   to -1, so NCCL always has a choice left.
 //! - Channels: only for Ring and Tree (NCCL clamps those to the communicator's channels;
@@ -10,42 +12,53 @@
 //!   would use fewer channels than the policy's cap, the cap is more. A count NCCL passed in is
 //!   never raised.
 //! - Chunk: for Simple Ring and Tree (the chunks NCCL_BUFFSIZE sizes), NCCL's chunk scaled as if
-//!   NCCL_BUFFSIZE were the board's chunk, at most NCCL's own (its buffer), rounded down to the
+//!   NCCL_BUFFSIZE were the rule's chunk, at most NCCL's own (its buffer), rounded down to the
 //!   Simple grain and at least one grain.
-//! - Collectives below the slot's `nccl_min_bytes`, and collective types other than NCCL's five,
+//! - Collectives below the rule's `min_bytes`, and collective types other than NCCL's five,
 //!   keep NCCL's own choices.
 
-use linkpilot_common::{
-    board::{nccl, BoardLink},
-    tuner::choice,
-};
+use linkpilot_common::{board::nccl, tuner::choice};
 
 use crate::abi::{FUNC_ALLREDUCE, SIMPLE_GRAIN};
+
+/// What a decision asks of NCCL: the policy's `[nccl]` rule of a link state and its chunk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rule {
+    /// Collectives of fewer bytes keep NCCL's own choices.
+    pub min_bytes: u64,
+    /// Preferred algorithm and protocol ([`nccl`] codes), or [`nccl::ANY`].
+    pub algo: u8,
+    pub proto: u8,
+    /// Most channels a Ring or Tree collective may use; 0: NCCL's count.
+    pub max_channels: u8,
+    /// Bytes per pipelined chunk; 0: NCCL's own chunks.
+    pub chunk_bytes: u64,
+}
 
 /// Whether the plugin tunes this `ncclFunc_t` (Broadcast .. AllReduce).
 pub fn known_collective(coll: i32) -> bool {
     (0..=FUNC_ALLREDUCE).contains(&coll)
 }
 
-/// Applies the slot's algorithm/protocol preference and channel cap for a collective of
+/// Applies the rule's algorithm/protocol preference and channel cap for a collective of
 /// `n_bytes` to NCCL's `table` (`num_proto` entries per algorithm) and `n_channels`. Returns what
-/// was chosen as a [`choice`] word (with [`choice::BOARD`]).
+/// was chosen as a [`choice`] word (with [`choice::ADOPTED`]).
 pub fn coll_info(
-    link: &BoardLink,
+    rule: &Rule,
     coll: i32,
     n_bytes: u64,
     table: &mut [f32],
     num_proto: usize,
     n_channels: Option<&mut i32>,
 ) -> u32 {
-    let mut flags = choice::SEEN | choice::BOARD;
+    let mut flags = choice::SEEN | choice::ADOPTED;
     if !known_collective(coll) || num_proto == 0 {
         return choice::pack(nccl::ANY, nccl::ANY, 0, flags);
     }
-    if n_bytes < link.nccl_min_bytes {
+    if n_bytes < rule.min_bytes {
         return choice::pack(nccl::ANY, nccl::ANY, 0, flags | choice::SMALL);
     }
-    let (want_algo, want_proto) = (link.nccl_algo, link.nccl_proto);
+    let (want_algo, want_proto) = (rule.algo, rule.proto);
     let (mut algo, mut proto) = (nccl::ANY, nccl::ANY);
     if want_algo != nccl::ANY || want_proto != nccl::ANY {
         let mut best: Option<(usize, f32)> = None;
@@ -67,11 +80,11 @@ pub fn coll_info(
         }
     }
     let mut channels = 0u8;
-    if link.nccl_max_channels > 0 {
+    if rule.max_channels > 0 {
         if let (Some(n), Some(run)) = (n_channels, nccls_pick(table)) {
             let a = (run / num_proto) as u8;
             if a == nccl::ALGO_RING || a == nccl::ALGO_TREE {
-                let cap = i32::from(link.nccl_max_channels);
+                let cap = i32::from(rule.max_channels);
                 *n = if *n > 0 { (*n).min(cap) } else { cap };
                 channels = (*n).clamp(0, 255) as u8;
             }
@@ -94,7 +107,7 @@ fn nccls_pick(table: &[f32]) -> Option<usize> {
 /// The chunk to ask NCCL for, or `None` to keep `incoming` (NCCL's own). `buffsize` is the
 /// NCCL_BUFFSIZE the communicator was made with.
 pub fn chunk(
-    link: &BoardLink,
+    rule: &Rule,
     coll: i32,
     n_bytes: u64,
     algo: i32,
@@ -104,18 +117,18 @@ pub fn chunk(
 ) -> Option<usize> {
     let tuned_algo = algo == i32::from(nccl::ALGO_RING) || algo == i32::from(nccl::ALGO_TREE);
     if !known_collective(coll)
-        || n_bytes < link.nccl_min_bytes
+        || n_bytes < rule.min_bytes
         || !tuned_algo
         || proto != i32::from(nccl::PROTO_SIMPLE)
-        || link.chunk_bytes == 0
+        || rule.chunk_bytes == 0
         || buffsize == 0
         || incoming < SIMPLE_GRAIN
     {
         return None;
     }
     // NCCL's Simple Ring/Tree chunk is NCCL_BUFFSIZE / 8 steps x chunkSteps: scaling it by
-    // board chunk / NCCL_BUFFSIZE gives the chunk NCCL would use with NCCL_BUFFSIZE = board's.
-    let want = u128::from(link.chunk_bytes) * incoming as u128 / u128::from(buffsize);
+    // rule chunk / NCCL_BUFFSIZE gives the chunk NCCL would use with NCCL_BUFFSIZE = rule's.
+    let want = u128::from(rule.chunk_bytes) * incoming as u128 / u128::from(buffsize);
     let want = want.min(incoming as u128) as usize;
     Some((want / SIMPLE_GRAIN * SIMPLE_GRAIN).max(SIMPLE_GRAIN))
 }
@@ -126,15 +139,8 @@ mod tests {
     use crate::abi::{NUM_ALGORITHMS, NUM_PROTOCOLS};
     use linkpilot_common::board::nccl::*;
 
-    fn link(algo: u8, proto: u8, channels: u8) -> BoardLink {
-        BoardLink {
-            nccl_algo: algo,
-            nccl_proto: proto,
-            nccl_max_channels: channels,
-            nccl_min_bytes: 1 << 20,
-            chunk_bytes: 2 << 20,
-            ..BoardLink::default()
-        }
+    fn link(algo: u8, proto: u8, channels: u8) -> Rule {
+        Rule { algo, proto, max_channels: channels, min_bytes: 1 << 20, chunk_bytes: 2 << 20 }
     }
 
     /// A table like NCCL's for a multi-node AllReduce: Tree and Ring with all protocols, the
@@ -213,26 +219,26 @@ mod tests {
     }
 
     #[test]
-    fn chunk_scales_by_board_over_buffsize_within_ncclss_buffer() {
-        let l = link(ANY, ANY, 0); // board chunk 2 MiB
+    fn chunk_scales_by_rule_over_buffsize_within_ncclss_buffer() {
+        let l = link(ANY, ANY, 0); // rule chunk 2 MiB
         let ring = i32::from(ALGO_RING);
         let simple = i32::from(PROTO_SIMPLE);
         // NCCL_BUFFSIZE 8 MiB: Ring AllReduce chunk 4 MiB (8 MiB / 8 x 4) -> 1 MiB.
         assert_eq!(chunk(&l, 4, 64 << 20, ring, simple, 4 << 20, 8 << 20), Some(1 << 20));
         // Tree: 8 MiB / 8 = 1 MiB -> 256 KiB.
         assert_eq!(chunk(&l, 4, 64 << 20, 0, simple, 1 << 20, 8 << 20), Some(256 << 10));
-        // A board chunk above NCCL_BUFFSIZE: NCCL's own maximum.
+        // A rule chunk above NCCL_BUFFSIZE: NCCL's own maximum.
         assert_eq!(chunk(&l, 4, 64 << 20, ring, simple, 512 << 10, 1 << 20), Some(512 << 10));
         // Rounded to the 512-byte grain, never below one grain.
-        let tiny = BoardLink { chunk_bytes: 1000, ..l };
+        let tiny = Rule { chunk_bytes: 1000, ..l };
         assert_eq!(chunk(&tiny, 4, 64 << 20, ring, simple, 4 << 20, 8 << 20), Some(512));
-        let odd = BoardLink { chunk_bytes: 3 << 20, ..l };
+        let odd = Rule { chunk_bytes: 3 << 20, ..l };
         assert_eq!(chunk(&odd, 4, 64 << 20, ring, simple, 999_999, 8 << 20), Some(374_784));
         // LL, LL128, NVLS, CollNet, PAT: NCCL's own.
         for (a, p) in [(1, 0), (1, 1), (4, 2), (2, 2), (6, 2)] {
             assert_eq!(chunk(&l, 4, 64 << 20, a, p, 4 << 20, 8 << 20), None, "{a}/{p}");
         }
-        let none = BoardLink { chunk_bytes: 0, ..l };
+        let none = Rule { chunk_bytes: 0, ..l };
         assert_eq!(chunk(&none, 4, 64 << 20, ring, simple, 4 << 20, 8 << 20), None);
     }
 }

@@ -1,31 +1,40 @@
 //! linkpilot's NCCL tuner plugin (`libnccl-tuner-linkpilot.so`): while a job runs, NCCL's
-//! algorithm and protocol choice, channel count and chunk size per collective follow the knob
-//! board the daemon publishes, read lock-free on every call.
+//! algorithm and protocol choice, channel count and chunk size per collective follow the
+//! decision the job's ranks adopted together, the same on every rank.
 //!
 //! One library exports tuner v6 (NCCL 2.30.3+, with getChunkSize), v5 (2.28+) and v4 (2.24+);
-//! NCCL takes the newest it knows. Per communicator: init (which also gives NCCL's cost model the
-//! link's measured latency), getCollInfo, getChunkSize, finalize. Every entry point returns
-//! success once init ran, and init itself always succeeds: an unusable board, bad arguments or
-//! a bug (a caught panic) mean NCCL's own choice for that call, never a failed collective.
+//! NCCL takes the newest it knows. Per communicator: init, getCollInfo, getChunkSize, finalize.
+//! Every entry point returns success once init ran, and init itself always succeeds: bad
+//! arguments or a bug (a caught panic) mean NCCL's own choice for that call, never a failed
+//! collective.
 //!
-//! Environment, read when a communicator starts: `LINKPILOT_BOARD` (default
-//! `/run/linkpilot/knobs`), `LINKPILOT_LINK` (the board link to follow; default or absent from
-//! the board: the link in the worst state), `NCCL_BUFFSIZE` (what NCCL's chunks are made of),
-//! `LINKPILOT_TUNER_STATS` (the counter directory, default `/run/linkpilot/tuner`).
+//! NCCL asks every rank separately and never compares the answers, so nothing per host may
+//! decide them: no knob board is read here. The decision comes through the gate
+//! ([`adopt::linkpilot_tuner_adopt`]), which the linkpilot training code calls on every rank at
+//! the same step boundary with the decision its ranks agreed on; until then, and after a
+//! withdrawal, NCCL makes its own choices (ARCHITECTURE.md, "The same answer on every rank").
+//!
+//! Environment, read when a communicator starts: `NCCL_BUFFSIZE` (what NCCL's chunks are made
+//! of), `LINKPILOT_TUNER_STATS` (the counter directory, default `/run/linkpilot/tuner`), and
+//! `LINKPILOT_NCCL_NET_LATENCY_US` (microseconds added to NCCL's network latency; set for the
+//! whole job, the same on every rank: never from a host's own measurement).
 
 use std::{
-    ffi::{c_char, c_int, c_void, CString},
+    ffi::{c_char, c_int, c_void},
     panic::{catch_unwind, AssertUnwindSafe},
-    sync::{atomic::Ordering, Mutex},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Mutex,
+    },
 };
 
 use linkpilot_common::{
-    board::{nccl, BoardLink, BOARD_NAME_LEN},
-    tuner::{board_state, choice, size_class},
+    board::nccl,
+    tuner::{adoption, choice, size_class},
 };
 
 pub mod abi;
-mod board;
+pub mod adopt;
 pub mod decide;
 mod log;
 mod stats;
@@ -35,6 +44,8 @@ use abi::{
     TunerConstants, TunerV4, TunerV5, TunerV6, DEFAULT_BUFFSIZE, HW_NET, NUM_ALGORITHMS,
     NUM_PROTOCOLS, SUCCESS,
 };
+use adopt::Current;
+use decide::Rule;
 use log::{say, Bytes};
 
 /// The name NCCL logs ("TUNER/Plugin: Using linkpilot (v6)").
@@ -69,14 +80,13 @@ pub static ncclTunerPlugin_v4: TunerV4 = TunerV4 {
 struct Comm {
     id: u64,
     logger: Option<Logger>,
-    /// The board link to follow, NUL-padded; all zero: the worst.
-    link: [u8; BOARD_NAME_LEN],
     /// NCCL_BUFFSIZE as NCCL reads it.
     buffsize: u64,
-    board_path: CString,
+    /// The gate's generation this communicator last logged.
+    seen: AtomicU64,
 }
 
-/// Live communicators of this process: the first sets up the board and counter file, the last
+/// Live communicators of this process: the first sets up the counter file, the last
 /// tears them down (NCCL unloads the library after it).
 static COMMS: Mutex<u32> = Mutex::new(0);
 
@@ -104,19 +114,15 @@ fn buffsize() -> u64 {
         .unwrap_or(DEFAULT_BUFFSIZE)
 }
 
+/// Most microseconds `LINKPILOT_NCCL_NET_LATENCY_US` may add (10 s: beyond any path).
+const MAX_NET_LATENCY_US: f64 = 1e7;
+
 fn start(comm_id: u64, n_ranks: usize, n_nodes: usize, logger: Option<Logger>) -> Box<Comm> {
-    let path = env("LINKPILOT_BOARD").unwrap_or_else(|| "/run/linkpilot/knobs".into());
-    let mut link = [0u8; BOARD_NAME_LEN];
-    if let Some(name) = env("LINKPILOT_LINK") {
-        let n = name.len().min(BOARD_NAME_LEN - 1);
-        link[..n].copy_from_slice(&name.as_bytes()[..n]);
-    }
     let comm = Box::new(Comm {
         id: comm_id,
         logger,
-        link,
         buffsize: buffsize(),
-        board_path: CString::new(path).unwrap_or_default(),
+        seen: AtomicU64::new(adopt::generation()),
     });
     let mut comms = COMMS.lock().unwrap_or_else(|e| e.into_inner());
     if *comms == 0 {
@@ -130,42 +136,46 @@ fn start(comm_id: u64, n_ranks: usize, n_nodes: usize, logger: Option<Logger>) -
     area.header
         .buffsize_kib
         .store((comm.buffsize >> 10).min(u32::MAX.into()) as u32, Ordering::Relaxed);
-    board::reopen(&comm.board_path, logger);
+    let now = match adopt::current() {
+        Current::Adopted { step, .. } => format!("follows the decision adopted at step {step}"),
+        _ => "NCCL's own choices until the training code adopts a decision (the linkpilot hook \
+              does at every step; a host's own knob board is never followed: ranks would \
+              disagree)"
+            .to_owned(),
+    };
     say!(
         logger,
-        "tuner for communicator {:#x} ({n_ranks} ranks, {n_nodes} nodes): board {}, link {}, \
-         NCCL_BUFFSIZE {}",
+        "tuner for communicator {:#x} ({n_ranks} ranks, {n_nodes} nodes), NCCL_BUFFSIZE {}: {now}",
         comm.id,
-        comm.board_path.to_string_lossy(),
-        if link[0] == 0 { "in the worst state" } else { board::text(&link) },
         Bytes(comm.buffsize)
     );
     comm
 }
 
-/// Adds half the link's RTT baseline to NCCL's network latency (every algorithm/protocol NCCL
-/// has a network latency for), so its cost model knows the WAN before the first decision.
+/// Adds `LINKPILOT_NCCL_NET_LATENCY_US` to NCCL's network latency (every algorithm/protocol NCCL
+/// has a network latency for), so its cost model knows the WAN: a value the job sets for every
+/// rank alike. Without it NCCL's constants are left as they are.
 fn tell_latency(comm: &Comm, n_nodes: usize, constants: *mut TunerConstants) {
     // SAFETY: NCCL passes its communicator's constants, or null.
     let Some(c) = (unsafe { constants.as_mut() }) else { return };
-    let link = match board::read(&comm.link, board::monotonic_ns()) {
-        board::Read::Link(l) => l,
-        _ => return say!(comm.logger, "no measured link latency: NCCL's latency model as is"),
+    let Some(raw) = env("LINKPILOT_NCCL_NET_LATENCY_US") else { return };
+    let us = match raw.trim().parse::<f64>() {
+        Ok(v) if (0.0..=MAX_NET_LATENCY_US).contains(&v) => v,
+        _ => {
+            return say!(
+                comm.logger,
+                "LINKPILOT_NCCL_NET_LATENCY_US={raw:?} is not a number of microseconds from 0 to \
+                 {MAX_NET_LATENCY_US}: NCCL's network latency left as it is"
+            )
+        }
     };
-    if link.rtt_us == 0 || n_nodes < 2 {
-        let why = if link.rtt_us == 0 { "no RTT measured yet" } else { "a single node" };
-        return say!(comm.logger, "NCCL's network latency as is ({why})");
+    if n_nodes < 2 {
+        return say!(comm.logger, "NCCL's network latency as is (a single node)");
     }
-    let one_way = f64::from(link.rtt_us) / 2.0;
     for lat in c.hw_latencies[HW_NET].iter_mut().flatten().filter(|l| **l > 0.0) {
-        *lat += one_way;
+        *lat += us;
     }
-    say!(
-        comm.logger,
-        "NCCL network latency + {one_way:.0} us: half the RTT baseline of link {} (decision {})",
-        board::text(&link.name),
-        link.decision_id
-    );
+    say!(comm.logger, "NCCL network latency + {us:.0} us (LINKPILOT_NCCL_NET_LATENCY_US)");
 }
 
 /// Runs `f`, turning a panic into "NCCL's own choice" (logged) instead of an abort.
@@ -221,67 +231,67 @@ unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
         *comms = comms.saturating_sub(1);
         if *comms == 0 {
             stats::teardown();
-            board::teardown();
         }
         drop(comm);
     })
 }
 
-/// What a call follows.
-enum Follow {
-    Link(BoardLink),
-    /// NCCL's own choice: no fresh board (or no link on it).
-    Own,
-    /// The daemon was writing through every try: NCCL's own choice for this call only,
-    /// recorded nowhere (it says nothing about the board).
-    Busy,
-}
-
-/// The board slot to follow now, after the once-per-change logging of the board's state.
-fn follow(comm: &Comm) -> Follow {
-    let now = board::monotonic_ns();
-    let mut r = board::read(&comm.link, now);
-    if matches!(r, board::Read::Unusable(_)) && board::reopen_due(now) {
-        board::reopen(&comm.board_path, comm.logger);
-        r = board::read(&comm.link, now);
+/// The rule a call follows (`None`: NCCL's own choice), after logging, once per communicator, a
+/// change the gate made; `Err` when an adoption was being written at this instant (the call
+/// keeps NCCL's choice and is counted nowhere).
+fn follow(comm: &Comm) -> Result<Option<(Rule, u64)>, ()> {
+    let now = adopt::current();
+    let g = adopt::generation();
+    if comm.seen.load(Ordering::Relaxed) != g && comm.seen.swap(g, Ordering::Relaxed) != g {
+        match now {
+            Current::Adopted { rule, step, state_index } => say!(
+                comm.logger,
+                "adopted at step {step} (link state {state_index}): {} from {}{}{}",
+                match (rule.algo, rule.proto) {
+                    (nccl::ANY, nccl::ANY) => "NCCL's algorithm and protocol".to_owned(),
+                    (a, p) => format!("{}/{}", algo_name(a), proto_name(p)),
+                },
+                Bytes(rule.min_bytes),
+                if rule.max_channels > 0 {
+                    format!(", at most {} channels", rule.max_channels)
+                } else {
+                    String::new()
+                },
+                if rule.chunk_bytes > 0 {
+                    format!(", chunks as if NCCL_BUFFSIZE were {}", Bytes(rule.chunk_bytes))
+                } else {
+                    String::new()
+                }
+            ),
+            Current::Own { .. } => say!(
+                comm.logger,
+                "decision withdrawn (the ranks' knob boards were not all fresh): NCCL's own \
+                 choices"
+            ),
+            Current::Busy => {}
+        }
     }
     let h = &stats::area().header;
-    let state = match &r {
-        board::Read::Link(_) | board::Read::NoLink => board_state::FRESH,
-        board::Read::Unusable(s) => *s,
-        board::Read::Busy => return Follow::Busy,
+    let (state, step) = match now {
+        Current::Adopted { step, .. } => (adoption::ADOPTED, step),
+        Current::Own { withdrawn: true } => (adoption::WITHDRAWN, 0),
+        Current::Own { withdrawn: false } => (adoption::NONE_YET, 0),
+        Current::Busy => return Err(()),
     };
-    // Read first: a swap on every call would be a locked instruction on a shared line.
-    if h.board.load(Ordering::Relaxed) != state && h.board.swap(state, Ordering::Relaxed) != state {
-        match &r {
-            board::Read::Link(l) => say!(
-                comm.logger,
-                "knob board {}: following link {} ({}, decision {})",
-                comm.board_path.to_string_lossy(),
-                board::text(&l.name),
-                board::text(&l.state),
-                l.decision_id
-            ),
-            board::Read::NoLink => say!(comm.logger, "knob board: no links; NCCL's own choices"),
-            _ if state == board_state::STALE => say!(
-                comm.logger,
-                "knob board {}: stale (the daemon missed two heartbeats); NCCL's own choices \
-                 until it beats again",
-                comm.board_path.to_string_lossy()
-            ),
-            // Missing, foreign, unreadable: board::reopen logged why.
-            _ => {}
-        }
+    // Read first: a store on every call would be a write to a shared line.
+    if h.adoption.load(Ordering::Relaxed) != state {
+        h.adoption.store(state, Ordering::Relaxed);
     }
-    match r {
-        board::Read::Link(l) => {
-            if h.decision_id.load(Ordering::Relaxed) < l.decision_id {
-                h.decision_id.fetch_max(l.decision_id, Ordering::Relaxed);
-            }
-            Follow::Link(l)
-        }
-        _ => Follow::Own,
+    if h.adopted_step.load(Ordering::Relaxed) != step {
+        h.adopted_step.store(step, Ordering::Relaxed);
     }
+    if h.adoptions.load(Ordering::Relaxed) != g {
+        h.adoptions.store(g, Ordering::Relaxed);
+    }
+    Ok(match now {
+        Current::Adopted { rule, step, .. } => Some((rule, step)),
+        _ => None,
+    })
 }
 
 fn algo_name(a: u8) -> &'static str {
@@ -343,13 +353,11 @@ unsafe extern "C" fn get_coll_info(
         // SAFETY: NCCL passes its channel count (0: its own) or null.
         let channels = unsafe { n_channels.as_mut() };
         let area = stats::area();
-        let link = match follow(comm) {
-            Follow::Link(l) => Some(l),
-            Follow::Own => None,
-            Follow::Busy => return,
-        };
-        let word = match &link {
-            Some(l) => decide::coll_info(l, coll_type, n_bytes as u64, table, np, channels),
+        let Ok(adopted) = follow(comm) else { return };
+        let word = match &adopted {
+            Some((rule, _)) => {
+                decide::coll_info(rule, coll_type, n_bytes as u64, table, np, channels)
+            }
             None => {
                 area.header.own_calls.fetch_add(1, Ordering::Relaxed);
                 choice::pack(nccl::ANY, nccl::ANY, 0, choice::SEEN)
@@ -361,26 +369,25 @@ unsafe extern "C" fn get_coll_info(
         if old != word {
             old = e.choice.swap(word, Ordering::Relaxed);
         }
-        let id = link.as_ref().map_or(0, |l| l.decision_id);
-        // Once per change and decision (the first choice of an entry included).
-        if old != word && (e.decision_id.swap(id, Ordering::Relaxed) != id || old == 0) {
-            log_choice(comm, coll_type, n_bytes as u64, word, link.as_ref());
+        let step = adopted.as_ref().map_or(0, |a| a.1);
+        // Once per change and adoption (the first choice of an entry included).
+        if old != word && (e.step.swap(step, Ordering::Relaxed) != step || old == 0) {
+            log_choice(comm, coll_type, n_bytes as u64, word, adopted.as_ref());
         }
     })
 }
 
-fn log_choice(comm: &Comm, coll: i32, n_bytes: u64, word: u32, link: Option<&BoardLink>) {
+fn log_choice(comm: &Comm, coll: i32, n_bytes: u64, word: u32, adopted: Option<&(Rule, u64)>) {
     let class = Class(coll, n_bytes);
-    let Some(l) = link else {
-        return say!(comm.logger, "{class}: NCCL's own choice (no fresh knob board)");
+    let Some((rule, step)) = adopted else {
+        return say!(comm.logger, "{class}: NCCL's own choice (no decision adopted)");
     };
-    let (name, state, id) = (board::text(&l.name), board::text(&l.state), l.decision_id);
     let (a, p, ch) = (choice::algo(word), choice::proto(word), choice::channels(word));
     if word & choice::SMALL != 0 {
         return say!(
             comm.logger,
-            "{class}: NCCL's own choice below {} (link {name} {state}, decision {id})",
-            Bytes(l.nccl_min_bytes)
+            "{class}: NCCL's own choice below {} (adopted at step {step})",
+            Bytes(rule.min_bytes)
         );
     }
     let what = match (a, p) {
@@ -391,7 +398,7 @@ fn log_choice(comm: &Comm, coll: i32, n_bytes: u64, word: u32, link: Option<&Boa
         _ => format!("{}/{}", algo_name(a), proto_name(p)),
     };
     let channels = if ch > 0 { format!(", at most {ch} channels") } else { String::new() };
-    say!(comm.logger, "{class}: {what}{channels} (link {name} {state}, decision {id})");
+    say!(comm.logger, "{class}: {what}{channels} (adopted at step {step})");
 }
 
 unsafe extern "C" fn get_chunk_size(
@@ -409,16 +416,12 @@ unsafe extern "C" fn get_chunk_size(
         // SAFETY: NCCL passes its chunk size to read and change, or null.
         let Some(chunk) = (unsafe { chunk_size.as_mut() }) else { return };
         let area = stats::area();
-        let link = match follow(comm) {
-            Follow::Link(l) => Some(l),
-            Follow::Own => {
-                area.header.own_chunk_calls.fetch_add(1, Ordering::Relaxed);
-                None
-            }
-            Follow::Busy => return,
-        };
-        let want = link.as_ref().and_then(|l| {
-            decide::chunk(l, coll_type, n_bytes as u64, algo, proto, *chunk, comm.buffsize)
+        let Ok(adopted) = follow(comm) else { return };
+        if adopted.is_none() {
+            area.header.own_chunk_calls.fetch_add(1, Ordering::Relaxed);
+        }
+        let want = adopted.as_ref().and_then(|(rule, _)| {
+            decide::chunk(rule, coll_type, n_bytes as u64, algo, proto, *chunk, comm.buffsize)
         });
         if let Some(w) = want {
             *chunk = w;
@@ -430,28 +433,25 @@ unsafe extern "C" fn get_chunk_size(
         if old != new {
             old = e.chunk.swap(new, Ordering::Relaxed);
         }
-        let id = link.as_ref().map_or(0, |l| l.decision_id);
-        if old != new && (e.chunk_decision_id.swap(id, Ordering::Relaxed) != id || old == 0) {
+        let step = adopted.as_ref().map_or(0, |a| a.1);
+        if old != new && (e.chunk_step.swap(step, Ordering::Relaxed) != step || old == 0) {
             let class = Class(coll_type, n_bytes as u64);
             let how = format!(
                 "{}/{}",
                 algo_name(u8::try_from(algo).unwrap_or(255)),
                 proto_name(u8::try_from(proto).unwrap_or(255))
             );
-            match (want, &link) {
-                (Some(w), Some(l)) => say!(
+            match (want, &adopted) {
+                (Some(w), Some((rule, step))) => say!(
                     comm.logger,
-                    "{class} {how}: chunk {} (board chunk {}{}; link {} {}, decision {})",
+                    "{class} {how}: chunk {} (decided chunk {}{}; adopted at step {step})",
                     Bytes(w as u64),
-                    Bytes(l.chunk_bytes),
-                    if l.chunk_bytes > comm.buffsize {
+                    Bytes(rule.chunk_bytes),
+                    if rule.chunk_bytes > comm.buffsize {
                         format!(" is above NCCL_BUFFSIZE {}: NCCL's largest", Bytes(comm.buffsize))
                     } else {
                         format!(", NCCL_BUFFSIZE {}", Bytes(comm.buffsize))
                     },
-                    board::text(&l.name),
-                    board::text(&l.state),
-                    l.decision_id
                 ),
                 _ => say!(comm.logger, "{class} {how}: NCCL's own chunk size"),
             }

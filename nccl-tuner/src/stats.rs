@@ -1,15 +1,23 @@
-//! The per-process counter area (layout: `linkpilot_common::tuner`), in a file the daemon reads
-//! (`$LINKPILOT_TUNER_STATS/<pid>`, default `/run/linkpilot/tuner/<pid>`) or, where that cannot
-//! be created, in this process's memory. Updated with relaxed atomics: each field is exact on its
-//! own, the set of fields is not a snapshot.
+//! The per-process counter area (layout: `linkpilot_common::tuner`): counted in this process's
+//! memory with relaxed atomics (each field exact on its own, the set of fields not a snapshot),
+//! and copied into a file the daemon reads (`$LINKPILOT_TUNER_STATS/<pid>-<random>`, default
+//! under `/run/linkpilot/tuner`) once a second by a thread of the plugin's own.
+//!
+//! The directory is shared by every training process on the node, of every user and PID
+//! namespace (pods often have the same pid), so the file is made so that nobody else can break
+//! this process through it: a name no other process has (created with O_EXCL, never truncated),
+//! written with `pwrite` (never mapped: a file someone else truncates cannot fault this process,
+//! and the next write extends it again), and an exclusive `flock` held while the process lives,
+//! by which the daemon tells a live process's file from a dead one's.
 
 use std::{
     ffi::CString,
-    ptr::NonNull,
     sync::{
-        atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering},
-        Mutex,
+        atomic::{AtomicU32, AtomicU64, Ordering},
+        Condvar, Mutex,
     },
+    thread::JoinHandle,
+    time::Duration,
 };
 
 use linkpilot_common::tuner::{
@@ -21,96 +29,66 @@ use crate::{abi::Logger, log::say};
 
 /// Where the counter files go unless `LINKPILOT_TUNER_STATS` says otherwise.
 pub const DEFAULT_DIR: &str = "/run/linkpilot/tuner";
+/// How often the file gets the counts.
+const WRITE_EVERY: Duration = Duration::from_secs(1);
+/// Names tried before giving up on a file (another process holding each random name).
+const NAME_TRIES: u32 = 8;
 
-#[repr(C)]
 pub struct Header {
-    magic: [u8; 8],
-    version: u32,
-    size: u32,
-    pid: u32,
     pub communicators: AtomicU32,
     pub own_calls: AtomicU64,
     pub own_chunk_calls: AtomicU64,
-    pub decision_id: AtomicU64,
-    pub board: AtomicU32,
+    pub adopted_step: AtomicU64,
+    pub adoption: AtomicU32,
     pub buffsize_kib: AtomicU32,
-    _reserved: u64,
+    pub adoptions: AtomicU64,
 }
 
-#[repr(C)]
 pub struct Entry {
     pub choice: AtomicU32,
-    _pad: u32,
     pub calls: AtomicU64,
-    pub decision_id: AtomicU64,
+    pub step: AtomicU64,
     pub chunk: AtomicU64,
     pub chunk_calls: AtomicU64,
-    pub chunk_decision_id: AtomicU64,
+    pub chunk_step: AtomicU64,
 }
 
-#[repr(C)]
 pub struct Area {
     pub header: Header,
     entries: [[Entry; SIZE_CLASSES]; COLL_SLOTS],
 }
 
-// The atomic view has the bytes of the shared layout.
-const _: () = assert!(std::mem::size_of::<Area>() == TUNER_SIZE);
-const _: () = assert!(std::mem::size_of::<Header>() == std::mem::size_of::<TunerHeader>());
-const _: () = assert!(std::mem::size_of::<Entry>() == std::mem::size_of::<TunerEntry>());
-const _: () = assert!(
-    std::mem::offset_of!(Header, own_calls) == std::mem::offset_of!(TunerHeader, own_calls)
-        && std::mem::offset_of!(Header, board) == std::mem::offset_of!(TunerHeader, board)
-        && std::mem::offset_of!(Header, buffsize_kib)
-            == std::mem::offset_of!(TunerHeader, buffsize_kib)
-        && std::mem::offset_of!(Entry, chunk) == std::mem::offset_of!(TunerEntry, chunk)
-        && std::mem::offset_of!(Entry, chunk_decision_id)
-            == std::mem::offset_of!(TunerEntry, chunk_decision_id)
-        && std::mem::offset_of!(Area, entries) == std::mem::offset_of!(TunerStats, entries)
-);
-
 #[expect(
     clippy::declare_interior_mutable_const,
-    reason = "the initializer of LOCAL's arrays (a repeat expression needs a const), never used alone"
+    reason = "the initializer of AREA's arrays (a repeat expression needs a const), never used alone"
 )]
 const ENTRY: Entry = Entry {
     choice: AtomicU32::new(0),
-    _pad: 0,
     calls: AtomicU64::new(0),
-    decision_id: AtomicU64::new(0),
+    step: AtomicU64::new(0),
     chunk: AtomicU64::new(0),
     chunk_calls: AtomicU64::new(0),
-    chunk_decision_id: AtomicU64::new(0),
+    chunk_step: AtomicU64::new(0),
 };
 #[expect(clippy::declare_interior_mutable_const, reason = "as ENTRY")]
 const ROW: [Entry; SIZE_CLASSES] = [ENTRY; SIZE_CLASSES];
 
-/// The area when no file could be made: choices are still logged once, nobody else sees them.
-static LOCAL: Area = Area {
+static AREA: Area = Area {
     header: Header {
-        magic: TUNER_MAGIC,
-        version: TUNER_VERSION,
-        size: TUNER_SIZE as u32,
-        pid: 0,
         communicators: AtomicU32::new(0),
         own_calls: AtomicU64::new(0),
         own_chunk_calls: AtomicU64::new(0),
-        decision_id: AtomicU64::new(0),
-        board: AtomicU32::new(0),
+        adopted_step: AtomicU64::new(0),
+        adoption: AtomicU32::new(0),
         buffsize_kib: AtomicU32::new(0),
-        _reserved: 0,
+        adoptions: AtomicU64::new(0),
     },
     entries: [ROW; COLL_SLOTS],
 };
 
-static AREA: AtomicPtr<Area> = AtomicPtr::new(std::ptr::null_mut());
-/// The file behind AREA, for teardown.
-static FILE: Mutex<Option<(CString, usize)>> = Mutex::new(None);
-
-/// The area in use.
+/// The area: counted here whether or not a file could be made.
 pub fn area() -> &'static Area {
-    // SAFETY: a published file mapping stays mapped until teardown (no communicator left).
-    unsafe { AREA.load(Ordering::Acquire).as_ref() }.unwrap_or(&LOCAL)
+    &AREA
 }
 
 impl Area {
@@ -119,80 +97,167 @@ impl Area {
         let slot = usize::try_from(coll).ok().filter(|&c| c < COLL_OTHER).unwrap_or(COLL_OTHER);
         &self.entries[slot][size_class(n_bytes)]
     }
+
+    /// The counts as the file holds them.
+    pub fn snapshot(&self, pid: u32) -> TunerStats {
+        let h = &self.header;
+        let r = Ordering::Relaxed;
+        let mut s = TunerStats {
+            header: TunerHeader {
+                magic: TUNER_MAGIC,
+                version: TUNER_VERSION,
+                size: TUNER_SIZE as u32,
+                pid,
+                communicators: h.communicators.load(r),
+                own_calls: h.own_calls.load(r),
+                own_chunk_calls: h.own_chunk_calls.load(r),
+                adopted_step: h.adopted_step.load(r),
+                adoption: h.adoption.load(r),
+                buffsize_kib: h.buffsize_kib.load(r),
+                adoptions: h.adoptions.load(r),
+            },
+            entries: [[TunerEntry::default(); SIZE_CLASSES]; COLL_SLOTS],
+        };
+        for (row, out) in self.entries.iter().zip(s.entries.iter_mut()) {
+            for (e, o) in row.iter().zip(out.iter_mut()) {
+                *o = TunerEntry {
+                    choice: e.choice.load(r),
+                    _pad: 0,
+                    calls: e.calls.load(r),
+                    step: e.step.load(r),
+                    chunk: e.chunk.load(r),
+                    chunk_calls: e.chunk_calls.load(r),
+                    chunk_step: e.chunk_step.load(r),
+                };
+            }
+        }
+        s
+    }
 }
 
-/// Creates `DIR/<pid>` and publishes it as the area (first communicator of the process).
+/// The open counter file and its writer thread.
+struct File {
+    fd: libc::c_int,
+    path: CString,
+    pid: u32,
+    writer: Option<JoinHandle<()>>,
+}
+
+/// Set to stop the writer; the condvar wakes it.
+static STOP: Mutex<bool> = Mutex::new(false);
+static WAKE: Condvar = Condvar::new();
+static FILE: Mutex<Option<File>> = Mutex::new(None);
+
+/// Creates this process's file in `dir` and starts writing it (first communicator of the
+/// process). Without a file the counts are still kept and the choices still logged.
 pub fn open(dir: &str, logger: Option<Logger>) {
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
-    let path = format!("{}/{pid}", dir.trim_end_matches('/'));
-    let Ok(cpath) = CString::new(path.clone()) else { return };
-    match create(&cpath, pid) {
-        Ok(p) => {
-            AREA.store(p.as_ptr(), Ordering::Release);
-            *FILE.lock().unwrap_or_else(|e| e.into_inner()) = Some((cpath, p.as_ptr() as usize));
+    let dir = dir.trim_end_matches('/');
+    let (fd, path) = match create(dir, pid) {
+        Ok(f) => f,
+        Err(e) => {
+            return say!(
+                logger,
+                "no counters for `linkpilot status` (a file in {dir}: {e}); choices are still \
+                 logged here"
+            )
         }
-        Err(e) => say!(
-            logger,
-            "no counters for `linkpilot status` ({path}: {e}); choices are still logged here"
-        ),
-    }
-}
-
-fn create(path: &CString, pid: u32) -> std::io::Result<NonNull<Area>> {
-    let flags = libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-    // SAFETY: a NUL-terminated path; the descriptor is closed on every path below.
-    let fd = unsafe { libc::open(path.as_ptr(), flags, 0o644 as libc::c_uint) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: sizing and mapping the file just opened; failures checked.
-    let p = unsafe {
-        if libc::ftruncate(fd, TUNER_SIZE as libc::off_t) != 0 {
-            let e = std::io::Error::last_os_error();
-            libc::close(fd);
-            return Err(e);
-        }
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            TUNER_SIZE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        );
-        let e = std::io::Error::last_os_error();
-        libc::close(fd);
-        if p == libc::MAP_FAILED {
-            return Err(e);
-        }
-        p
     };
-    let area = NonNull::new(p.cast::<Area>()).ok_or_else(|| std::io::Error::other("mmap: null"))?;
-    // SAFETY: the fresh mapping is zeroed (ftruncate of an emptied file) and not yet shared
-    // with other threads; the header's plain fields are written once here.
-    unsafe {
-        let h = std::ptr::addr_of_mut!((*area.as_ptr()).header);
-        std::ptr::addr_of_mut!((*h).pid).write(pid);
-        std::ptr::addr_of_mut!((*h).size).write(TUNER_SIZE as u32);
-        std::ptr::addr_of_mut!((*h).version).write(TUNER_VERSION);
-        // The magic last: a reader that sees it sees the rest.
-        std::sync::atomic::fence(Ordering::Release);
-        std::ptr::addr_of_mut!((*h).magic).write(TUNER_MAGIC);
-    }
-    Ok(area)
+    write(fd, pid);
+    *STOP.lock().unwrap_or_else(|e| e.into_inner()) = false;
+    let writer = std::thread::Builder::new()
+        .name("lp-tuner-stats".into())
+        .spawn(move || loop {
+            let stop = STOP.lock().unwrap_or_else(|e| e.into_inner());
+            // A stop asked for before this thread waited must not wait out a whole interval.
+            let stop = if *stop {
+                stop
+            } else {
+                WAKE.wait_timeout(stop, WRITE_EVERY).unwrap_or_else(|e| e.into_inner()).0
+            };
+            let done = *stop;
+            drop(stop);
+            write(fd, pid);
+            if done {
+                return;
+            }
+        })
+        .ok();
+    *FILE.lock().unwrap_or_else(|e| e.into_inner()) = Some(File { fd, path, pid, writer });
 }
 
-/// Removes the file (last communicator of the process): a finished job leaves nothing behind.
-pub fn teardown() {
-    let file = FILE.lock().unwrap_or_else(|e| e.into_inner()).take();
-    AREA.store(std::ptr::null_mut(), Ordering::Release);
-    if let Some((path, p)) = file {
-        // SAFETY: unlinking our own file and unmapping exactly what `create` mapped; no call
-        // runs any more.
-        unsafe {
-            libc::unlink(path.as_ptr());
-            libc::munmap(p as *mut libc::c_void, TUNER_SIZE);
+/// A file of a name nobody has, locked: `<pid>-<16 hex digits>`.
+fn create(dir: &str, pid: u32) -> std::io::Result<(libc::c_int, CString)> {
+    let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    let mut last = std::io::Error::other("no name tried");
+    for _ in 0..NAME_TRIES {
+        let path = CString::new(format!("{dir}/{pid}-{:016x}", random()))
+            .map_err(|_| std::io::Error::other("a NUL in the directory's name"))?;
+        // SAFETY: a NUL-terminated path; the descriptor is kept or closed below.
+        let fd = unsafe { libc::open(path.as_ptr(), flags, 0o644 as libc::c_uint) };
+        if fd < 0 {
+            last = std::io::Error::last_os_error();
+            if last.raw_os_error() == Some(libc::EEXIST) {
+                continue;
+            }
+            return Err(last);
         }
+        // SAFETY: locking the descriptor just opened; nobody else has it yet.
+        if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: removing and closing what was just made.
+            unsafe {
+                libc::unlink(path.as_ptr());
+                libc::close(fd);
+            }
+            return Err(e);
+        }
+        return Ok((fd, path));
+    }
+    Err(last)
+}
+
+/// 64 random bits from the kernel (the clock's as a fallback).
+fn random() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: getrandom fills at most 8 bytes of `v`.
+    let n = unsafe { libc::getrandom(std::ptr::addr_of_mut!(v).cast(), 8, libc::GRND_NONBLOCK) };
+    if n != 8 {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: a valid timespec to fill.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        v ^= (ts.tv_sec as u64).rotate_left(32) ^ ts.tv_nsec as u64;
+    }
+    v
+}
+
+/// The whole area at offset 0, in one `pwrite` (a failed write is tried again next second).
+fn write(fd: libc::c_int, pid: u32) {
+    let s = AREA.snapshot(pid);
+    // SAFETY: TunerStats is plain `#[repr(C)]` data of TUNER_SIZE bytes without padding holes
+    // that matter (`_pad` is written as 0); pwrite reads exactly that many.
+    unsafe {
+        libc::pwrite(fd, std::ptr::addr_of!(s).cast(), TUNER_SIZE, 0);
+    }
+}
+
+/// Stops the writer after a last write, removes the file and lets the lock go (last
+/// communicator of the process: NCCL unloads the library after it, so no thread of ours may
+/// outlive this).
+pub fn teardown() {
+    let Some(mut f) = FILE.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+    *STOP.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    WAKE.notify_all();
+    match f.writer.take() {
+        Some(w) => {
+            let _ = w.join();
+        }
+        None => write(f.fd, f.pid),
+    }
+    // SAFETY: our own file and descriptor; closing releases the lock.
+    unsafe {
+        libc::unlink(f.path.as_ptr());
+        libc::close(f.fd);
     }
 }

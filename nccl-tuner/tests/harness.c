@@ -1,6 +1,6 @@
 /* Loads the linkpilot tuner plugin as NCCL does and drives it from commands on stdin, one per
- * line; each answer ends with a line ".". The test (nccl.rs) writes boards with the daemon's
- * writer and judges the answers.
+ * line; each answer ends with a line ".". The test (nccl.rs) adopts decisions through the gate,
+ * as the training code does at a step boundary, and judges the answers.
  *
  * The declarations below are our own reading of NCCL 2.30's tuner interface (the facts in
  * docs: ncclTuner_v4/v5/v6_t, ncclTunerConstants_v5_t), written in C so that a layout mistake
@@ -16,6 +16,9 @@
  *   stop                                   -> "sig SIGNATURE COUNT"... "calls TOTAL"
  *   reload                                 dlclose and dlopen again, as NCCL does after the last
  *                                          communicator and before the next -> "reloaded VER"
+ *   adopt ALGO PROTO CH STATE MIN CHUNK STEP  linkpilot_tuner_adopt -> "rc RC"
+ *   withdraw                               linkpilot_tuner_adopt(NULL) -> "rc RC"
+ *   badsize                                a decision whose size field says 40 -> "rc RC"
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -75,6 +78,15 @@ typedef struct {
   fin_t destroy;
 } tuner4_t;
 
+/* struct linkpilot_tuner_decision, as the README gives it to C callers. */
+typedef struct {
+  uint32_t size;
+  uint8_t algo, proto, max_channels, state_index;
+  uint64_t min_bytes, chunk_bytes, step;
+} decision_t;
+typedef int (*adopt_t)(const decision_t*);
+
+_Static_assert(sizeof(decision_t) == 32 && offsetof(decision_t, min_bytes) == 8, "the gate's decision");
 _Static_assert(sizeof(nvl_info_t) == 12, "nvlDomainInfo: three ints");
 _Static_assert(sizeof(constants_t) == 1152, "tunerConstants: 144 doubles");
 _Static_assert(offsetof(constants_t, hwLatencies) == 168, "hwLatencies after 7x3 base latencies");
@@ -84,6 +96,7 @@ _Static_assert(sizeof(tuner5_t) == 32 && sizeof(tuner4_t) == 32, "v5, v4: four m
 static const tuner6_t* v6;
 static const tuner5_t* v5;
 static const tuner4_t* v4;
+static adopt_t adopt;
 static pthread_mutex_t out = PTHREAD_MUTEX_INITIALIZER;
 
 static void logger(int level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
@@ -318,6 +331,7 @@ static int load(const char* path) {
   v6 = dlsym(lib, "ncclTunerPlugin_v6");
   v5 = dlsym(lib, "ncclTunerPlugin_v5");
   v4 = dlsym(lib, "ncclTunerPlugin_v4");
+  adopt = (adopt_t)dlsym(lib, "linkpilot_tuner_adopt");
   return 1;
 }
 
@@ -376,6 +390,17 @@ int main(int argc, char** argv) {
       cmd_threads(n > 64 ? 64 : n, slot);
     } else if (!strcmp(cmd, "stop")) {
       cmd_stop();
+    } else if (!strcmp(cmd, "adopt")) {
+      unsigned algo, proto, ch, state;
+      unsigned long long min, chunk, step;
+      sscanf(rest, "%u %u %u %u %llu %llu %llu", &algo, &proto, &ch, &state, &min, &chunk, &step);
+      decision_t d = {sizeof d, (uint8_t)algo, (uint8_t)proto, (uint8_t)ch, (uint8_t)state, min, chunk, step};
+      answer("rc %d", adopt ? adopt(&d) : 99);
+    } else if (!strcmp(cmd, "withdraw")) {
+      answer("rc %d", adopt ? adopt(NULL) : 99);
+    } else if (!strcmp(cmd, "badsize")) {
+      decision_t d = {40, 0, 2, 4, 1, 1 << 20, 2 << 20, 1};
+      answer("rc %d", adopt ? adopt(&d) : 99);
     } else if (!strcmp(cmd, "reload")) {
       int closed = dlclose(lib);
       if (!load(argv[1])) return 1;

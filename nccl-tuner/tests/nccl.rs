@@ -1,8 +1,9 @@
 //! The plugin as NCCL meets it: a C harness (tests/harness.c, built here with the system's `cc`)
 //! dlopens the .so, looks the symbols up v6 -> v5 -> v4, checks the layout from C and drives
 //! init / getCollInfo / getChunkSize / finalize with NCCL-like cost tables, while this test
-//! writes healthy, congested and stale boards with the daemon's own writer. And the
-//! libnccl.so.2 of the `nvidia-nccl-cu13` wheel must name the symbols the plugin exports.
+//! adopts and withdraws decisions through the gate as the training code does, with a knob board
+//! beside it that must change nothing. And the libnccl.so.2 of the `nvidia-nccl-cu13` wheel must
+//! name the symbols the plugin exports.
 
 use std::{
     io::{BufRead, BufReader, Write},
@@ -13,12 +14,12 @@ use std::{
 };
 
 use linkpilot::{
-    board::tuner_stats,
+    board::tuner_stats::{self, Counted, TunerProcess},
     board::{board_link, set_nccl, BoardWriter},
     control::{policy::NcclRule, Compression, Knobs},
     kernel::probes::monotonic_ns,
 };
-use linkpilot_common::board::{nccl, BoardLink};
+use linkpilot_common::board::{nccl, offsets};
 
 const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 /// NCCL_BUFFSIZE the harness runs with.
@@ -73,6 +74,10 @@ struct Harness {
 
 impl Harness {
     fn start(dir: &Path) -> Self {
+        Self::start_with(dir, &[])
+    }
+
+    fn start_with(dir: &Path, env: &[(&str, &str)]) -> Self {
         std::fs::create_dir_all(dir.join("stats")).unwrap();
         let mut child = Command::new(harness_bin())
             .arg(plugin())
@@ -80,6 +85,8 @@ impl Harness {
             .env("LINKPILOT_TUNER_STATS", dir.join("stats"))
             .env("NCCL_BUFFSIZE", BUFFSIZE.to_string())
             .env_remove("LINKPILOT_LINK")
+            .env_remove("LINKPILOT_NCCL_NET_LATENCY_US")
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -170,6 +177,38 @@ impl Harness {
     fn logged(&self, words: &str) -> usize {
         self.logs.iter().filter(|l| l.contains(words)).count()
     }
+
+    /// Adopts `rule` ("ALGO PROTO CHANNELS STATE MIN_BYTES CHUNK") from `step` on.
+    fn adopt(&mut self, rule: &str, step: u64) {
+        assert_eq!(self.one(&format!("adopt {rule} {step}")), ["rc", "0"]);
+    }
+
+    /// The counter file of this process (`<pid>-<16 hex digits>` under `dir/stats`).
+    fn counter_file(&self, dir: &Path) -> Option<PathBuf> {
+        let prefix = format!("{}-", self.child.id());
+        std::fs::read_dir(dir.join("stats"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(&prefix))
+    }
+
+    /// The counter file as the daemon reads it, once it shows what `want` checks (the plugin
+    /// writes it once a second).
+    fn counters(&self, dir: &Path, want: impl Fn(&TunerProcess) -> bool) -> TunerProcess {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let file = self.counter_file(dir).expect("a counter file");
+            let got = tuner_stats::read_file(&file);
+            if let Ok(Counted::Live(p)) = &got {
+                if want(p) {
+                    return p.clone();
+                }
+            }
+            assert!(Instant::now() < deadline, "the counter file never showed it: {got:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 impl Drop for Harness {
@@ -186,11 +225,20 @@ fn temp_dir(name: &str) -> PathBuf {
     d
 }
 
-/// A link slot as the daemon publishes it: `rule` and 1 MiB min_bytes, RTT 180 ms.
-fn slot(state: &str, index: u32, id: u64, rule: NcclRule, chunk: u64) -> BoardLink {
+/// What the training code adopts, as "ALGO PROTO CHANNELS STATE MIN_BYTES CHUNK": a congested
+/// link's Tree/Simple from 1 MiB with at most 4 channels and 2 MiB chunks; a severe one's
+/// Ring/LL with 2 channels and 1 MiB chunks; a calm one's rule that only sets a 6 MiB chunk, from
+/// 128 MiB on.
+const CONGESTED: &str = "0 2 4 1 1048576 2097152";
+const SEVERE: &str = "1 0 2 2 1048576 1048576";
+const CALM: &str = "255 255 0 0 134217728 6291456";
+
+/// A fresh knob board saying "congested, Tree/Simple, 4 channels, 2 MiB", as the daemon of the
+/// host would write it: the plugin must not follow it (ranks on other hosts see others).
+fn hosts_own_board(path: &Path) -> BoardWriter {
     let k = Knobs {
         compression: Compression::None,
-        chunk_bytes: chunk,
+        chunk_bytes: 2 << 20,
         nccl_ib_timeout: 22,
         nccl_ib_retry_cnt: 7,
         watchdog_s: 600,
@@ -198,25 +246,13 @@ fn slot(state: &str, index: u32, id: u64, rule: NcclRule, chunk: u64) -> BoardLi
         roce_traffic_class: 106,
         tcp_buffer_bytes: 128 << 20,
     };
-    let mut l = board_link("hk-us", state, index, &k, id);
-    set_nccl(&mut l, rule, 1 << 20, Some(180.0));
-    l
-}
-
-fn healthy(id: u64) -> BoardLink {
-    slot("healthy", 0, id, NcclRule::default(), 8 << 20)
-}
-
-fn congested(id: u64) -> BoardLink {
+    let mut l = board_link("hk-us", "congested", 1, &k, 5);
     let rule =
         NcclRule { algo: Some(nccl::ALGO_TREE), proto: Some(nccl::PROTO_SIMPLE), max_channels: 4 };
-    slot("congested", 1, id, rule, 2 << 20)
-}
-
-fn severe(id: u64) -> BoardLink {
-    let rule =
-        NcclRule { algo: Some(nccl::ALGO_RING), proto: Some(nccl::PROTO_LL), max_channels: 2 };
-    slot("severe", 2, id, rule, 1 << 20)
+    set_nccl(&mut l, rule, 1 << 20, Some(180.0));
+    let mut w = BoardWriter::create(path, Duration::from_secs(60), monotonic_ns()).unwrap();
+    w.publish(&[l], monotonic_ns());
+    w
 }
 
 fn at(algo: u8, proto: u8) -> usize {
@@ -228,6 +264,11 @@ fn with(table: [f32; 21], i: usize, v: f32) -> Vec<f32> {
     t[i] = v;
     t
 }
+
+const NET_DEFAULTS: [f64; 21] = [
+    5.0, 8.5, 14.0, 2.7, 4.0, 14.0, 0., 0., 31., 0., 0., 30., 0., 0., 18., 0., 0., 20.9, 0., 0.,
+    14.,
+];
 
 #[test]
 fn abi_from_c_and_symbol_lookup_order() {
@@ -243,44 +284,33 @@ fn abi_from_c_and_symbol_lookup_order() {
 }
 
 #[test]
-fn choices_follow_healthy_congested_and_stale_boards() {
+fn calls_follow_the_adopted_decision_never_the_hosts_board() {
     let dir = temp_dir("rules");
-    let mut w =
-        BoardWriter::create(&dir.join("knobs"), Duration::from_secs(60), monotonic_ns()).unwrap();
-    w.publish(&[healthy(1)], monotonic_ns());
+    let _board = hosts_own_board(&dir.join("knobs"));
     let mut h = Harness::start(&dir);
 
-    // Init: NCCL's network latencies (every algorithm/protocol that has one) + half the RTT.
+    // Init: NCCL's constants as they are (no job-wide latency given; the board's RTT is one
+    // host's and stays out).
     let (c, net) = h.init(6);
-    let defaults = [
-        5.0, 8.5, 14.0, 2.7, 4.0, 14.0, 0., 0., 31., 0., 0., 30., 0., 0., 18., 0., 0., 20.9, 0.,
-        0., 14.,
-    ];
-    for (got, d) in net.iter().zip(defaults) {
-        let want = if d > 0.0 { d + 90_000.0 } else { 0.0 };
-        assert!((got - want).abs() < 1e-6, "NET latencies {net:?}");
-    }
-    assert_eq!(
-        h.logged(
-            "NCCL network latency + 90000 us: half the RTT baseline of link hk-us (decision 1)"
-        ),
-        1
-    );
+    assert_eq!(net, NET_DEFAULTS);
+    assert_eq!(h.logged("NCCL's own choices until the training code adopts a decision"), 1);
 
-    // Healthy, no preference: NCCL's table and channels as they were; NCCL's chunk (the board's
-    // 8 MiB chunk is NCCL_BUFFSIZE).
-    assert_eq!(h.coll(c, 6, ALLREDUCE, 64 << 20, &TABLE), (0, 0, TABLE.to_vec()));
-    assert_eq!(
-        h.chunk(c, ALLREDUCE, 64 << 20, nccl::ALGO_RING, nccl::PROTO_SIMPLE, 4 << 20),
-        (0, 4 << 20)
-    );
-
-    // Congested: Tree/Simple preferred (cost 0, nothing else moves), at most 4 channels, chunk
-    // scaled to the board's 2 MiB: Ring 4 MiB -> 1 MiB, Tree 1 MiB -> 256 KiB.
-    w.publish(&[congested(2)], monotonic_ns());
+    // Nothing adopted: NCCL's own choices, though the host's board says congested.
     for _ in 0..3 {
-        let tree_simple = with(TABLE, at(nccl::ALGO_TREE, nccl::PROTO_SIMPLE), 0.0);
-        assert_eq!(h.coll(c, 6, ALLREDUCE, 64 << 20, &TABLE), (0, 4, tree_simple));
+        assert_eq!(h.coll(c, 6, ALLREDUCE, 64 << 20, &TABLE), (0, 0, TABLE.to_vec()));
+        assert_eq!(
+            h.chunk(c, ALLREDUCE, 64 << 20, nccl::ALGO_RING, nccl::PROTO_SIMPLE, 4 << 20),
+            (0, 4 << 20)
+        );
+    }
+    assert_eq!(h.logged("allreduce 64MiB-128MiB: NCCL's own choice (no decision adopted)"), 1);
+
+    // Adopted (congested): Tree/Simple preferred (cost 0, nothing else moves), at most 4
+    // channels, chunk scaled to 2 MiB: Ring 4 MiB -> 1 MiB, Tree 1 MiB -> 256 KiB.
+    h.adopt(CONGESTED, 10);
+    let tree_simple = with(TABLE, at(nccl::ALGO_TREE, nccl::PROTO_SIMPLE), 0.0);
+    for _ in 0..3 {
+        assert_eq!(h.coll(c, 6, ALLREDUCE, 64 << 20, &TABLE), (0, 4, tree_simple.clone()));
     }
     assert_eq!(
         h.chunk(c, ALLREDUCE, 64 << 20, nccl::ALGO_RING, nccl::PROTO_SIMPLE, 4 << 20),
@@ -290,14 +320,18 @@ fn choices_follow_healthy_congested_and_stale_boards() {
         h.chunk(c, ALLREDUCE, 64 << 20, nccl::ALGO_TREE, nccl::PROTO_SIMPLE, 1 << 20),
         (0, 256 << 10)
     );
-    // Each change is logged once, with the decision behind it.
+    // The adoption is said once per communicator, each change of a choice once.
     assert_eq!(
-        h.logged("allreduce 64MiB-128MiB: tree/simple, at most 4 channels (link hk-us congested, decision 2)"),
+        h.logged("adopted at step 10 (link state 1): tree/simple from 1MiB, at most 4 channels, chunks as if NCCL_BUFFSIZE were 2MiB"),
         1,
         "{:#?}",
         h.logs
     );
-    assert_eq!(h.logged("allreduce 64MiB-128MiB ring/simple: chunk 1MiB (board chunk 2MiB, NCCL_BUFFSIZE 8MiB; link hk-us congested, decision 2)"), 1);
+    assert_eq!(
+        h.logged("allreduce 64MiB-128MiB: tree/simple, at most 4 channels (adopted at step 10)"),
+        1
+    );
+    assert_eq!(h.logged("allreduce 64MiB-128MiB ring/simple: chunk 1MiB (decided chunk 2MiB, NCCL_BUFFSIZE 8MiB; adopted at step 10)"), 1);
     // An entry NCCL did not allow (-1) is never touched: NCCL's own choice among the rest.
     let no_tree_simple: [f32; 21] =
         with(TABLE, at(nccl::ALGO_TREE, nccl::PROTO_SIMPLE), -1.0).try_into().unwrap();
@@ -317,34 +351,40 @@ fn choices_follow_healthy_congested_and_stale_boards() {
         h.chunk(c, ALLREDUCE, 64 << 20, nccl::ALGO_NVLS, nccl::PROTO_SIMPLE, 1 << 17),
         (0, 1 << 17)
     );
-    // A board chunk above NCCL_BUFFSIZE: NCCL's largest (its buffer), not more.
-    w.publish(&[slot("congested", 1, 3, NcclRule::default(), 32 << 20)], monotonic_ns());
+    // A chunk above NCCL_BUFFSIZE: NCCL's largest (its buffer), not more.
+    h.adopt("255 255 0 1 1048576 33554432", 11);
     assert_eq!(
         h.chunk(c, ALLREDUCE, 64 << 20, nccl::ALGO_RING, nccl::PROTO_SIMPLE, 4 << 20),
         (0, 4 << 20)
     );
     assert_eq!(h.logged("is above NCCL_BUFFSIZE 8MiB: NCCL's largest"), 1);
+    // A decision of another layout, or an algorithm NCCL does not have: refused, nothing moves.
+    assert_eq!(h.one("badsize"), ["rc", "-1"]);
+    assert_eq!(h.one("adopt 9 2 4 1 1048576 2097152 12"), ["rc", "-2"]);
+    assert_eq!(
+        h.chunk(c, ALLREDUCE, 64 << 20, nccl::ALGO_RING, nccl::PROTO_SIMPLE, 4 << 20),
+        (0, 4 << 20)
+    );
 
     // What the counter file shows `linkpilot status` (read with the daemon's reader).
-    w.publish(&[congested(4)], monotonic_ns());
+    h.adopt(CONGESTED, 12);
     h.coll(c, 6, ALLREDUCE, 64 << 20, &TABLE);
     h.chunk(c, ALLREDUCE, 64 << 20, nccl::ALGO_RING, nccl::PROTO_SIMPLE, 4 << 20);
-    let file = dir.join("stats").join(h.child.id().to_string());
-    let p = tuner_stats::read_file(&file).unwrap();
+    let p = h.counters(&dir, |p| p.adopted_step == 12 && p.calls == 11);
     assert_eq!(
-        (p.pid, p.communicators, p.board.as_str(), p.decision_id),
-        (h.child.id(), 1, "fresh", 4)
+        (p.pid, p.communicators, p.adoption.as_str(), p.adoptions),
+        (h.child.id(), 1, "adopted", 3)
     );
-    assert_eq!((p.calls, p.board_calls, p.buffsize_bytes), (9, 9, BUFFSIZE));
+    assert_eq!((p.calls, p.adopted_calls, p.buffsize_bytes), (11, 8, BUFFSIZE));
     let row =
         p.choices.iter().find(|r| r.collective == "allreduce" && r.size_from == 64 << 20).unwrap();
     assert_eq!(
-        (row.algo.as_deref(), row.proto.as_deref(), row.channels, row.chunk_bytes, row.decision_id),
-        (Some("tree"), Some("simple"), 4, 1 << 20, 4)
+        (row.algo.as_deref(), row.proto.as_deref(), row.channels, row.chunk_bytes, row.step),
+        (Some("tree"), Some("simple"), 4, 1 << 20, 12)
     );
 
-    // Stale (the daemon missed two heartbeats): NCCL's own choices, said once, still success.
-    w.publish(&[congested(5)], monotonic_ns() - 200_000_000_000);
+    // Withdrawn (the ranks' boards were not all fresh): NCCL's own choices, said once.
+    assert_eq!(h.one("withdraw"), ["rc", "0"]);
     for _ in 0..3 {
         assert_eq!(h.coll(c, 6, ALLREDUCE, 64 << 20, &TABLE), (0, 0, TABLE.to_vec()));
         assert_eq!(
@@ -352,91 +392,82 @@ fn choices_follow_healthy_congested_and_stale_boards() {
             (0, 4 << 20)
         );
     }
-    assert_eq!(h.logged("stale (the daemon missed two heartbeats)"), 1, "{:#?}", h.logs);
-    assert_eq!(tuner_stats::read_file(&file).unwrap().board, "stale");
-    // A beat brings it back.
-    w.heartbeat(monotonic_ns());
-    let tree_simple = with(TABLE, at(nccl::ALGO_TREE, nccl::PROTO_SIMPLE), 0.0);
-    assert_eq!(h.coll(c, 6, ALLREDUCE, 64 << 20, &TABLE), (0, 4, tree_simple));
-    assert_eq!(h.logged("following link hk-us (congested, decision 5)"), 1);
+    assert_eq!(h.logged("decision withdrawn"), 1, "{:#?}", h.logs);
+    h.counters(&dir, |p| p.adoption == "withdrawn");
+    // Bad arguments NCCL could pass: every call still succeeds and garbles nothing.
+    assert_eq!(h.one(&format!("null {c}")).join(" "), "rcs 0 0 0 0 0 0 0 0 chunk 4096 garbled 0");
 
     // The last communicator's finalize removes the counter file.
+    let file = h.counter_file(&dir).unwrap();
     assert_eq!(h.one(&format!("fin {c} 6")), ["rc", "0"]);
     assert!(!file.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
-fn missing_foreign_and_unreadable_boards_mean_nccls_choice() {
-    let dir = temp_dir("unusable");
-    let board = dir.join("knobs");
-    let mut h = Harness::start(&dir);
-    let (c, net) = h.init(6);
-    assert_eq!(net[..3], [5.0, 8.5, 14.0], "no board: NCCL's latency model as is");
-    let untouched = |h: &mut Harness| {
-        assert_eq!(h.coll(c, 6, ALLREDUCE, 64 << 20, &TABLE), (0, 0, TABLE.to_vec()));
-        assert_eq!(
-            h.chunk(c, ALLREDUCE, 64 << 20, nccl::ALGO_RING, nccl::PROTO_SIMPLE, 4 << 20),
-            (0, 4 << 20)
-        );
-    };
-    untouched(&mut h);
-    assert_eq!(h.logged("no such file"), 1, "{:#?}", h.logs);
-    // The path is tried again at most once a second, from the call path.
-    let wait = || std::thread::sleep(Duration::from_millis(1100));
-    std::fs::write(&board, vec![0x5a; 1080]).unwrap();
-    wait();
-    untouched(&mut h);
-    untouched(&mut h);
-    assert_eq!(h.logged("not a knob board"), 1, "{:#?}", h.logs);
-    // A board of the previous layout (another release of the daemon).
-    let mut v1 = b"LPKNOBS\0".to_vec();
-    v1.extend(1u32.to_le_bytes());
-    v1.extend(952u32.to_le_bytes());
-    v1.resize(952, 0);
-    std::fs::write(&board, v1).unwrap();
-    wait();
-    untouched(&mut h);
+fn network_latency_only_from_a_job_wide_value() {
+    let dir = temp_dir("latency");
+    let _board = hosts_own_board(&dir.join("knobs"));
+    let mut h = Harness::start_with(&dir, &[("LINKPILOT_NCCL_NET_LATENCY_US", "90000")]);
+    let (c6, net) = h.init(6);
+    for (got, d) in net.iter().zip(NET_DEFAULTS) {
+        let want = if d > 0.0 { d + 90_000.0 } else { 0.0 };
+        assert!((got - want).abs() < 1e-6, "NET latencies {net:?}");
+    }
+    assert_eq!(h.logged("NCCL network latency + 90000 us (LINKPILOT_NCCL_NET_LATENCY_US)"), 1);
+    let (c4, net4) = h.init(4);
+    assert_eq!(net4[2], 14.0, "v4 has no constants to change");
+    for c in [(c6, 6), (c4, 4)] {
+        assert_eq!(h.one(&format!("fin {} {}", c.0, c.1)), ["rc", "0"]);
+    }
+    let mut bad = Harness::start_with(&dir, &[("LINKPILOT_NCCL_NET_LATENCY_US", "90ms")]);
+    let (c, net) = bad.init(6);
+    assert_eq!(net, NET_DEFAULTS);
     assert_eq!(
-        h.logged("layout version 1 (952 bytes), this plugin reads version 2 (1080 bytes)"),
+        bad.logged("LINKPILOT_NCCL_NET_LATENCY_US=\"90ms\" is not a number"),
         1,
         "{:#?}",
-        h.logs
+        bad.logs
     );
-    std::fs::remove_file(&board).unwrap();
-    std::fs::create_dir(&board).unwrap();
-    wait();
-    untouched(&mut h);
-    assert_eq!(h.logged("not a regular file"), 1, "{:#?}", h.logs);
-    // Bad arguments NCCL could pass: every call still succeeds and garbles nothing.
-    assert_eq!(h.one(&format!("null {c}")).join(" "), "rcs 0 0 0 0 0 0 0 0 chunk 4096 garbled 0");
-    // A daemon starts: followed within a second.
-    std::fs::remove_dir(&board).unwrap();
-    let mut w = BoardWriter::create(&board, Duration::from_secs(60), monotonic_ns()).unwrap();
-    w.publish(&[congested(7)], monotonic_ns());
-    wait();
-    let tree_simple = with(TABLE, at(nccl::ALGO_TREE, nccl::PROTO_SIMPLE), 0.0);
-    assert_eq!(h.coll(c, 6, ALLREDUCE, 64 << 20, &TABLE), (0, 4, tree_simple));
-    // The daemon dies (its beats stop) and a new one replaces the file: the old mapping goes
-    // stale, the new file is mapped.
-    w.set_heartbeat_interval(Duration::from_millis(20), monotonic_ns());
+    assert_eq!(bad.one(&format!("fin {c} 6")), ["rc", "0"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_board_frozen_mid_write_changes_nothing() {
+    // A daemon killed while writing leaves an odd sequence number: a reader that spins on it
+    // stalls every call. The plugin reads no board, so its calls neither stall nor change.
+    let dir = temp_dir("frozen");
+    let board = dir.join("knobs");
+    let w = hosts_own_board(&board);
     drop(w);
-    let mut w = BoardWriter::create(&board, Duration::from_millis(20), monotonic_ns()).unwrap();
-    w.publish(&[severe(1)], monotonic_ns());
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut bytes = std::fs::read(&board).unwrap();
+    bytes[offsets::SEQ..offsets::SEQ + 8].copy_from_slice(&7u64.to_le_bytes());
+    std::fs::write(&board, bytes).unwrap();
+    let mut h = Harness::start(&dir);
+    let (c, _) = h.init(6);
+    h.adopt(SEVERE, 3);
     let ring_ll = with(TABLE, at(nccl::ALGO_RING, nccl::PROTO_LL), 0.0);
-    loop {
-        w.heartbeat(monotonic_ns());
-        if h.coll(c, 6, ALLREDUCE, 64 << 20, &TABLE) == (0, 2, ring_ll.clone()) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the new daemon's board was not followed: {:#?}",
-            h.logs
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert_eq!(h.coll(c, 6, ALLREDUCE, 64 << 20, &TABLE), (0, 2, ring_ll));
+    assert_eq!(h.one(&format!("threads 8 {c}")), ["started", "8"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let out = h.ask("stop");
+    let calls: u64 = out
+        .iter()
+        .find_map(|l| l.strip_prefix("calls "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    // Every outcome the adopted severe rule's: Ring/LL, 2 channels; the workers' Ring/Simple
+    // chunk (4 MiB at NCCL_BUFFSIZE 8 MiB) scaled to its 1 MiB.
+    let severe = format!("sig c:{}:2", at(nccl::ALGO_RING, nccl::PROTO_LL));
+    assert!(
+        out.iter().all(|l| l.starts_with(&severe)
+            || l.starts_with("sig k:524288")
+            || l.starts_with("calls ")),
+        "{out:?}"
+    );
+    assert!(calls > 1000, "{out:?}");
     assert_eq!(h.one(&format!("fin {c} 6")), ["rc", "0"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -444,61 +475,57 @@ fn missing_foreign_and_unreadable_boards_mean_nccls_choice() {
 #[test]
 fn v5_and_v4_communicators_work_alongside() {
     let dir = temp_dir("versions");
-    let mut w =
-        BoardWriter::create(&dir.join("knobs"), Duration::from_secs(60), monotonic_ns()).unwrap();
-    w.publish(&[congested(3)], monotonic_ns());
     let mut h = Harness::start(&dir);
-    let (c5, net5) = h.init(5);
-    let (c4, net4) = h.init(4);
-    assert_eq!((net5[2], net4[2]), (90_014.0, 14.0), "v4 has no constants to change");
+    let (c5, _) = h.init(5);
+    let (c4, _) = h.init(4);
+    h.adopt(CONGESTED, 1);
     let tree_simple = with(TABLE, at(nccl::ALGO_TREE, nccl::PROTO_SIMPLE), 0.0);
     assert_eq!(h.coll(c5, 5, ALLREDUCE, 64 << 20, &TABLE), (0, 4, tree_simple.clone()));
-    assert_eq!(h.coll(c4, 4, ALLREDUCE, 64 << 20, &TABLE), (0, 4, tree_simple));
-    let file = dir.join("stats").join(h.child.id().to_string());
-    assert_eq!(tuner_stats::read_file(&file).unwrap().communicators, 2);
+    assert_eq!(h.coll(c4, 4, ALLREDUCE, 64 << 20, &TABLE), (0, 4, tree_simple.clone()));
+    // One adoption, said once by each communicator.
+    assert_eq!(h.logged("adopted at step 1 (link state 1)"), 2);
+    h.counters(&dir, |p| p.communicators == 2);
     assert_eq!(h.one(&format!("fin {c5} 5")), ["rc", "0"]);
-    assert_eq!(tuner_stats::read_file(&file).unwrap().communicators, 1);
+    h.counters(&dir, |p| p.communicators == 1);
+    let file = h.counter_file(&dir).unwrap();
     assert_eq!(h.one(&format!("fin {c4} 4")), ["rc", "0"]);
     assert!(!file.exists());
     // NCCL unloads the library after the last communicator and loads it again for the next.
+    // The counter writer's thread keeps the library loaded (glibc does not unload a library
+    // whose thread registered thread-local destructors), so the adopted decision lasts: every
+    // rank runs the same code and sees the same.
     assert_eq!(h.one("reload").join(" "), "reloaded v6 dlclose 0");
     let (c6, _) = h.init(6);
-    let tree_simple = with(TABLE, at(nccl::ALGO_TREE, nccl::PROTO_SIMPLE), 0.0);
-    assert_eq!(h.coll(c6, 6, ALLREDUCE, 64 << 20, &TABLE), (0, 4, tree_simple));
-    assert!(file.exists());
+    assert_eq!(h.coll(c6, 6, ALLREDUCE, 64 << 20, &TABLE), (0, 4, tree_simple.clone()));
+    h.adopt(SEVERE, 2);
+    let ring_ll = with(TABLE, at(nccl::ALGO_RING, nccl::PROTO_LL), 0.0);
+    assert_eq!(h.coll(c6, 6, ALLREDUCE, 64 << 20, &TABLE), (0, 2, ring_ll));
+    assert!(h.counter_file(&dir).is_some());
     assert_eq!(h.one(&format!("fin {c6} 6")), ["rc", "0"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
-fn eight_threads_while_the_board_is_rewritten_10000_times() {
+fn eight_threads_while_decisions_are_adopted_10000_times() {
     let dir = temp_dir("threads");
-    let mut w =
-        BoardWriter::create(&dir.join("knobs"), Duration::from_secs(60), monotonic_ns()).unwrap();
-    w.publish(&[healthy(1)], monotonic_ns());
     let mut h = Harness::start(&dir);
     let (c, _) = h.init(6);
+    h.adopt(CALM, 0);
     assert_eq!(h.one(&format!("threads 8 {c}")), ["started", "8"]);
-    // Healthy here sets a 6 MiB chunk but min_bytes 128 MiB: its 64 MiB collectives keep
-    // NCCL's chunk. A read that tore between chunk_bytes and nccl_min_bytes (different words
-    // of the slot) would scale by 6 MiB: a 3 MiB chunk no board asks for.
-    let calm = |id| BoardLink { chunk_bytes: 6 << 20, nccl_min_bytes: 128 << 20, ..healthy(id) };
-    let states: [&dyn Fn(u64) -> BoardLink; 3] = [&calm, &congested, &severe];
+    // The calm rule sets a 6 MiB chunk but min_bytes 128 MiB: its 64 MiB collectives keep
+    // NCCL's chunk. A read that tore between the chunk and min_bytes (different words of the
+    // gate) would scale by 6 MiB: a 3 MiB chunk no decision asks for.
+    let rules = [CALM, CONGESTED, SEVERE];
     for i in 0..10_000u64 {
-        w.publish(&[states[(i % 3) as usize](i + 2)], monotonic_ns());
-        // Spread the rewrites over the workers' calls.
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_micros(20) {
-            std::hint::spin_loop();
-        }
+        h.adopt(rules[(i % 3) as usize], i + 1);
     }
     let out = h.ask("stop");
-    // Every outcome is one board state's. getCollInfo: (entry set to 0, channels), from one
-    // read of the board; a torn read would pair one state's preference with another's cap.
-    // getChunkSize (a separate call, maybe of another board): Ring/Simple's 4 MiB at
-    // NCCL_BUFFSIZE 8 MiB scaled to the state's chunk.
+    // Every outcome is one decision's. getCollInfo: (entry set to 0, channels), from one read
+    // of the gate; a torn read would pair one rule's preference with another's cap.
+    // getChunkSize (a separate call, maybe of another decision): Ring/Simple's 4 MiB at
+    // NCCL_BUFFSIZE 8 MiB scaled to the rule's chunk.
     let allowed = [
-        "c:-1:0".to_owned(),                                        // healthy
+        "c:-1:0".to_owned(),                                        // calm
         format!("c:{}:4", at(nccl::ALGO_TREE, nccl::PROTO_SIMPLE)), // congested
         format!("c:{}:2", at(nccl::ALGO_RING, nccl::PROTO_LL)),     // severe
         format!("k:{}", 4 << 20),
@@ -512,7 +539,7 @@ fn eight_threads_while_the_board_is_rewritten_10000_times() {
             "sig" => {
                 assert!(
                     allowed.contains(&w[1].to_owned()),
-                    "outcome {} is no board's: {out:?}",
+                    "outcome {} is no decision's: {out:?}",
                     w[1]
                 );
                 seen += usize::from(w[1].starts_with("c:"));
@@ -531,7 +558,47 @@ fn eight_threads_while_the_board_is_rewritten_10000_times() {
             _ => panic!("{line}"),
         }
     }
-    assert!(seen >= 2, "the workers should have seen the board change: {out:?}");
+    assert!(seen >= 2, "the workers should have seen the decision change: {out:?}");
+    assert_eq!(h.one(&format!("fin {c} 6")), ["rc", "0"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_counter_file_truncated_and_replaced_from_outside_breaks_nothing() {
+    // The directory is shared by every training process of the node (pods in their own PID
+    // namespaces often have the same pid); anyone may truncate or replace a file in it.
+    let dir = temp_dir("truncated");
+    let mut h = Harness::start(&dir);
+    let (c, _) = h.init(6);
+    h.adopt(CONGESTED, 1);
+    let file = h.counter_file(&dir).unwrap();
+    let name = file.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        name.starts_with(&format!("{}-", h.child.id()))
+            && name.len() == name.find('-').unwrap() + 17,
+        "{name}"
+    );
+    assert_eq!(h.one(&format!("threads 8 {c}")), ["started", "8"]);
+    // Truncated (opened O_TRUNC by someone else): the process lives on, and the next write makes
+    // the file whole again.
+    std::fs::OpenOptions::new().write(true).truncate(true).open(&file).unwrap();
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 0);
+    std::thread::sleep(Duration::from_millis(200));
+    let p = h.counters(&dir, |p| p.adoption == "adopted" && p.calls > 1000);
+    assert_eq!(p.communicators, 1);
+    // Replaced (another file renamed over its name): the process lives on; the new file is
+    // nobody's (no lock), and the daemon's scan removes it.
+    let other = dir.join("stats").join("planted");
+    std::fs::write(&other, vec![0u8; linkpilot_common::tuner::TUNER_SIZE]).unwrap();
+    std::fs::rename(&other, &file).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(matches!(tuner_stats::read_file(&file), Ok(Counted::Dead)));
+    assert!(tuner_stats::scan(&dir.join("stats"), true).is_empty());
+    assert!(!file.exists());
+    let out = h.ask("stop");
+    let tree = format!("sig c:{}:4", at(nccl::ALGO_TREE, nccl::PROTO_SIMPLE));
+    assert!(out.iter().any(|l| l.starts_with(&tree)), "{out:?}");
+    assert!(out.iter().any(|l| l.starts_with("calls ") && l.ends_with("bad_rc 0")), "{out:?}");
     assert_eq!(h.one(&format!("fin {c} 6")), ["rc", "0"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -581,6 +648,10 @@ fn nccls_own_binary_looks_up_the_symbols_we_export() {
         .map(str::to_owned)
         .collect();
     assert_eq!(ours, ["ncclTunerPlugin_v4", "ncclTunerPlugin_v5", "ncclTunerPlugin_v6"]);
+    // And the gate the training code calls.
+    assert!(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.ends_with(" T linkpilot_tuner_adopt")));
     for s in &ours {
         assert!(
             looked_up.contains(s),

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from linkpilot.board import BoardError, BoardSnapshot, KnobBoard
+from linkpilot.tuner import Diagnosis, diagnose
 
 _COLUMNS = "{:<12} {:<16} {:<12} {:>7} {:>7} {:>6} {:>4} {:>5} {:>4} {:>3} {:>8}"
 
@@ -46,6 +47,28 @@ def render(s: BoardSnapshot) -> str:
     return "\n".join(lines)
 
 
+def render_tuner(d: Diagnosis, pid: int | None) -> str:
+    lines = [f"NCCL_TUNER_PLUGIN={d.setting or ''}"]
+    if d.library is None:
+        lines.append("NCCL loads no tuner plugin: it makes its own choices")
+        return "\n".join(lines)
+    lines.append(f"library: {d.library}")
+    needs = f"; the library needs glibc {d.needs_glibc}" if d.needs_glibc else ""
+    lines.append(f"glibc here: {d.glibc}{needs}")
+    if d.load_error:
+        lines.append(f"NOT LOADABLE here, so NCCL runs without it and says nothing: {d.load_error}")
+    elif not d.has_gate:
+        lines.append("loads, but it is not linkpilot's plugin (no linkpilot_tuner_adopt)")
+    else:
+        lines.append("loads: linkpilot's plugin, with the gate the training code adopts "
+                     "decisions through")
+    if pid is not None:
+        lines.append({True: f"pid {pid} has it loaded",
+                      False: f"pid {pid} does NOT have it loaded (its NCCL makes its own choices)",
+                      None: f"pid {pid}: cannot read its memory map"}[d.loaded_in_pid])
+    return "\n".join(lines)
+
+
 def to_json(s: BoardSnapshot) -> dict[str, Any]:
     out = dataclasses.asdict(s)
     for d, k in zip(out["links"], s.links):
@@ -65,7 +88,17 @@ def main(argv: list[str] | None = None) -> int:
     status.add_argument(
         "--board", help="the board file (default: $LINKPILOT_BOARD, else /run/linkpilot/knobs)"
     )
+    tuner = commands.add_parser(
+        "tuner", help="check that NCCL can load the tuner plugin NCCL_TUNER_PLUGIN names "
+        "(exit 1 if not)")
+    tuner.add_argument("--pid", type=int, help="also check that this process has it loaded")
+    tuner.add_argument("--json", action="store_true", help="one JSON object")
     args = parser.parse_args(argv)
+    if args.command == "tuner":
+        d = diagnose(pid=args.pid)
+        print(json.dumps({**dataclasses.asdict(d), "ok": d.ok}, indent=2) if args.json
+              else render_tuner(d, args.pid), flush=True)
+        return 0 if d.ok else 1
     try:
         with KnobBoard(args.board) as board:
             snap = board.read()

@@ -58,7 +58,9 @@ class BoardFormatError(BoardError):
 
 
 class BoardBusy(BoardError):
-    """No stable copy within the retries: the writer kept writing (or died mid-write)."""
+    """No stable copy within the retries: the writer kept writing, or died mid-write (then, once
+    the same half-written state has lasted two heartbeats, reads fail at once without
+    retrying)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +178,10 @@ class KnobBoard:
         self._map: _Mapping | None = None
         self._lock = threading.Lock()
         self._stale_reopen_ns = 0
+        # A sequence number seen odd through every retry, since when, and after how long it
+        # counts as a writer that died mid-write (two heartbeats of the last good copy).
+        self._stuck: tuple[int, int] | None = None
+        self._stuck_after_ns = 200_000_000
         self._links_raw = b""
         self._links: tuple[LinkKnobs, ...] = ()
 
@@ -231,6 +237,12 @@ class KnobBoard:
     def _snapshot(self) -> BoardSnapshot:
         assert self._map is not None
         words, mm = self._map.words, self._map.mm
+        stuck = self._stuck
+        if stuck is not None and words[_SEQ_WORD] == stuck[0]:
+            held_ns = time.monotonic_ns() - stuck[1]
+            if held_ns > self._stuck_after_ns:
+                raise BoardBusy(self.path, f"left half-written for {held_ns / 1e6:.0f} ms (the "
+                                "daemon died while writing?); waiting for a new board")
         data = None
         for attempt in range(self.tries):
             seq = words[_SEQ_WORD]
@@ -242,7 +254,11 @@ class KnobBoard:
             if attempt:
                 time.sleep(0)  # let a descheduled writer finish
         if data is None:
+            seq = words[_SEQ_WORD]
+            if seq & 1 and (stuck is None or stuck[0] != seq):
+                self._stuck = (seq, time.monotonic_ns())
             raise BoardBusy(self.path, f"the daemon kept writing: no stable copy in {self.tries} tries")
+        self._stuck = None
         now = time.monotonic_ns()
         (_, _, _, _, heartbeat_ns, interval_ms, pid, decision_id, n_links,
          pending) = _HEADER.unpack_from(data)
@@ -254,6 +270,7 @@ class KnobBoard:
             self._links = tuple(self._link(data, i) for i in range(n_links))
             self._links_raw = raw
         links = self._links
+        self._stuck_after_ns = 2 * max(interval_ms, 1) * 1_000_000
         age_ns = max(now - heartbeat_ns, 0)
         return BoardSnapshot(
             path=self.path,

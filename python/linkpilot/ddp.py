@@ -7,6 +7,13 @@ carries each rank's proposal (its board's codec and watchdog), so when step N en
 holds the same proposals and step N+1 uses the strongest of them. A rank whose board is stale or
 missing proposes the configured safe codec.
 
+The NCCL tuner plugin follows the same agreement: each proposal also carries the rank's board's
+NCCL rule (algorithm, protocol, channels, min bytes, chunk), the rule of the worst link state any
+rank proposed wins, and at the start of step N+1 every rank adopts it through the plugin's gate
+(:mod:`linkpilot.tuner`) before that step's first collective; with any rank's board not fresh,
+every rank withdraws it (NCCL's own choices). Every rank's NCCL thus answers the same for the same
+collective.
+
 With ``sites`` (which ranks share a site), a bucket is summed inside the site uncompressed, each
 rank of a site sends its 1/L shard compressed across to the ranks with the same position in the
 other sites, and the site gathers the reduced shards: the WAN carries one compressed bucket per
@@ -20,24 +27,28 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket  # DDP's own type; not re-exported for mypy
 
-from linkpilot.board import BoardError, KnobBoard
+from linkpilot.board import BoardError, KnobBoard, LinkKnobs
 from linkpilot.codecs import CODEC_NAMES, Codec, ErrorFeedback, get_codec
+from linkpilot.tuner import TunerGate, TunerRule
 
 log = logging.getLogger("linkpilot.ddp")
 
 __all__ = ["BucketStats", "LinkpilotHook", "StepStats", "group_timeout", "hook"]
 
-# A proposal as 8 small integers (each 0..255, exact in fp16, bf16, fp32 and uint8, and unchanged
-# by a sum with zeros): codec index, top-k ratio in ppm (3 digits), watchdog seconds (3 digits),
-# and 1 when it came from a fresh board.
-_PROPOSAL = 8
+# A proposal as 16 small integers (each 0..255, exact in fp16, bf16, fp32 and uint8, and
+# unchanged by a sum with zeros): codec index, top-k ratio in ppm (3 digits), watchdog seconds
+# (3 digits), flags (1: from a fresh board, 2: with an NCCL rule), and the NCCL rule: state
+# index, algorithm, protocol, channels, min bytes as a bit length (a power of two or 0), chunk
+# in KiB (3 digits).
+_PROPOSAL = 16
 _PPM = 1_000_000
+_FRESH, _RULE = 1, 2
 
 
 @dataclass(frozen=True)
@@ -45,20 +56,32 @@ class Proposal:
     codec: str
     watchdog_s: int = 0
     fresh: bool = False
+    #: The NCCL tuner plugin's rule of the rank's board (None: no fresh board).
+    tuner: TunerRule | None = None
 
     def encode(self) -> list[int]:
         name, _, ratio = self.codec.partition(":")
         ppm = min(_PPM, max(1, round(float(ratio) * _PPM))) if ratio else 0
         wd = min(self.watchdog_s, 256**3 - 1)
+        flags = (_FRESH if self.fresh else 0) | (_RULE if self.tuner else 0)
+        r = self.tuner or TunerRule()
+        kib = min(r.chunk_bytes >> 10, 256**3 - 1)
         return [CODEC_NAMES.index(name), ppm >> 16, (ppm >> 8) & 255, ppm & 255,
-                wd >> 16, (wd >> 8) & 255, wd & 255, int(self.fresh)]
+                wd >> 16, (wd >> 8) & 255, wd & 255, flags,
+                min(r.state_index, 255), r.algo, r.proto, min(r.max_channels, 255),
+                min(r.min_bytes.bit_length(), 255), kib >> 16, (kib >> 8) & 255, kib & 255]
 
     @staticmethod
     def decode(d: Sequence[int]) -> Proposal:
         name = CODEC_NAMES[min(d[0], len(CODEC_NAMES) - 1)]
         if name == "topk":
             name = f"topk:{((d[1] << 16) | (d[2] << 8) | d[3]) / _PPM:g}"
-        return Proposal(name, (d[4] << 16) | (d[5] << 8) | d[6], bool(d[7]))
+        tuner = None
+        if d[7] & _RULE:
+            tuner = TunerRule(algo=d[9], proto=d[10], max_channels=d[11], state_index=d[8],
+                              min_bytes=1 << (d[12] - 1) if d[12] else 0,
+                              chunk_bytes=((d[13] << 16) | (d[14] << 8) | d[15]) << 10)
+        return Proposal(name, (d[4] << 16) | (d[5] << 8) | d[6], bool(d[7] & _FRESH), tuner)
 
 
 def strength(codec: str) -> tuple[int, float]:
@@ -69,9 +92,23 @@ def strength(codec: str) -> tuple[int, float]:
 
 def agree(proposals: Sequence[Proposal]) -> Proposal:
     """The strongest codec and the longest watchdog anyone proposed: the rank that sees the worst
-    of the link decides (the two sites' daemons each see their own side)."""
+    of the link decides (the two sites' daemons each see their own side). The NCCL rule of the
+    worst link state proposed (the first of equals, in rank order), only when every proposal
+    came from a fresh board with one: else none, and NCCL makes its own choices everywhere."""
     codec = max((p.codec for p in proposals), key=strength)
-    return Proposal(codec, max(p.watchdog_s for p in proposals), all(p.fresh for p in proposals))
+    tuner = None
+    rules = [p.tuner for p in proposals if p.fresh and p.tuner is not None]
+    if rules and len(rules) == len(proposals):
+        tuner = max(rules, key=lambda r: r.state_index)  # max keeps the first of equals
+    return Proposal(codec, max(p.watchdog_s for p in proposals),
+                    all(p.fresh for p in proposals), tuner)
+
+
+def _rule(knobs: LinkKnobs) -> TunerRule:
+    return TunerRule.from_names(
+        knobs.nccl_algo, knobs.nccl_proto, max_channels=knobs.nccl_max_channels,
+        state_index=knobs.state_index, min_bytes=knobs.nccl_min_bytes,
+        chunk_bytes=knobs.chunk_bytes)
 
 
 @dataclass
@@ -95,6 +132,8 @@ class StepStats:
     #: What this rank proposed for the next step from its own board (the safe codec when the
     #: board is missing or stale): ``codec`` of the next step is the strongest of every rank's.
     proposed: str = ""
+    #: The NCCL rule every rank adopted for this step (None: NCCL's own choices).
+    tuner: TunerRule | None = None
     buckets: list[BucketStats] = field(default_factory=list)
 
     @property
@@ -116,6 +155,8 @@ class LinkpilotHook:
     safe_codec: what a rank proposes when its board is missing or stale; also step 0's codec.
     sites: ranks per site (e.g. [[0, 1], [2, 3]]), all of one size, covering the world.
     on_step: called with each step's stats when the next step begins (its futures are done).
+    tuner: the NCCL tuner plugin's gate, where every step's agreed NCCL rule is adopted
+        ("auto": the plugin NCCL_TUNER_PLUGIN names, when it is linkpilot's; None: none).
     """
 
     def __init__(
@@ -130,6 +171,7 @@ class LinkpilotHook:
         process_group: dist.ProcessGroup | None = None,
         on_step: Callable[[StepStats], None] | None = None,
         history: int = 1000,
+        tuner: TunerGate | Literal["auto"] | None = "auto",
     ) -> None:
         self.board = board if isinstance(board, KnobBoard) else KnobBoard(board)
         self.link = link
@@ -152,6 +194,9 @@ class LinkpilotHook:
         self._job_timeout = group_timeout(self.group)
         self._timeout = self._job_timeout
         self._sites = _Sites(sites, self.world, self.rank) if sites else None
+        self.tuner = TunerGate.from_env() if tuner == "auto" else tuner
+        self._adopted: TunerRule | None = None
+        self._board_problem = ""
 
     # -- per step -----------------------------------------------------------------------------
 
@@ -162,10 +207,20 @@ class LinkpilotHook:
         # What the previous step's collectives agreed on: identical on every rank, and complete,
         # since DDP waited for every bucket's future before this backward pass began.
         self._agreed = self._next
+        self._adopt(self._agreed.tuner)
         self._proposal, state, decision = self._read_board()
         self._raise_timeout(max(self._proposal.watchdog_s, self._agreed.watchdog_s))
         self._current = StepStats(self._step, self._agreed.codec, decision, state,
-                                  self._proposal.codec)
+                                  self._proposal.codec, self._agreed.tuner)
+
+    def _adopt(self, rule: TunerRule | None) -> None:
+        """The agreed NCCL rule into the plugin, on every rank at this same point (the start of
+        a step, before its first bucket's collective), when it changed."""
+        if self.tuner is None or rule == self._adopted:
+            return
+        self.tuner.adopt(rule, self._step)
+        log.info("NCCL tuner: %s from step %d", rule or "NCCL's own choices", self._step)
+        self._adopted = rule
 
     def _finish_step(self) -> None:
         assert self._current is not None
@@ -177,12 +232,16 @@ class LinkpilotHook:
         try:
             snap = self.board.read()
         except BoardError as e:
-            log.debug("board unreadable, proposing %s: %s", self.safe_codec, e)
+            if e.problem != self._board_problem:  # once per problem
+                log.warning("%s; proposing %s and NCCL's own choices", e, self.safe_codec)
+                self._board_problem = e.problem
             return Proposal(self.safe_codec), "missing", 0
+        self._board_problem = ""
         knobs = snap.link(self.link) if self.link else snap.worst()
         if snap.stale or knobs is None:
             return Proposal(self.safe_codec), "stale" if snap.stale else "no-link", snap.decision_id
-        return Proposal(knobs.codec, knobs.watchdog_s, True), knobs.state, knobs.decision_id
+        return (Proposal(knobs.codec, knobs.watchdog_s, True, _rule(knobs)), knobs.state,
+                knobs.decision_id)
 
     def _raise_timeout(self, watchdog_s: int) -> None:
         """The group's timeout follows the watchdog, never below the job's own setting; it rises

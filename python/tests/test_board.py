@@ -215,3 +215,31 @@ def test_pending_actuators_are_named(tmp_path: Path, good_board: bytes) -> None:
     bits = (1 << 1) | (1 << 4) | (1 << 9)
     with KnobBoard(patched(tmp_path, good_board, 52, bits.to_bytes(4, "little"))) as board:
         assert board.read().pending == ("env_file", "roce_tc", "bit9")
+
+
+def test_a_board_left_half_written_is_refused_at_once_until_a_new_daemon_comes(
+        tmp_path: Path) -> None:
+    """A daemon killed mid-write leaves an odd sequence number for good: after two heartbeats of
+    it, reads stop retrying (they would spin on every call) and say why; the next daemon's board
+    is followed."""
+    path = tmp_path / "knobs"
+    with feed_board(path, heartbeat_ms=50) as dead:
+        dead.publish([{"name": "wan", "decision_id": 1}])
+        board = KnobBoard(path, tries=20)
+        assert board.read().pid == dead.pid
+    # What a SIGKILL between the two sequence stores leaves: the same file, seq odd.
+    with open(path, "r+b") as f:
+        seq = int.from_bytes(f.read()[16:24], "little")
+        f.seek(16)
+        f.write((seq + 1).to_bytes(8, "little"))
+    with pytest.raises(BoardBusy, match="no stable copy in 20 tries"):
+        board.read()
+    time.sleep(0.15)  # two heartbeats of 50 ms, and some
+    for _ in range(3):
+        with pytest.raises(BoardBusy, match="left half-written for .* ms"):
+            board.read()
+    with feed_board(path) as new:
+        new.publish([{"name": "wan", "decision_id": 2}])
+        snap = board.read()
+        assert (snap.pid, snap.decision_id, snap.stale) == (new.pid, 2, False)
+    board.close()

@@ -26,6 +26,25 @@ pub fn plugin() -> PathBuf {
     path
 }
 
+/// nccl-tuner's C harness, built in `work` with the system's `cc`: it loads a plugin as NCCL
+/// does and drives it from commands on stdin.
+pub fn harness(work: &Path) -> PathBuf {
+    std::fs::create_dir_all(work).expect("work dir");
+    let bin = work.join("nccl-tuner-harness");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    crate::sh(&[
+        &cc,
+        "-std=c11",
+        "-O1",
+        "-pthread",
+        HARNESS,
+        "-o",
+        bin.to_str().expect("utf-8"),
+        "-ldl",
+    ]);
+    bin
+}
+
 pub struct TrainingProcess {
     child: Child,
     _stdin: ChildStdin,
@@ -34,19 +53,7 @@ pub struct TrainingProcess {
 impl TrainingProcess {
     /// Starts one reading `board` and counting into `stats` (its harness built in `work`).
     pub fn start(work: &Path, board: &Path, stats: &Path) -> Self {
-        std::fs::create_dir_all(work).expect("work dir");
-        let bin = work.join("nccl-tuner-harness");
-        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-        crate::sh(&[
-            &cc,
-            "-std=c11",
-            "-O1",
-            "-pthread",
-            HARNESS,
-            "-o",
-            bin.to_str().expect("utf-8"),
-            "-ldl",
-        ]);
+        let bin = harness(work);
         let mut child = Command::new(&bin)
             .arg(plugin())
             .env("LINKPILOT_BOARD", board)

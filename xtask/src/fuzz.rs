@@ -20,7 +20,7 @@ pub const RUST_TARGETS: &[&str] = &[
     "scenario",
     "replay_trace",
     "packet",
-    "tuner_board",
+    "tuner_decision",
     "tuner_stats",
     "status_request",
 ];

@@ -5,6 +5,7 @@ mod bench_daemon;
 mod bench_datapath;
 mod bench_training;
 mod build_ebpf;
+mod build_tuner;
 mod demo;
 mod fuzz;
 mod lab;
@@ -33,6 +34,9 @@ enum Command {
         #[arg(long)]
         release: bool,
     },
+    /// Build the NCCL tuner plugin as shipped (against glibc 2.28, with cargo-zigbuild), check
+    /// the glibc versions it needs, and print its path.
+    BuildTuner,
     /// The main job on a built-in default: the WAN lab plays hk-us-day, the daemon tunes the
     /// Hong Kong side with policies/hk-us.toml under real TCP traffic (as root).
     Demo {
@@ -153,6 +157,10 @@ fn main() -> anyhow::Result<()> {
         Command::BuildEbpf { release } => {
             let path = build_ebpf::build(release)?;
             println!("{}", path.display());
+            Ok(())
+        }
+        Command::BuildTuner => {
+            println!("{}", build_tuner::build()?.display());
             Ok(())
         }
         Command::Soak { quick, steps, seed, restarts, minutes, release } => {

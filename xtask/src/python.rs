@@ -12,8 +12,16 @@ const TORCH: &str = "torch==2.15.0";
 /// kubernetes-validate checks deploy/k8s against the Kubernetes schemas offline (1.37.0
 /// carries the schemas of Kubernetes 1.37, which controller/tests/deploy.rs names); atheris
 /// fuzzes the env-file loader (`cargo xtask fuzz`, a cp311 manylinux wheel).
-const TOOLS: &[&str] =
-    &["numpy", "pytest>=8", "mypy>=1.10", "kubernetes-validate==1.37.0", "atheris==3.0.0"];
+/// ziglang is the zig that cargo-zigbuild links the shipped NCCL tuner plugin with (against
+/// glibc 2.28: `cargo xtask build-tuner`).
+const TOOLS: &[&str] = &[
+    "numpy",
+    "pytest>=8",
+    "mypy>=1.10",
+    "kubernetes-validate==1.37.0",
+    "atheris==3.0.0",
+    "ziglang==0.15.2",
+];
 
 pub fn venv() -> PathBuf {
     workspace_root().join(".venv")
@@ -28,7 +36,8 @@ pub fn setup() -> anyhow::Result<()> {
     let ready = python().exists()
         && succeeds(Command::new(python()).args([
             "-c",
-            "import torch, numpy, pytest, mypy, kubernetes_validate, atheris, linkpilot.board",
+            "import torch, numpy, pytest, mypy, kubernetes_validate, atheris, ziglang, \
+             linkpilot.board",
         ]));
     if ready {
         return Ok(());
@@ -61,9 +70,21 @@ pub fn setup() -> anyhow::Result<()> {
     )
 }
 
+/// The directory of the `zig` binary the ziglang package ships.
+pub fn zig_dir() -> anyhow::Result<PathBuf> {
+    let out = crate::run::output(
+        Command::new(python())
+            .args(["-c", "import os, ziglang; print(os.path.dirname(ziglang.__file__))"]),
+    )
+    .ok_or_else(|| anyhow::anyhow!("the ziglang package is missing: run `cargo xtask setup`"))?;
+    let dir = PathBuf::from(out.trim());
+    anyhow::ensure!(dir.join("zig").is_file(), "no zig in {}", dir.display());
+    Ok(dir)
+}
+
 /// mypy --strict on the package, then pytest (`linkpilot` is the binary the tests feed boards
-/// with).
-pub fn test(linkpilot: &std::path::Path) -> anyhow::Result<()> {
+/// with, `tuner` the NCCL tuner plugin they load).
+pub fn test(linkpilot: &std::path::Path, tuner: &std::path::Path) -> anyhow::Result<()> {
     status(
         "mypy (python/)",
         Command::new(python()).args([
@@ -78,6 +99,7 @@ pub fn test(linkpilot: &std::path::Path) -> anyhow::Result<()> {
         "pytest (python/)",
         Command::new(python())
             .args(["-m", "pytest", "-q", "python/tests"])
-            .env("LINKPILOT_BIN", linkpilot),
+            .env("LINKPILOT_BIN", linkpilot)
+            .env("LINKPILOT_TUNER_PLUGIN", tuner),
     )
 }

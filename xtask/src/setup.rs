@@ -76,6 +76,7 @@ pub fn run() -> anyhow::Result<()> {
     debian_packages().context("setup step 'Debian packages'")?;
     bpf_linker().context("setup step 'bpf-linker (LLVM 22)'")?;
     cargo_fuzz().context("setup step 'cargo-fuzz'")?;
+    cargo_zigbuild().context("setup step 'cargo-zigbuild'")?;
     tracefs().context("setup step 'tracefs mounted'")?;
     crate::python::setup().context("setup step 'Python virtualenv with torch'")?;
     eprintln!("setup: everything is in place");
@@ -180,6 +181,18 @@ fn cargo_fuzz() -> anyhow::Result<()> {
     status(
         "cargo install cargo-fuzz",
         Command::new(env!("CARGO")).args(["install", "cargo-fuzz", "--locked"]),
+    )
+}
+
+/// cargo-zigbuild builds the shipped NCCL tuner plugin against glibc 2.28 (`cargo xtask
+/// build-tuner`; its zig comes from the virtualenv's ziglang package).
+fn cargo_zigbuild() -> anyhow::Result<()> {
+    if succeeds(Command::new(env!("CARGO")).args(["zigbuild", "--help"])) {
+        return Ok(());
+    }
+    status(
+        "cargo install cargo-zigbuild",
+        Command::new(env!("CARGO")).args(["install", "cargo-zigbuild", "--locked"]),
     )
 }
 

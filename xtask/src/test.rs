@@ -60,8 +60,19 @@ pub fn run(privileged: bool) -> anyhow::Result<()> {
             "linkpilot-tests",
         ]),
     )?;
-    status("building linkpilot", Command::new(cargo).args(["build", "--package", "linkpilot"]))?;
-    crate::python::test(&workspace_root().join("target/debug/linkpilot"))?;
+    status(
+        "building linkpilot and the NCCL tuner plugin",
+        Command::new(cargo).args([
+            "build",
+            "--package",
+            "linkpilot",
+            "--package",
+            "linkpilot-nccl-tuner",
+        ]),
+    )?;
+    // The plugin as shipped (glibc 2.28): the training side's tests run against it.
+    let tuner = crate::build_tuner::build().context("the shipped NCCL tuner plugin")?;
+    crate::python::test(&workspace_root().join("target/debug/linkpilot"), &tuner)?;
     // Every fuzz target briefly from its seeds: a crash fails the run.
     eprintln!("test: cargo xtask fuzz --seconds {FUZZ_SECONDS}");
     crate::fuzz::run(FUZZ_SECONDS, None).context("the fuzz targets")?;
@@ -91,7 +102,8 @@ pub fn run(privileged: bool) -> anyhow::Result<()> {
         Command::new(cargo)
             .args(["test", "--package", "linkpilot-tests", "--", "--test-threads=1"])
             .env("LINKPILOT_BIN", target.join("linkpilot"))
-            .env("LINKPILOT_LAB_BIN", target.join("linkpilot-lab")),
+            .env("LINKPILOT_LAB_BIN", target.join("linkpilot-lab"))
+            .env("LINKPILOT_SHIPPED_TUNER", &tuner),
     )?;
     // The reliability soak's short form: 3 SIGKILLs and restarts under traffic with a board
     // reader, and 3 minutes at 10 Hz judged on RSS growth and CPU (RELIABILITY.md).

@@ -1,22 +1,29 @@
 //! The NCCL tuner plugin's counter files (one per training process, layout in
-//! `linkpilot_common::tuner`), read for `linkpilot status` and the metrics: what each process's
-//! NCCL was asked for, per collective and size class, and on which decision.
+//! `linkpilot_common::tuner`), read for `linkpilot status` and the metrics: which processes have
+//! the plugin loaded, and what each one's NCCL was asked for, per collective and size class,
+//! from which adopted decision.
 //!
 //! The directory is world-writable (sticky, like /tmp: training processes of any user create
-//! their file), so nothing in it is trusted: only regular files named by a pid, read with
-//! `read` (never mapped) and exactly the layout's size, at most [`MAX_FILES`] of them.
+//! their file), so nothing in it is trusted: only regular files named `<pid>-<16 hex digits>`,
+//! read with `read` (never mapped) and exactly the layout's size, at most [`MAX_FILES`] of them.
+//! A file is a live process's while that process holds its `flock`: that works across PID
+//! namespaces, where the pid in the name means nothing here. The plugin rewrites its file once
+//! a second, so a read is taken twice and kept only when both agree.
 
 use std::{
     fs,
-    io::{self, Read},
-    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    io::{self, Read, Seek},
+    os::unix::{
+        fs::{OpenOptionsExt, PermissionsExt},
+        io::AsRawFd,
+    },
     path::Path,
 };
 
 use linkpilot_common::{
     board::nccl,
     tuner::{
-        board_state, choice, TunerEntry, TunerStats, COLLS, COLL_SLOTS, SIZE_CLASSES, TUNER_MAGIC,
+        adoption, choice, TunerEntry, TunerStats, COLLS, COLL_SLOTS, SIZE_CLASSES, TUNER_MAGIC,
         TUNER_SIZE, TUNER_VERSION,
     },
 };
@@ -30,16 +37,20 @@ pub const MAX_FILES: usize = 256;
 /// One training process with the plugin loaded.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TunerProcess {
+    /// The pid the process has in its own PID namespace.
     pub pid: u32,
     pub communicators: u32,
-    /// getCollInfo calls, and those that followed a fresh board.
+    /// getCollInfo calls, and those that followed an adopted decision.
     pub calls: u64,
-    pub board_calls: u64,
+    pub adopted_calls: u64,
     pub chunk_calls: u64,
-    /// The newest decision a call acted on.
-    pub decision_id: u64,
-    /// The board as the last call found it: fresh, stale, missing, foreign, unreadable.
-    pub board: String,
+    /// What the calls follow: "none yet" (NCCL's own: no training code adopted a decision),
+    /// "adopted", "withdrawn".
+    pub adoption: String,
+    /// The training step from which the adopted decision applies.
+    pub adopted_step: u64,
+    /// Adoptions and withdrawals so far.
+    pub adoptions: u64,
     /// NCCL_BUFFSIZE as the plugin read it.
     pub buffsize_bytes: u64,
     /// The (collective, size class) rows it was called for.
@@ -58,31 +69,61 @@ pub struct TunerChoice {
     pub proto: Option<String>,
     /// Channel cap (0: NCCL's count).
     pub channels: u8,
-    /// Why NCCL kept its own choice, if it did: "no fresh board", "below min_bytes", "not
+    /// Why NCCL kept its own choice, if it did: "no decision adopted", "below min_bytes", "not
     /// allowed by NCCL".
     pub own_choice: Option<String>,
     /// Chunk size asked for (0: NCCL's own).
     pub chunk_bytes: u64,
-    pub decision_id: u64,
-    pub chunk_decision_id: u64,
+    /// The adopted steps behind the latest changes of the choice and of the chunk.
+    pub step: u64,
+    pub chunk_step: u64,
     pub calls: u64,
     pub chunk_calls: u64,
 }
 
+/// A counter file as read: its process, or nobody's (its process is gone), or why it is not one.
+#[derive(Debug)]
+pub enum Counted {
+    Live(TunerProcess),
+    Dead,
+}
+
+/// Reads tried before a file that changes under every read is skipped for this scan.
+const READ_TRIES: usize = 3;
+
 /// One counter file, or why it is not one.
-pub fn read_file(path: &Path) -> Result<TunerProcess, String> {
+pub fn read_file(path: &Path) -> Result<Counted, String> {
     let mut f = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
         .map_err(|e| e.to_string())?;
     let meta = f.metadata().map_err(|e| e.to_string())?;
-    if !meta.is_file() || meta.len() != TUNER_SIZE as u64 {
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    // Taken only if no process holds it: then the file is a dead one's. Released at once.
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        // SAFETY: as above.
+        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
+        return Ok(Counted::Dead);
+    }
+    if meta.len() != TUNER_SIZE as u64 {
         return Err(format!("not a counter file ({} bytes, one has {TUNER_SIZE})", meta.len()));
     }
-    let mut bytes = vec![0u8; TUNER_SIZE];
-    f.read_exact(&mut bytes).map_err(|e| e.to_string())?;
-    parse(&bytes)
+    let mut last = vec![0u8; TUNER_SIZE];
+    f.read_exact(&mut last).map_err(|e| e.to_string())?;
+    for _ in 0..READ_TRIES {
+        let mut again = vec![0u8; TUNER_SIZE];
+        f.rewind().map_err(|e| e.to_string())?;
+        f.read_exact(&mut again).map_err(|e| e.to_string())?;
+        if again == last {
+            return parse(&last).map(Counted::Live);
+        }
+        last = again;
+    }
+    Err("rewritten during every read".into())
 }
 
 /// A counter file's bytes (anyone's: checked, never trusted), or why they are not one.
@@ -104,8 +145,8 @@ pub fn parse(bytes: &[u8]) -> Result<TunerProcess, String> {
                 continue;
             }
             let w = e.choice;
-            let own = if w & choice::BOARD == 0 {
-                Some("no fresh board")
+            let own = if w & choice::ADOPTED == 0 {
+                Some("no decision adopted")
             } else if w & choice::SMALL != 0 {
                 Some("below min_bytes")
             } else if w & choice::NOT_ALLOWED != 0 {
@@ -126,8 +167,8 @@ pub fn parse(bytes: &[u8]) -> Result<TunerProcess, String> {
                 channels: choice::channels(w),
                 own_choice: own.map(str::to_owned),
                 chunk_bytes: e.chunk,
-                decision_id: e.decision_id,
-                chunk_decision_id: e.chunk_decision_id,
+                step: e.step,
+                chunk_step: e.chunk_step,
                 calls: e.calls,
                 chunk_calls: e.chunk_calls,
             });
@@ -141,29 +182,29 @@ pub fn parse(bytes: &[u8]) -> Result<TunerProcess, String> {
         pid: h.pid,
         communicators: h.communicators,
         calls,
-        board_calls: calls.saturating_sub(h.own_calls),
+        adopted_calls: calls.saturating_sub(h.own_calls),
         chunk_calls,
-        decision_id: h.decision_id,
-        board: board_state::NAMES.get(h.board as usize).unwrap_or(&"?").to_string(),
+        adoption: adoption::NAMES.get(h.adoption as usize).unwrap_or(&"?").to_string(),
+        adopted_step: h.adopted_step,
+        adoptions: h.adoptions,
         buffsize_bytes: u64::from(h.buffsize_kib) << 10,
         choices,
     })
 }
 
-/// Whether a process with this pid is running (in our pid namespace).
-fn alive(pid: u32) -> bool {
-    let Ok(pid) = i32::try_from(pid) else { return false };
-    // SAFETY: signal 0 only checks that the process exists.
-    pid > 0
-        && (unsafe { libc::kill(pid, 0) } == 0
-            || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+/// The pid a counter file's name gives: `<pid>-<16 hex digits>`.
+fn named_pid(name: &str) -> Option<u32> {
+    let (pid, tag) = name.split_once('-')?;
+    (tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| pid.parse().ok())
+        .flatten()
 }
 
 /// The processes of `dir` with the plugin loaded, by pid. Files of processes that are gone (a
 /// crash: a clean exit removes its own) are removed when `clean` is set (the daemon owns the
 /// directory); unreadable or foreign files are skipped.
 pub fn scan(dir: &Path, clean: bool) -> Vec<TunerProcess> {
-    // Not through a symlink: files of dead pids are removed, as root.
+    // Not through a symlink: files of dead processes are removed, as root.
     if real_dir(dir).is_err() {
         return Vec::new();
     }
@@ -171,17 +212,13 @@ pub fn scan(dir: &Path, clean: bool) -> Vec<TunerProcess> {
     let mut out = Vec::new();
     for entry in entries.flatten().take(MAX_FILES) {
         let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-        if !alive(pid) {
-            if clean && entry.file_type().is_ok_and(|t| t.is_file()) {
+        let Some(pid) = name.to_str().and_then(named_pid) else { continue };
+        match read_file(&entry.path()) {
+            Ok(Counted::Live(p)) if p.pid == pid => out.push(p),
+            Ok(Counted::Dead) if clean && entry.file_type().is_ok_and(|t| t.is_file()) => {
                 let _ = fs::remove_file(entry.path());
             }
-            continue;
-        }
-        if let Ok(p) = read_file(&entry.path()) {
-            if p.pid == pid {
-                out.push(p);
-            }
+            _ => {}
         }
     }
     out.sort_by_key(|p| p.pid);
@@ -220,6 +257,8 @@ fn real_dir(dir: &Path) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
     use linkpilot_common::tuner::TunerHeader;
 
@@ -244,14 +283,22 @@ mod tests {
         assert!(parse(&bytes[1..]).unwrap_err().contains("not a counter file"));
     }
 
-    fn file(dir: &Path, pid: u32, stats: &TunerStats) -> std::path::PathBuf {
-        let path = dir.join(pid.to_string());
-        // SAFETY: plain integers, written as the plugin's mapping holds them.
+    /// A counter file as the plugin leaves it, and the descriptor holding its lock (`None`:
+    /// unlocked, a dead process's).
+    fn file(dir: &Path, name: &str, stats: &TunerStats, live: bool) -> (PathBuf, Option<fs::File>) {
+        let path = dir.join(name);
+        // SAFETY: plain integers, written as the plugin writes them.
         let bytes = unsafe {
             std::slice::from_raw_parts((stats as *const TunerStats).cast::<u8>(), TUNER_SIZE)
         };
         fs::write(&path, bytes).unwrap();
-        path
+        let lock = live.then(|| {
+            let f = fs::File::open(&path).unwrap();
+            // SAFETY: flock on a descriptor of this test.
+            assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+            f
+        });
+        (path, lock)
     }
 
     #[test]
@@ -263,49 +310,56 @@ mod tests {
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
         create_dir(&dir).unwrap();
         assert_eq!(fs::metadata(&dir).unwrap().permissions().mode() & 0o7777, 0o755, "kept");
-        let me = std::process::id();
+        // In another PID namespace a process may have any pid, ours included: liveness is the
+        // lock, not the pid.
+        let pid = 1;
         let mut s = TunerStats {
             header: TunerHeader {
                 magic: TUNER_MAGIC,
                 version: TUNER_VERSION,
                 size: TUNER_SIZE as u32,
-                pid: me,
+                pid,
                 communicators: 2,
                 own_calls: 1,
                 own_chunk_calls: 0,
-                decision_id: 42,
-                board: board_state::FRESH,
+                adopted_step: 42,
+                adoption: adoption::ADOPTED,
                 buffsize_kib: 8192,
-                _reserved: 0,
+                adoptions: 3,
             },
             entries: [[TunerEntry::default(); SIZE_CLASSES]; COLL_SLOTS],
         };
         s.entries[4][23] = TunerEntry {
-            choice: choice::pack(0, 2, 4, choice::SEEN | choice::BOARD),
+            choice: choice::pack(0, 2, 4, choice::SEEN | choice::ADOPTED),
             calls: 9,
-            decision_id: 42,
+            step: 42,
             chunk: 1 << 20,
             chunk_calls: 7,
-            chunk_decision_id: 42,
+            chunk_step: 42,
             ..TunerEntry::default()
         };
         s.entries[2][3].choice = choice::pack(255, 255, 0, choice::SEEN);
         s.entries[2][3].calls = 1;
-        file(&dir, me, &s);
-        // A dead process's file (pid beyond pid_max) goes; junk stays but is not read.
-        let dead = file(&dir, 4_194_305, &s);
+        let (_, _held) = file(&dir, "1-00000000deadbeef", &s, true);
+        // The same pid in another namespace, alive too, and a dead process's file.
+        let (_, _also) = file(&dir, "1-0123456789abcdef", &s, true);
+        let (dead, _) = file(&dir, "1-fedcba9876543210", &s, false);
+        // Junk, a name without the tag, a name whose pid is not the file's: not read.
         fs::write(dir.join("notes"), "x").unwrap();
+        let (_, _old) = file(&dir, "1", &s, true);
+        let (_, _other) = file(&dir, "2-00000000deadbeef", &s, true);
         let got = scan(&dir, true);
-        assert!(!dead.exists());
-        assert_eq!(got.len(), 1);
+        assert!(!dead.exists(), "a dead process's file is removed");
+        assert_eq!(got.len(), 2);
         let p = &got[0];
-        assert_eq!((p.pid, p.communicators, p.calls, p.decision_id), (me, 2, 10, 42));
-        assert_eq!((p.board.as_str(), p.buffsize_bytes), ("fresh", 8 << 20));
+        assert_eq!((p.pid, p.communicators, p.calls, p.adopted_calls), (1, 2, 10, 9));
+        assert_eq!((p.adoption.as_str(), p.adopted_step, p.adoptions), ("adopted", 42, 3));
+        assert_eq!(p.buffsize_bytes, 8 << 20);
         let c = &p.choices;
         assert_eq!(c.len(), 2);
         assert_eq!(
             (c[0].collective.as_str(), c[0].own_choice.as_deref()),
-            ("allgather", Some("no fresh board"))
+            ("allgather", Some("no decision adopted"))
         );
         assert_eq!(
             (c[1].collective.as_str(), c[1].size_from, c[1].size_to),
@@ -315,9 +369,16 @@ mod tests {
             (c[1].algo.as_deref(), c[1].proto.as_deref(), c[1].channels),
             (Some("tree"), Some("simple"), 4)
         );
-        assert_eq!((c[1].chunk_bytes, c[1].own_choice.as_ref()), (1 << 20, None));
-        fs::write(dir.join("77"), "short").unwrap();
-        assert!(read_file(&dir.join("77")).unwrap_err().contains("not a counter file"));
+        assert_eq!((c[1].chunk_bytes, c[1].own_choice.as_ref(), c[1].step), (1 << 20, None, 42));
+        let (short, _lock) = {
+            let path = dir.join("77-00000000deadbeef");
+            fs::write(&path, "short").unwrap();
+            let f = fs::File::open(&path).unwrap();
+            // SAFETY: flock on a descriptor of this test.
+            unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+            (path, f)
+        };
+        assert!(read_file(&short).unwrap_err().contains("not a counter file"));
         let _ = fs::remove_dir_all(&dir);
     }
 
@@ -328,7 +389,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let victim = root.path().join("victim");
         fs::create_dir(&victim).unwrap();
-        let dead = victim.join("4194305");
+        let dead = victim.join("4194305-00000000deadbeef");
         fs::write(&dead, "precious").unwrap();
         let dir = root.path().join("tuner");
         std::os::unix::fs::symlink(&victim, &dir).unwrap();

@@ -343,27 +343,30 @@ fn render_actuators(s: &Status) -> String {
     format!("actuators\n{out}")
 }
 
-/// The NCCL tuner plugin's section of the table: per process, what it asked NCCL for.
+/// The NCCL tuner plugin's section of the table: the processes that have it loaded and, per
+/// process, what it asked NCCL for.
 fn render_tuner(procs: &[TunerProcess]) -> String {
     if procs.is_empty() {
         return String::new();
     }
     let mut out = String::from("\nNCCL tuner plugin\n");
     for p in procs {
+        let decision = match p.adoption.as_str() {
+            "adopted" => format!("decision adopted at step {}", p.adopted_step),
+            other => format!("decision {other}: NCCL's own choices"),
+        };
         out += &format!(
-            "  pid {}: {} communicator(s), board {}, decision {}, {} of {} calls followed the \
-             board, NCCL_BUFFSIZE {}\n",
+            "  pid {}: {} communicator(s), {decision}, {} of {} calls followed it, \
+             NCCL_BUFFSIZE {}\n",
             p.pid,
             p.communicators,
-            p.board,
-            p.decision_id,
-            p.board_calls,
+            p.adopted_calls,
             p.calls,
             bytes(p.buffsize_bytes)
         );
         out += &format!(
             "    {:<14} {:>17} {:<20} {:>8} {:>8} {:>9} {:>9}\n",
-            "COLLECTIVE", "SIZE", "CHOICE", "CHANNELS", "CHUNK", "DECISION", "CALLS"
+            "COLLECTIVE", "SIZE", "CHOICE", "CHANNELS", "CHUNK", "STEP", "CALLS"
         );
         for c in &p.choices {
             let size = match c.size_to {
@@ -386,7 +389,7 @@ fn render_tuner(procs: &[TunerProcess]) -> String {
                 choice,
                 channels,
                 chunk,
-                c.decision_id.max(c.chunk_decision_id),
+                c.step.max(c.chunk_step),
                 c.calls.max(c.chunk_calls)
             );
         }
@@ -453,9 +456,9 @@ mod tests {
             pid: 4242,
             communicators: 1,
             calls: 10,
-            board_calls: 9,
-            decision_id: 42,
-            board: "fresh".into(),
+            adopted_calls: 9,
+            adopted_step: 42,
+            adoption: "adopted".into(),
             buffsize_bytes: 32 << 20,
             choices: vec![
                 TunerChoice {
@@ -465,7 +468,7 @@ mod tests {
                     algo: Some("tree".into()),
                     proto: Some("simple".into()),
                     chunk_bytes: 2 << 20,
-                    decision_id: 42,
+                    step: 42,
                     calls: 9,
                     ..TunerChoice::default()
                 },
@@ -484,7 +487,7 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         let at = lines.iter().position(|l| *l == "NCCL tuner plugin").unwrap();
         assert!(lines[at + 1]
-            .contains("pid 4242: 1 communicator(s), board fresh, decision 42, 9 of 10 calls"));
+            .contains("pid 4242: 1 communicator(s), decision adopted at step 42, 9 of 10 calls"));
         assert_eq!(
             lines[at + 3].split_whitespace().collect::<Vec<_>>(),
             ["allreduce", "16MiB-32MiB", "tree/simple", "-", "2MiB", "42", "9"]

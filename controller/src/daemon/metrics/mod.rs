@@ -249,10 +249,10 @@ impl Metrics {
         let tuner_calls = family(
             r,
             "nccl_tuner_calls",
-            "getCollInfo calls of the live processes: result board (followed a fresh board) or \
-             own (NCCL's own choice: no fresh board)",
+            "getCollInfo calls of the live processes: result adopted (followed the decision the \
+             ranks adopted) or own (NCCL's own choice: none adopted)",
         );
-        for res in ["board", "own"] {
+        for res in ["adopted", "own"] {
             let _ = tuner_calls.get_or_create(&labels(&[("result", res)]));
         }
         let tuner_choices = family(
@@ -306,12 +306,12 @@ impl Metrics {
     /// The tuner plugin's counters of the live training processes.
     pub fn tuner(&self, procs: &[TunerProcess]) {
         self.tuner_processes.set(procs.len() as i64);
-        let board: u64 = procs.iter().map(|p| p.board_calls).sum();
+        let adopted: u64 = procs.iter().map(|p| p.adopted_calls).sum();
         let all: u64 = procs.iter().map(|p| p.calls).sum();
-        self.tuner_calls.get_or_create(&labels(&[("result", "board")])).set(board as i64);
+        self.tuner_calls.get_or_create(&labels(&[("result", "adopted")])).set(adopted as i64);
         self.tuner_calls
             .get_or_create(&labels(&[("result", "own")]))
-            .set(all.saturating_sub(board) as i64);
+            .set(all.saturating_sub(adopted) as i64);
         // Choices come and go: rebuild the family from what the processes show now.
         self.tuner_choices.clear();
         for c in procs.iter().flat_map(|p| &p.choices) {

@@ -57,7 +57,7 @@ fn tuner_choices_are_counted_and_forgotten_when_gone() {
     };
     let p = TunerProcess {
         calls: 10,
-        board_calls: 8,
+        adopted_calls: 8,
         choices: vec![
             choice(Some("tree"), None),
             choice(Some("tree"), None),
@@ -69,7 +69,7 @@ fn tuner_choices_are_counted_and_forgotten_when_gone() {
     let text = m.render();
     for line in [
         "linkpilot_nccl_tuner_processes 2",
-        "linkpilot_nccl_tuner_calls{result=\"board\"} 16",
+        "linkpilot_nccl_tuner_calls{result=\"adopted\"} 16",
         "linkpilot_nccl_tuner_calls{result=\"own\"} 4",
         "linkpilot_nccl_tuner_choices{collective=\"allreduce\",algo=\"tree\",proto=\"simple\"} 4",
         "linkpilot_nccl_tuner_choices{collective=\"allreduce\",algo=\"nccl\",proto=\"nccl\"} 2",
