@@ -81,6 +81,10 @@ enum Command {
         /// Held-out windows per evaluation of a checkpoint.
         #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=512))]
         eval_windows: u32,
+        /// The congestion control every lab host starts with (default cubic, the common
+        /// distribution default); results of another go to target/bench-training-CC.
+        #[arg(long)]
+        cc: Option<String>,
     },
     /// What the eBPF programs cost on real traffic (as root): linkpilot builds vs no programs,
     /// interleaved round by round, over a veth pair, the WAN lab and loopback (tracepoints),
@@ -192,6 +196,7 @@ fn main() -> anyhow::Result<()> {
             keep,
             report_only,
             eval_windows,
+            cc,
         } => bench_training::run(bench_training::Args {
             quick,
             repeats: repeats.map(usize::from),
@@ -200,6 +205,7 @@ fn main() -> anyhow::Result<()> {
             keep,
             report_only,
             eval_windows,
+            cc,
         }),
     }
 }

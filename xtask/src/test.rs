@@ -146,6 +146,7 @@ pub fn run(privileged: bool) -> anyhow::Result<()> {
         keep: false,
         report_only: false,
         eval_windows: 128,
+        cc: None,
     })
     .context("bench-training --quick")
 }

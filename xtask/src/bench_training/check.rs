@@ -254,6 +254,7 @@ mod tests {
             timeline: Vec::new(),
             decisions,
             transport: Value::Null,
+            cc: "cubic".into(),
             applied: Value::Null,
             hosts: vec!["hk0".into(), "us0".into()],
             t0: 100.0,

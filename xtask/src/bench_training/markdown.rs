@@ -58,9 +58,10 @@ pub fn markdown(s: &Value) -> String {
         "held out: the shipped policies were not tuned on it"
     };
     let mut out = format!(
-        "### {} ({tuned}; {} repeat(s), configurations interleaved)\n\n",
+        "### {} ({tuned}; {} repeat(s), configurations interleaved; every host starts with {})\n\n",
         s["scenario"].as_str().unwrap_or("?"),
-        s["repeats"]
+        s["repeats"],
+        s["host_cc"].as_str().unwrap_or("?")
     );
     let target = |b: &str| num(&s["targets"][b]["eval_loss"], 4);
     out += &format!(

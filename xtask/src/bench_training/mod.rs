@@ -35,13 +35,21 @@ pub struct Args {
     /// Only summarize the runs already in `target/bench-training`.
     pub report_only: bool,
     pub eval_windows: u32,
+    /// The congestion control every lab host starts with (default: CUBIC).
+    pub cc: Option<String>,
 }
 
 /// Repeats of the full run: the least that gives a median and a range.
 const FULL_REPEATS: usize = 3;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let out = workspace_root().join("target/bench-training");
+    let cc = args.cc.clone().unwrap_or_else(|| transport::DEFAULT_CC.to_owned());
+    // Runs with another host default are another benchmark: their own results directory.
+    let out = workspace_root().join(if cc == transport::DEFAULT_CC {
+        "target/bench-training".to_owned()
+    } else {
+        format!("target/bench-training-{cc}")
+    });
     let scenarios: Vec<String> = args.scenarios.clone().unwrap_or_else(|| {
         if args.quick {
             vec![config::QUICK_SCENARIO.to_owned()]
@@ -50,7 +58,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     });
     if !args.report_only {
-        measure(&args, &scenarios, &out)?;
+        transport::check_cc(&cc)?;
+        measure(&args, &scenarios, &out, &cc)?;
     }
     for scenario in &scenarios {
         let dir = out.join(scenario_dir(scenario));
@@ -78,7 +87,7 @@ fn scenario_dir(scenario: &str) -> String {
     Path::new(scenario).file_stem().and_then(|s| s.to_str()).unwrap_or(scenario).to_owned()
 }
 
-fn measure(args: &Args, scenarios: &[String], out: &Path) -> anyhow::Result<()> {
+fn measure(args: &Args, scenarios: &[String], out: &Path, cc: &str) -> anyhow::Result<()> {
     if !lab::is_root() {
         bail!("the benchmark builds network namespaces and runs the daemon: run it as root");
     }
@@ -151,6 +160,7 @@ fn measure(args: &Args, scenarios: &[String], out: &Path) -> anyhow::Result<()> 
                     pass_s: p.pass_s,
                     capacity: p.capacity,
                     eval,
+                    cc,
                     dir: dir.clone(),
                 };
                 match run::run(&spec).and_then(|()| runs::Run::load(&dir)) {

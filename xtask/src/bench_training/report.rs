@@ -140,6 +140,7 @@ pub fn summarize(scenario: &str, runs: &[Run]) -> Value {
     json!({
         "scenario": scenario,
         "policies_tuned_on_it": config::TUNED_ON.contains(&scenario),
+        "host_cc": runs.first().map(|r| r.cc.clone()),
         "repeats": names.iter().map(|n| runs_of(runs, n).len()).max().unwrap_or(0),
         "targets": targets
             .iter()

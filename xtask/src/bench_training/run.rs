@@ -54,6 +54,8 @@ pub struct Spec<'a> {
     pub pass_s: f64,
     pub capacity: Option<f64>,
     pub eval: Eval,
+    /// The congestion control every host starts with.
+    pub cc: &'a str,
     pub dir: PathBuf,
 }
 
@@ -73,8 +75,8 @@ pub fn run(spec: &Spec) -> anyhow::Result<()> {
     let running =
         Lab::start(dir, spec.scenario, LAB_NAME, c.per_site, spec.pass_s.ceil() as u64 + 120)?;
     let started = Instant::now();
-    let mut globals = transport::Globals::apply(c.policy.as_ref())?;
-    transport::pin_defaults(&running.hosts)?;
+    let mut globals = transport::Globals::apply(c.policy.as_ref(), spec.cc)?;
+    transport::pin_defaults(&running.hosts, spec.cc)?;
     let mut daemons = Vec::new();
     if let Some(policy) = &c.policy {
         for h in &running.hosts {
@@ -186,7 +188,7 @@ pub fn run(spec: &Spec) -> anyhow::Result<()> {
     write_lines(&dir.join("evals.jsonl"), &evals)?;
     let record = json!({
         "config": c.name, "setup": c.describe(), "scenario": spec.scenario,
-        "repeat": spec.repeat, "pass_s": spec.pass_s, "pass_end_unix": pass_end,
+        "repeat": spec.repeat, "pass_s": spec.pass_s, "pass_end_unix": pass_end, "cc": spec.cc,
         "stop_at_step": stop_at, "cut_after_step": cut, "failed": failed, "applied_in_initial_namespace": applied,
         "hosts": hosts.iter().map(|h| h.netns.clone()).collect::<Vec<_>>(),
     });

@@ -28,6 +28,8 @@ pub struct Run {
     /// Per host ("hk0", "us0"...): its daemon's decisions.
     pub decisions: BTreeMap<String, Vec<Value>>,
     pub transport: Value,
+    /// The congestion control every host started with.
+    pub cc: String,
     /// Global sysctls the benchmark set in the initial namespace for the run.
     pub applied: Value,
     /// The lab's hosts ("hk0", "us0"...), HK first: rank r ran on the r-th (across the WAN).
@@ -105,6 +107,7 @@ impl Run {
             timeline: json_lines(&dir.join("lab.jsonl"))?,
             decisions,
             transport,
+            cc: record["cc"].as_str().unwrap_or("cubic").to_owned(),
             applied: record["applied_in_initial_namespace"].clone(),
             hosts: record["hosts"]
                 .as_array()

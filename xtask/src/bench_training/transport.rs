@@ -20,7 +20,8 @@ use serde_json::{json, Map, Value};
 use super::config::Policy;
 use crate::lab::{in_ns, Host};
 
-/// The congestion control every lab host starts with.
+/// The congestion control every lab host starts with unless `--cc` says otherwise: the common
+/// distribution default.
 pub const DEFAULT_CC: &str = "cubic";
 
 /// Read back in each namespace (relative to /proc/sys).
@@ -43,17 +44,26 @@ fn dotted(key: &str) -> String {
     key.replace('/', ".")
 }
 
-/// Sets every host's congestion control to [`DEFAULT_CC`] and checks it took.
-pub fn pin_defaults(hosts: &[Host]) -> anyhow::Result<()> {
+/// Whether this kernel offers `cc` (a located error if not: nothing has started yet).
+pub fn check_cc(cc: &str) -> anyhow::Result<()> {
+    let have = read_here("net/ipv4/tcp_available_congestion_control").unwrap_or_default();
+    if !have.split_whitespace().any(|a| a == cc) {
+        bail!("--cc {cc}: this kernel offers {have:?} (net.ipv4.tcp_available_congestion_control)");
+    }
+    Ok(())
+}
+
+/// Sets every host's congestion control to `cc` and checks it took.
+pub fn pin_defaults(hosts: &[Host], cc: &str) -> anyhow::Result<()> {
     for h in hosts {
-        let set = format!("net.ipv4.tcp_congestion_control={DEFAULT_CC}");
+        let set = format!("net.ipv4.tcp_congestion_control={cc}");
         let out = in_ns(&h.netns, &["sysctl", "-q", "-w", &set]).output()?;
         if !out.status.success() {
             bail!("{}: sysctl -w {set}: {}", h.netns, String::from_utf8_lossy(&out.stderr).trim());
         }
         let now = read_in(&h.netns, "net/ipv4/tcp_congestion_control");
-        if now.as_deref() != Some(DEFAULT_CC) {
-            bail!("{}: congestion control reads {now:?} after setting {DEFAULT_CC}", h.netns);
+        if now.as_deref() != Some(cc) {
+            bail!("{}: congestion control reads {now:?} after setting {cc}", h.netns);
         }
     }
     Ok(())
@@ -113,15 +123,14 @@ pub struct Globals {
 }
 
 impl Globals {
-    /// Allows [`DEFAULT_CC`] in every namespace, and applies what `policy` asks of the global
-    /// sysctls.
-    pub fn apply(policy: Option<&Policy>) -> anyhow::Result<Self> {
+    /// Allows `cc` in every namespace, and applies what `policy` asks of the global sysctls.
+    pub fn apply(policy: Option<&Policy>, cc: &str) -> anyhow::Result<Self> {
         let mut g = Self { saved: Vec::new(), applied: Map::new() };
         let allowed =
             read_here(ALLOWED_CC).with_context(|| format!("reading {}", dotted(ALLOWED_CC)))?;
         let mut wants = Vec::new();
-        if !allowed.split_whitespace().any(|cc| cc == DEFAULT_CC) {
-            wants.push((ALLOWED_CC, format!("{allowed} {DEFAULT_CC}")));
+        if !allowed.split_whitespace().any(|a| a == cc) {
+            wants.push((ALLOWED_CC, format!("{allowed} {cc}")));
         }
         if let Some(policy) = policy {
             wants.extend(global_wants(policy)?);
