@@ -327,3 +327,98 @@ fn without_cc(v: &Value) -> Value {
     }
     v
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use serde_json::json;
+
+    use super::*;
+
+    /// A run of `config` whose eval loss falls linearly from 3.0 by `per_s` nats a second over a
+    /// 100 s day (evals every 5 s), taking `steps_per_s` steps a second; one 100 s phase "calm"
+    /// (the warm-up before it).
+    fn run(config: &str, repeat: usize, per_s: f64, steps_per_s: f64) -> Run {
+        let t0 = 1000.0;
+        let steps: Vec<Value> = (0..(100.0 * steps_per_s) as u64)
+            .map(|s| {
+                let t = t0 + s as f64 / steps_per_s;
+                json!({ "rank": 0, "step": s, "t_start": t, "t_end": t + 0.5 / steps_per_s,
+                        "codec": "int8" })
+            })
+            .collect();
+        let evals = (1..=20)
+            .map(|i| {
+                let t = i as f64 * 5.0;
+                (t * steps_per_s, t, 3.0 - per_s * t)
+            })
+            .collect();
+        let line = |t: f64, phase: &str| json!({ "unix_ms": t * 1e3, "phase": phase, "stats": { "bytes_in": 0 } });
+        let mut timeline = vec![line(t0 - 10.0, "warmup"), line(t0 - 10.0, "warmup")];
+        for s in 0..=100 {
+            timeline.push(line(t0 + f64::from(s), "calm"));
+            timeline.push(line(t0 + f64::from(s), "calm"));
+        }
+        Run {
+            config: config.into(),
+            repeat,
+            pass_s: 110.0,
+            pass_end: t0 + 100.0,
+            failed: Vec::new(),
+            ranks: vec![steps],
+            evals,
+            eval_noise: Some(json!({ "stdev": 0.01, "windows": 128, "sets": 8 })),
+            timeline,
+            decisions: BTreeMap::new(),
+            transport: Value::Null,
+            cc: "cubic".into(),
+            applied: Value::Null,
+            hosts: Vec::new(),
+            t0,
+        }
+    }
+
+    #[test]
+    fn late_targets_speedups_utilization_and_the_oracle() {
+        let mut runs = Vec::new();
+        for r in 0..3 {
+            let jitter = 1.0 + 0.01 * r as f64;
+            runs.push(run("untuned", r, 0.002 * jitter, 0.2));
+            runs.push(run("static", r, 0.010 * jitter, 1.0));
+            runs.push(run("adaptive", r, 0.020 * jitter, 2.0));
+            runs.push(run("colocated", r, 0.040 * jitter, 4.0));
+            runs.push(run("fixed-int8", r, 0.010 * jitter, 1.0));
+            runs.push(run("fixed-int4", r, 0.015 * jitter, 1.4));
+        }
+        let s = summarize("training-day", &runs);
+        // The static target: its median run's loss at 75 s, 3.0 - 0.0101 x 75.
+        let target = s["targets"]["static"]["eval_loss"].as_f64().unwrap();
+        assert!((target - (3.0 - 0.0101 * 75.0)).abs() < 1e-9, "{target}");
+        let config = |n: &str| {
+            s["configs"].as_array().unwrap().iter().find(|c| c["name"] == n).unwrap().clone()
+        };
+        // Adaptive gets there in half the time: 2x, and every run faster than every static run.
+        let a = config("adaptive");
+        let speedup = &a["targets"]["static"]["speedup"];
+        assert!((speedup["median"].as_f64().unwrap() - 2.0).abs() < 0.01, "{speedup}");
+        assert_eq!(speedup["verdict"], "faster");
+        // Utilization against the co-located ceiling: half.
+        let u = a["targets"]["static"]["utilization"]["median"].as_f64().unwrap();
+        assert!((u - 0.5).abs() < 0.01, "{u}");
+        // Untuned never reaches the static target within its day; it has its own.
+        let un = config("untuned");
+        assert_eq!(un["targets"]["static"]["reached"], 0);
+        assert!(un["targets"]["static"]["speedup"].is_null());
+        assert_eq!(un["targets"]["untuned"]["reached"], 3);
+        // Equal configurations are not called faster.
+        let int8 = config("fixed-int8");
+        assert_eq!(int8["targets"]["static"]["speedup"]["verdict"], "within spread");
+        // Per phase: steps/s and its share of the ceiling.
+        let calm = &a["phases"][0];
+        assert_eq!(calm["phase"], "calm");
+        assert!((calm["share_of_colocated"].as_f64().unwrap() - 0.5).abs() < 0.02, "{calm}");
+        // The oracle: int4 (1.4 steps/s, 1.5x the loss per second of int8 at fewer steps).
+        assert_eq!(s["oracle"][0]["config"], "fixed-int4");
+    }
+}
