@@ -70,7 +70,7 @@ pub struct Status {
     #[serde(default)]
     pub actuators: Vec<ActuatorStatus>,
     pub links: Vec<LinkStatus>,
-    /// Training processes whose NCCL tuner plugin follows the board: what they asked NCCL for.
+    /// Training processes with the NCCL tuner plugin loaded: what they adopted and asked NCCL for.
     #[serde(default)]
     pub nccl_tuner: Vec<TunerProcess>,
     pub peers: Vec<PeerStatus>,
