@@ -69,8 +69,9 @@ static STEP: AtomicU64 = AtomicU64::new(0);
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 static WRITER: Mutex<()> = Mutex::new(());
 const VALID: u64 = 1 << 32;
-/// Copies tried before a call gives up (keeps NCCL's choice): only an adoption running on
-/// another thread at that instant can make a copy fail.
+/// Lock-free copies tried before a call waits for the writer's mutex (held for the few stores of
+/// an adoption): only an adoption running on another thread at that instant, preempted, gets
+/// there. A call never answers from anything but a whole decision.
 const TRIES: u32 = 64;
 
 /// What a call follows.
@@ -80,8 +81,6 @@ pub enum Current {
     Adopted { rule: Rule, step: u64, state_index: u8 },
     /// None adopted yet, or withdrawn: NCCL's own choices.
     Own { withdrawn: bool },
-    /// An adoption was being written through every try: NCCL's own choice for this call.
-    Busy,
 }
 
 /// Adopts `d` (null: withdraws, NCCL's own choices from the next call on) for every
@@ -137,6 +136,19 @@ fn store(d: Option<Decision>) {
 
 /// The decision a call follows now.
 pub fn current() -> Current {
+    if let Some(c) = copy() {
+        return c;
+    }
+    let _writer_done = WRITER.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        if let Some(c) = copy() {
+            return c;
+        }
+    }
+}
+
+/// One seqlock copy, in at most [`TRIES`] tries.
+fn copy() -> Option<Current> {
     for _ in 0..TRIES {
         let s1 = SEQ.load(Ordering::Acquire);
         if s1 & 1 == 1 {
@@ -154,7 +166,7 @@ pub fn current() -> Current {
             continue;
         }
         if head & VALID == 0 {
-            return Current::Own { withdrawn: s1 > 0 };
+            return Some(Current::Own { withdrawn: s1 > 0 });
         }
         let rule = Rule {
             min_bytes,
@@ -163,9 +175,9 @@ pub fn current() -> Current {
             max_channels: (head >> 16) as u8,
             chunk_bytes: chunk,
         };
-        return Current::Adopted { rule, step, state_index: (head >> 24) as u8 };
+        return Some(Current::Adopted { rule, step, state_index: (head >> 24) as u8 });
     }
-    Current::Busy
+    None
 }
 
 /// Adoptions and withdrawals so far.

@@ -237,9 +237,8 @@ unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
 }
 
 /// The rule a call follows (`None`: NCCL's own choice), after logging, once per communicator, a
-/// change the gate made; `Err` when an adoption was being written at this instant (the call
-/// keeps NCCL's choice and is counted nowhere).
-fn follow(comm: &Comm) -> Result<Option<(Rule, u64)>, ()> {
+/// change the gate made.
+fn follow(comm: &Comm) -> Option<(Rule, u64)> {
     let now = adopt::current();
     let g = adopt::generation();
     if comm.seen.load(Ordering::Relaxed) != g && comm.seen.swap(g, Ordering::Relaxed) != g {
@@ -268,7 +267,6 @@ fn follow(comm: &Comm) -> Result<Option<(Rule, u64)>, ()> {
                 "decision withdrawn (the ranks' knob boards were not all fresh): NCCL's own \
                  choices"
             ),
-            Current::Busy => {}
         }
     }
     let h = &stats::area().header;
@@ -276,7 +274,6 @@ fn follow(comm: &Comm) -> Result<Option<(Rule, u64)>, ()> {
         Current::Adopted { step, .. } => (adoption::ADOPTED, step),
         Current::Own { withdrawn: true } => (adoption::WITHDRAWN, 0),
         Current::Own { withdrawn: false } => (adoption::NONE_YET, 0),
-        Current::Busy => return Err(()),
     };
     // Read first: a store on every call would be a write to a shared line.
     if h.adoption.load(Ordering::Relaxed) != state {
@@ -288,10 +285,10 @@ fn follow(comm: &Comm) -> Result<Option<(Rule, u64)>, ()> {
     if h.adoptions.load(Ordering::Relaxed) != g {
         h.adoptions.store(g, Ordering::Relaxed);
     }
-    Ok(match now {
+    match now {
         Current::Adopted { rule, step, .. } => Some((rule, step)),
-        _ => None,
-    })
+        Current::Own { .. } => None,
+    }
 }
 
 fn algo_name(a: u8) -> &'static str {
@@ -353,7 +350,7 @@ unsafe extern "C" fn get_coll_info(
         // SAFETY: NCCL passes its channel count (0: its own) or null.
         let channels = unsafe { n_channels.as_mut() };
         let area = stats::area();
-        let Ok(adopted) = follow(comm) else { return };
+        let adopted = follow(comm);
         let word = match &adopted {
             Some((rule, _)) => {
                 decide::coll_info(rule, coll_type, n_bytes as u64, table, np, channels)
@@ -416,7 +413,7 @@ unsafe extern "C" fn get_chunk_size(
         // SAFETY: NCCL passes its chunk size to read and change, or null.
         let Some(chunk) = (unsafe { chunk_size.as_mut() }) else { return };
         let area = stats::area();
-        let Ok(adopted) = follow(comm) else { return };
+        let adopted = follow(comm);
         if adopted.is_none() {
             area.header.own_chunk_calls.fetch_add(1, Ordering::Relaxed);
         }

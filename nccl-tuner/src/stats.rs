@@ -164,7 +164,12 @@ pub fn open(dir: &str, logger: Option<Logger>) {
             )
         }
     };
-    write(fd, pid);
+    FD.store(fd, Ordering::Relaxed);
+    static AT_FORK: std::sync::Once = std::sync::Once::new();
+    // SAFETY: a handler that only closes a descriptor; glibc drops it if the library is unloaded.
+    AT_FORK.call_once(|| unsafe {
+        libc::pthread_atfork(None, None, Some(close_in_child));
+    });
     *STOP.lock().unwrap_or_else(|e| e.into_inner()) = false;
     let writer = std::thread::Builder::new()
         .name("lp-tuner-stats".into())
@@ -187,15 +192,19 @@ pub fn open(dir: &str, logger: Option<Logger>) {
     *FILE.lock().unwrap_or_else(|e| e.into_inner()) = Some(File { fd, path, pid, writer });
 }
 
-/// A file of a name nobody has, locked: `<pid>-<16 hex digits>`.
+/// A file of a name nobody has, locked and written: `<pid>-<16 hex digits>`.
 fn create(dir: &str, pid: u32) -> std::io::Result<(libc::c_int, CString)> {
     let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    let cstr = |s: String| {
+        CString::new(s).map_err(|_| std::io::Error::other("a NUL in the directory's name"))
+    };
     let mut last = std::io::Error::other("no name tried");
     for _ in 0..NAME_TRIES {
-        let path = CString::new(format!("{dir}/{pid}-{:016x}", random()))
-            .map_err(|_| std::io::Error::other("a NUL in the directory's name"))?;
+        let name = format!("{pid}-{:016x}", random());
+        // The daemon reads only `<pid>-<16 hex digits>`: it never meets the hidden one.
+        let (hidden, path) = (cstr(format!("{dir}/.{name}.new"))?, cstr(format!("{dir}/{name}"))?);
         // SAFETY: a NUL-terminated path; the descriptor is kept or closed below.
-        let fd = unsafe { libc::open(path.as_ptr(), flags, 0o644 as libc::c_uint) };
+        let fd = unsafe { libc::open(hidden.as_ptr(), flags, 0o644 as libc::c_uint) };
         if fd < 0 {
             last = std::io::Error::last_os_error();
             if last.raw_os_error() == Some(libc::EEXIST) {
@@ -203,19 +212,52 @@ fn create(dir: &str, pid: u32) -> std::io::Result<(libc::c_int, CString)> {
             }
             return Err(last);
         }
-        // SAFETY: locking the descriptor just opened; nobody else has it yet.
-        if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = std::io::Error::last_os_error();
+        let fail = |e: std::io::Error| {
             // SAFETY: removing and closing what was just made.
             unsafe {
-                libc::unlink(path.as_ptr());
+                libc::unlink(hidden.as_ptr());
                 libc::close(fd);
             }
-            return Err(e);
+            e
+        };
+        // SAFETY: locking the descriptor just opened; nobody else knows its name.
+        if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(fail(std::io::Error::last_os_error()));
+        }
+        write(fd, pid);
+        // SAFETY: two NUL-terminated paths in the same directory; never over another file.
+        let r = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                hidden.as_ptr(),
+                libc::AT_FDCWD,
+                path.as_ptr(),
+                libc::RENAME_NOREPLACE,
+            )
+        };
+        if r != 0 {
+            last = fail(std::io::Error::last_os_error());
+            if last.raw_os_error() == Some(libc::EEXIST) {
+                continue;
+            }
+            return Err(last);
         }
         return Ok((fd, path));
     }
     Err(last)
+}
+
+/// The file's descriptor, for a forked child to close (-1: none).
+static FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// In a forked child: closes its copy of the file's descriptor, so the lock lasts as long as
+/// this process, not its children (a flock belongs to the open file, which both share).
+extern "C" fn close_in_child() {
+    let fd = FD.swap(-1, Ordering::Relaxed);
+    if fd >= 0 {
+        // SAFETY: the child's own copy of the descriptor; close is async-signal-safe.
+        unsafe { libc::close(fd) };
+    }
 }
 
 /// 64 random bits from the kernel (the clock's as a fallback).
@@ -255,6 +297,7 @@ pub fn teardown() {
         }
         None => write(f.fd, f.pid),
     }
+    FD.store(-1, Ordering::Relaxed);
     // SAFETY: our own file and descriptor; closing releases the lock.
     unsafe {
         libc::unlink(f.path.as_ptr());

@@ -19,6 +19,8 @@
  *   adopt ALGO PROTO CH STATE MIN CHUNK STEP  linkpilot_tuner_adopt -> "rc RC"
  *   withdraw                               linkpilot_tuner_adopt(NULL) -> "rc RC"
  *   badsize                                a decision whose size field says 40 -> "rc RC"
+ *   forkchild SECONDS                      fork a child that sleeps, as a data loader's worker
+ *                                          would be forked -> "child PID"
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -31,6 +33,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 typedef int result_t;
 typedef void (*logger_t)(int level, unsigned long flags, const char* file, int line, const char* fmt, ...);
@@ -398,6 +402,15 @@ int main(int argc, char** argv) {
       answer("rc %d", adopt ? adopt(&d) : 99);
     } else if (!strcmp(cmd, "withdraw")) {
       answer("rc %d", adopt ? adopt(NULL) : 99);
+    } else if (!strcmp(cmd, "forkchild")) {
+      int secs = 0;
+      sscanf(rest, "%d", &secs);
+      pid_t child = fork();
+      if (child == 0) {
+        sleep((unsigned)secs);
+        _exit(0);
+      }
+      answer("child %d", (int)child);
     } else if (!strcmp(cmd, "badsize")) {
       decision_t d = {40, 0, 2, 4, 1, 1 << 20, 2 << 20, 1};
       answer("rc %d", adopt ? adopt(&d) : 99);

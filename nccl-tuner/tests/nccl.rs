@@ -603,6 +603,29 @@ fn the_counter_file_truncated_and_replaced_from_outside_breaks_nothing() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn a_forked_child_does_not_keep_a_dead_processs_file_alive() {
+    // Data loaders fork workers after NCCL started: they inherit the counter file's descriptor,
+    // and with it the flock, unless the plugin closes it in the child.
+    let dir = temp_dir("fork");
+    let mut h = Harness::start(&dir);
+    let (_c, _) = h.init(6);
+    let file = h.counter_file(&dir).unwrap();
+    let child: i32 = h.one("forkchild 60")[1].parse().unwrap();
+    assert!(matches!(tuner_stats::read_file(&file), Ok(Counted::Live(_))));
+    h.child.kill().unwrap();
+    h.child.wait().unwrap();
+    // The parent is gone, its child lives on: the file is a dead process's.
+    assert!(
+        matches!(tuner_stats::read_file(&file), Ok(Counted::Dead)),
+        "{:?}",
+        tuner_stats::read_file(&file)
+    );
+    // SAFETY: signalling the child the harness forked for this test.
+    unsafe { libc::kill(child, libc::SIGKILL) };
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The libnccl.so.2 of the `nvidia-nccl-cu13` wheel (torch's NCCL) in the repository's .venv.
 fn wheel_libnccl() -> PathBuf {
     let lib = Path::new(REPO).join(".venv/lib");

@@ -100,7 +100,7 @@ import statistics
 import sys
 import sysconfig
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
@@ -336,11 +336,13 @@ class Checkpoints:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.model = model
         self.writer = ThreadPoolExecutor(max_workers=1)
+        self.pending: list[Future[None]] = []
 
     def save(self, net: nn.Module, steps: int, t_end: float) -> None:
         state = {k: v.detach().clone() for k, v in net.state_dict().items()}
         record = {"steps": steps, "t_end": t_end, "model": self.model, "state": state}
-        self.writer.submit(self._write, record, self.dir / f"step-{steps:06d}.pt")
+        self.pending.append(
+            self.writer.submit(self._write, record, self.dir / f"step-{steps:06d}.pt"))
 
     @staticmethod
     def _write(record: dict[str, Any], path: Path) -> None:
@@ -349,7 +351,10 @@ class Checkpoints:
         partial.rename(path)
 
     def close(self) -> None:
+        """Waits for every write; a failed one (a full disk) raises here."""
         self.writer.shutdown(wait=True)
+        for f in self.pending:
+            f.result()
 
 
 class Reporter:

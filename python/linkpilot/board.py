@@ -190,7 +190,19 @@ class KnobBoard:
         with self._lock:
             if self._map is None or self._replaced(self._map):
                 self._reopen()
-            snap = self._snapshot()
+            try:
+                snap = self._snapshot()
+            except BoardBusy:
+                if self._stuck is None:
+                    raise
+                # Half-written: a new daemon's file may have the same inode number (not every
+                # filesystem promises new ones), so map the path afresh now and then.
+                now = time.monotonic_ns()
+                if now - self._stale_reopen_ns <= self._stuck_after_ns:
+                    raise
+                self._stale_reopen_ns = now
+                self._reopen()
+                snap = self._snapshot()
             if snap.stale:
                 # Inode numbers are not a promise on every filesystem: while stale, also map
                 # the path afresh now and then (each stale window), as the doc's readers do.
@@ -233,6 +245,8 @@ class KnobBoard:
         if self._map is not None:
             self._map.close()
         self._map = new
+        # `_stuck` stays: it compares the sequence number found in whatever file is mapped now,
+        # and a new daemon's board does not hold the dead one's odd number.
 
     def _snapshot(self) -> BoardSnapshot:
         assert self._map is not None
@@ -241,8 +255,8 @@ class KnobBoard:
         if stuck is not None and words[_SEQ_WORD] == stuck[0]:
             held_ns = time.monotonic_ns() - stuck[1]
             if held_ns > self._stuck_after_ns:
-                raise BoardBusy(self.path, f"left half-written for {held_ns / 1e6:.0f} ms (the "
-                                "daemon died while writing?); waiting for a new board")
+                raise BoardBusy(self.path, "left half-written for over two heartbeats (the daemon "
+                                "died while writing?); waiting for a new board")
         data = None
         for attempt in range(self.tries):
             seq = words[_SEQ_WORD]

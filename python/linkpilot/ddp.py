@@ -104,6 +104,10 @@ def agree(proposals: Sequence[Proposal]) -> Proposal:
                     all(p.fresh for p in proposals), tuner)
 
 
+#: Nothing adopted by this hook yet (distinct from None, which withdraws).
+_NOTHING_YET = object()
+
+
 def _rule(knobs: LinkKnobs) -> TunerRule:
     return TunerRule.from_names(
         knobs.nccl_algo, knobs.nccl_proto, max_channels=knobs.nccl_max_channels,
@@ -195,7 +199,11 @@ class LinkpilotHook:
         self._timeout = self._job_timeout
         self._sites = _Sites(sites, self.world, self.rank) if sites else None
         self.tuner = TunerGate.from_env() if tuner == "auto" else tuner
-        self._adopted: TunerRule | None = None
+        if self.tuner is not None and not self.tuner.usable():
+            self.tuner = None
+        # The gate is process-wide: an earlier hook may have left a rule there, so the first
+        # step adopts (or withdraws) whatever was agreed.
+        self._adopted: TunerRule | None | object = _NOTHING_YET
         self._board_problem = ""
 
     # -- per step -----------------------------------------------------------------------------
@@ -215,7 +223,8 @@ class LinkpilotHook:
 
     def _adopt(self, rule: TunerRule | None) -> None:
         """The agreed NCCL rule into the plugin, on every rank at this same point (the start of
-        a step, before its first bucket's collective), when it changed."""
+        a step, before its first bucket's collective), when it changed. A rank without the
+        plugin proposes no rule, so then every rank's agreement is none (NCCL's own choices)."""
         if self.tuner is None or rule == self._adopted:
             return
         self.tuner.adopt(rule, self._step)
@@ -240,7 +249,10 @@ class LinkpilotHook:
         knobs = snap.link(self.link) if self.link else snap.worst()
         if snap.stale or knobs is None:
             return Proposal(self.safe_codec), "stale" if snap.stale else "no-link", snap.decision_id
-        return (Proposal(knobs.codec, knobs.watchdog_s, True, _rule(knobs)), knobs.state,
+        # A rule only from a rank whose NCCL can follow it: one without the plugin makes the
+        # agreement none on every rank.
+        rule = _rule(knobs) if self.tuner is not None else None
+        return (Proposal(knobs.codec, knobs.watchdog_s, True, rule), knobs.state,
                 knobs.decision_id)
 
     def _raise_timeout(self, watchdog_s: int) -> None:

@@ -124,6 +124,18 @@ class TunerGate:
                         "more)", e)
             return None
 
+    def usable(self) -> bool:
+        """Whether the plugin takes this package's decisions (a plugin of another release has
+        another layout and refuses them): tried with a rule that asks nothing, then withdrawn.
+        Call it on every rank before training; a rank without a usable gate proposes no rule."""
+        try:
+            self.adopt(TunerRule(), 0)
+            self.adopt(None, 0)
+        except TunerError as e:
+            log.warning("%s; NCCL will make its own choices on every rank", e)
+            return False
+        return True
+
     def adopt(self, rule: TunerRule | None, step: int) -> None:
         """Adopts ``rule`` from ``step`` on for every communicator of this process; ``None``
         withdraws (NCCL's own choices). Call it on every rank with the same arguments, at a

@@ -236,7 +236,7 @@ def test_a_board_left_half_written_is_refused_at_once_until_a_new_daemon_comes(
         board.read()
     time.sleep(0.15)  # two heartbeats of 50 ms, and some
     for _ in range(3):
-        with pytest.raises(BoardBusy, match="left half-written for .* ms"):
+        with pytest.raises(BoardBusy, match="left half-written for over two heartbeats"):
             board.read()
     with feed_board(path) as new:
         new.publish([{"name": "wan", "decision_id": 2}])

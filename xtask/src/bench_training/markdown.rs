@@ -92,8 +92,12 @@ pub fn markdown(s: &Value) -> String {
             })
             .unwrap_or_default();
         out += &format!(
-            "| {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} |\n",
+            "| {}{} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} |\n",
             c["name"].as_str().unwrap_or("?"),
+            match c["failed_runs"].as_array().map_or(0, Vec::len) {
+                0 => String::new(),
+                n => format!(" ({n} run(s) did not finish: failed-runs.jsonl)"),
+            },
             spread(&c["steps"], 0),
             time_to(c, "static"),
             speedup(&c["targets"]["static"]["speedup"]),

@@ -39,6 +39,9 @@ pub struct Args {
     pub cc: Option<String>,
 }
 
+/// Runs that failed, one JSON line each, in a scenario's results directory.
+const FAILURES: &str = "failed-runs.jsonl";
+
 /// Repeats of the full run: the least that gives a median and a range.
 const FULL_REPEATS: usize = 3;
 
@@ -59,6 +62,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     });
     if !args.report_only {
         transport::check_cc(&cc)?;
+        transport::restore_interrupted()?;
         measure(&args, &scenarios, &out, &cc)?;
     }
     for scenario in &scenarios {
@@ -67,7 +71,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if runs.is_empty() {
             bail!("no runs of {scenario} in {}", dir.display());
         }
-        let summary = report::summarize(scenario, &runs);
+        let failures: Vec<serde_json::Value> = fs::read_to_string(dir.join(FAILURES))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let summary = report::summarize(scenario, &runs, &failures);
         fs::write(dir.join("results.json"), serde_json::to_string_pretty(&summary)?)?;
         let table = markdown::markdown(&summary);
         fs::write(dir.join("results.md"), &table)?;
@@ -112,6 +121,17 @@ fn measure(args: &Args, scenarios: &[String], out: &Path, cc: &str) -> anyhow::R
             for c in &configs {
                 let _ = fs::remove_dir_all(dir.join(&c.name));
             }
+            // The failures of the configurations run again go with their old runs.
+            let kept: String = fs::read_to_string(dir.join(FAILURES))
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| {
+                    serde_json::from_str::<serde_json::Value>(l)
+                        .is_ok_and(|v| !configs.iter().any(|c| v["config"] == c.name.as_str()))
+                })
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let _ = fs::write(dir.join(FAILURES), kept);
         } else {
             let _ = fs::remove_dir_all(&dir);
         }
@@ -178,6 +198,13 @@ fn measure(args: &Args, scenarios: &[String], out: &Path, cc: &str) -> anyhow::R
                     Err(e) => {
                         println!("   FAILED: {e:#} (files in {})", dir.display());
                         let _ = fs::remove_file(dir.join("run.json"));
+                        // Reported beside the runs that did finish, never dropped silently.
+                        let line = serde_json::json!({
+                            "config": c.name, "repeat": repeat, "error": format!("{e:#}"),
+                        });
+                        let failures = out.join(scenario_dir(&p.scenario)).join(FAILURES);
+                        let mut f = fs::OpenOptions::new().create(true).append(true).open(&failures)?;
+                        std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes())?;
                         errors.push(format!("{} {} repeat {}: {e:#}", p.scenario, c.name, repeat + 1));
                     }
                 }

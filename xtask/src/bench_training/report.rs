@@ -44,7 +44,9 @@ fn times_to(runs: &[&Run], loss: f64) -> (Option<Spread>, usize) {
     (Spread::of(times), n)
 }
 
-pub fn summarize(scenario: &str, runs: &[Run]) -> Value {
+/// `failures`: the runs that did not finish (`{"config", "repeat", "error"}`), reported with
+/// their configuration.
+pub fn summarize(scenario: &str, runs: &[Run], failures: &[Value]) -> Value {
     let names = config_order(runs);
     let targets: BTreeMap<&str, f64> =
         BASELINES.iter().filter_map(|b| target(runs, b).map(|t| (*b, t))).collect();
@@ -123,6 +125,7 @@ pub fn summarize(scenario: &str, runs: &[Run]) -> Value {
             "setup": known.as_ref().map(|c| c.describe()),
             "oracle_candidate": known.as_ref().is_some_and(|c| c.oracle_candidate),
             "runs": mine.len(),
+            "failed_runs": failures.iter().filter(|f| f["config"] == name.as_str()).cloned().collect::<Vec<_>>(),
             "steps": spread_json(Spread::of(mine.iter().map(|r| r.steps().count() as f64))),
             "final_eval_loss": spread_json(Spread::of(mine.iter().filter_map(|r| r.final_loss()))),
             "targets": per_target,
@@ -354,7 +357,10 @@ mod tests {
                 (t * steps_per_s, t, 3.0 - per_s * t)
             })
             .collect();
-        let line = |t: f64, phase: &str| json!({ "unix_ms": t * 1e3, "phase": phase, "stats": { "bytes_in": 0 } });
+        let line = |t: f64, phase: &str| {
+            json!({ "unix_ms": t * 1e3, "elapsed_s": t - t0 + 10.0, "phase": phase,
+                    "stats": { "bytes_in": 0 } })
+        };
         let mut timeline = vec![line(t0 - 10.0, "warmup"), line(t0 - 10.0, "warmup")];
         for s in 0..=100 {
             timeline.push(line(t0 + f64::from(s), "calm"));
@@ -391,7 +397,7 @@ mod tests {
             runs.push(run("fixed-int8", r, 0.010 * jitter, 1.0));
             runs.push(run("fixed-int4", r, 0.015 * jitter, 1.4));
         }
-        let s = summarize("training-day", &runs);
+        let s = summarize("training-day", &runs, &[]);
         // The static target: its median run's loss at 75 s, 3.0 - 0.0101 x 75.
         let target = s["targets"]["static"]["eval_loss"].as_f64().unwrap();
         assert!((target - (3.0 - 0.0101 * 75.0)).abs() < 1e-9, "{target}");

@@ -106,7 +106,19 @@ pub fn run(spec: &Spec) -> anyhow::Result<()> {
             bail!("the ranks did not finish in time; their logs are in {}", dir.display());
         }
         if cut.is_none() && pass_end.is_some_and(|end| unix_now() >= end + GRACE_S) {
-            // Every rank is stopped now; their lines so far stand.
+            // A rank that already died (not the failure exit, 3, that reports a failed
+            // collective) fails the run: the others are only waiting for it.
+            for (r, p) in ranks.iter_mut().enumerate() {
+                if let Ok(Some(s)) = p.0.try_wait() {
+                    if !s.success() && s.code() != Some(3) {
+                        bail!(
+                            "rank {r} died ({s}) and the others waited; its log: {}",
+                            dir.join(format!("rank{r}.log")).display()
+                        );
+                    }
+                }
+            }
+            // Every rank still stepping is stopped now; their lines so far stand.
             for p in &mut ranks {
                 let _ = p.0.kill();
             }

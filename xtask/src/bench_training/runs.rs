@@ -267,15 +267,25 @@ pub struct Phase {
     pub bytes: (u64, u64),
 }
 
-/// Phases from the lab's per-second lines (both directions per second), up to the pass's end.
+/// Phases from the lab's per-second lines, up to the pass's end. The lab prints one line per
+/// direction each second, each with its own clock reading: lines less than half a second apart
+/// are one second's, and a second missing a direction's line is left out.
 fn phases(timeline: &[Value], pass_end: f64) -> Vec<Phase> {
-    let within: Vec<&Value> =
-        timeline.iter().take_while(|v| f(v, "unix_ms") / 1e3 <= pass_end + 1.0).collect();
+    let mut seconds: Vec<Vec<&Value>> = Vec::new();
+    for v in timeline {
+        match seconds.last_mut() {
+            Some(sec) if (f(v, "elapsed_s") - f(sec[0], "elapsed_s")).abs() < 0.5 => sec.push(v),
+            _ => seconds.push(vec![v]),
+        }
+    }
     let mut out: Vec<Phase> = Vec::new();
-    for pair in within.chunks(2) {
-        let t = f(pair[0], "unix_ms") / 1e3;
-        let name = pair[0]["phase"].as_str().unwrap_or("?").to_owned();
-        let bytes: u64 = pair.iter().map(|v| v["stats"]["bytes_in"].as_u64().unwrap_or(0)).sum();
+    for sec in seconds.iter().filter(|s| s.len() == 2) {
+        let t = f(sec[0], "unix_ms") / 1e3;
+        if t > pass_end + 1.0 {
+            break;
+        }
+        let name = sec[0]["phase"].as_str().unwrap_or("?").to_owned();
+        let bytes: u64 = sec.iter().map(|v| v["stats"]["bytes_in"].as_u64().unwrap_or(0)).sum();
         match out.last_mut() {
             Some(p) if p.name == name => {
                 p.end = t;

@@ -46,6 +46,10 @@ impl Spread {
     }
 }
 
+/// Runs a side needs before a verdict: with 2 against 2 and no real difference, the ranges miss
+/// each other by chance a third of the time; with 3 against 3, a tenth.
+pub const MIN_RUNS: usize = 3;
+
 /// What a comparison of two spreads of times may claim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -54,8 +58,9 @@ pub enum Verdict {
     Slower,
     /// The ranges overlap: no difference is claimed.
     WithinSpread,
-    /// One side was measured once: it has no range, so no difference is claimed.
-    SingleRun,
+    /// A side was measured fewer than [`MIN_RUNS`] times: its range says too little, so no
+    /// difference is claimed.
+    TooFewRuns,
 }
 
 impl Verdict {
@@ -64,7 +69,7 @@ impl Verdict {
             Self::Faster => "faster",
             Self::Slower => "slower",
             Self::WithinSpread => "within spread",
-            Self::SingleRun => "single run, not judged",
+            Self::TooFewRuns => "too few runs to judge",
         }
     }
 }
@@ -81,8 +86,8 @@ pub struct Speedup {
 
 impl Speedup {
     pub fn of(base: Spread, time: Spread) -> Self {
-        let verdict = if time.n < 2 || base.n < 2 {
-            Verdict::SingleRun
+        let verdict = if time.n < MIN_RUNS || base.n < MIN_RUNS {
+            Verdict::TooFewRuns
         } else if time.max < base.min {
             Verdict::Faster
         } else if time.min > base.max {
@@ -190,8 +195,8 @@ mod tests {
         let overlapping = Spread::of([70.0, 80.0, 101.0]).unwrap();
         assert_eq!(Speedup::of(base, overlapping).verdict, Verdict::WithinSpread);
         assert_eq!(Speedup::of(quick, base).verdict, Verdict::Slower);
-        let once = Spread::of([50.0]).unwrap();
-        assert_eq!(Speedup::of(base, once).verdict, Verdict::SingleRun);
+        let twice = Spread::of([50.0, 51.0]).unwrap();
+        assert_eq!(Speedup::of(base, twice).verdict, Verdict::TooFewRuns);
     }
 
     #[test]

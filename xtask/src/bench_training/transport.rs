@@ -7,9 +7,11 @@
 //! algorithm of `net.ipv4.tcp_allowed_congestion_control` (EPERM otherwise), a global list: the
 //! benchmark adds CUBIC to it for the run where it is missing. `net.core.rmem_max`/`wmem_max` are read-only in a namespace other
 //! than the initial one and `netdev_max_backlog` does not exist there: on this kernel all three
-//! are global, read from the initial namespace by every other (checked here: a value written
-//! there reads back in a lab namespace). So for a run whose policy asks for them, the benchmark
-//! writes them in the initial namespace for the run's duration and restores them after.
+//! are global, read from the initial namespace by every other (seen on Linux 6.18: a value
+//! written there reads back in a new namespace; every run's read-back records both). So for a
+//! run whose policy asks for them, the benchmark writes them in the initial namespace for the
+//! run's duration and restores them after, also after an interrupted run: the originals wait
+//! in a state file until restored.
 
 use std::{fs, path::Path};
 
@@ -39,6 +41,8 @@ const RMEM_MAX: &str = "net/core/rmem_max";
 const WMEM_MAX: &str = "net/core/wmem_max";
 const BACKLOG: &str = "net/core/netdev_max_backlog";
 const ALLOWED_CC: &str = "net/ipv4/tcp_allowed_congestion_control";
+/// Every global sysctl the benchmark may change.
+const GLOBALS: [&str; 4] = [RMEM_MAX, WMEM_MAX, BACKLOG, ALLOWED_CC];
 
 fn dotted(key: &str) -> String {
     key.replace('/', ".")
@@ -115,6 +119,31 @@ fn global_wants(policy: &Policy) -> anyhow::Result<Vec<(&'static str, String)>> 
     Ok(wants)
 }
 
+/// Where the originals of the global sysctls wait while a run has them changed.
+fn state_file() -> std::path::PathBuf {
+    crate::run::workspace_root().join("target/bench-training-sysctl-originals.json")
+}
+
+/// Restores what an interrupted run left changed (its state file), then forgets it.
+pub fn restore_interrupted() -> anyhow::Result<()> {
+    let path = state_file();
+    let Ok(text) = fs::read_to_string(&path) else { return Ok(()) };
+    let saved: Map<String, Value> = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not the benchmark's state file", path.display()))?;
+    for (key, value) in &saved {
+        if !GLOBALS.contains(&key.as_str()) {
+            bail!("{}: {key} is not a sysctl the benchmark changes", path.display());
+        }
+        let value = value.as_str().with_context(|| format!("{}: {key}", path.display()))?;
+        write_here(key, value)?;
+        eprintln!(
+            "bench-training: restored {} = {value} (left by an interrupted run)",
+            dotted(key)
+        );
+    }
+    fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))
+}
+
 /// The global sysctls a run changed in the initial namespace, restored when dropped.
 pub struct Globals {
     saved: Vec<(&'static str, String)>,
@@ -135,10 +164,18 @@ impl Globals {
         if let Some(policy) = policy {
             wants.extend(global_wants(policy)?);
         }
-        for (key, value) in wants {
+        let mut originals = Map::new();
+        for (key, _) in &wants {
             let before = read_here(key).with_context(|| format!("reading {} here", dotted(key)))?;
-            write_here(key, &value)?;
+            originals.insert((*key).to_owned(), Value::String(before.clone()));
             g.saved.push((key, before));
+        }
+        if !originals.is_empty() {
+            fs::write(state_file(), serde_json::to_string(&originals)?)
+                .with_context(|| format!("writing {}", state_file().display()))?;
+        }
+        for (key, value) in wants {
+            write_here(key, &value)?;
             g.applied.insert(dotted(key), Value::String(value));
         }
         Ok(g)
@@ -147,10 +184,18 @@ impl Globals {
 
 impl Drop for Globals {
     fn drop(&mut self) {
+        if self.saved.is_empty() {
+            return;
+        }
+        let mut all = true;
         for (key, value) in self.saved.drain(..).rev() {
             if let Err(e) = write_here(key, &value) {
                 eprintln!("bench-training: could not restore {}: {e:#}", dotted(key));
+                all = false;
             }
+        }
+        if all {
+            let _ = fs::remove_file(state_file());
         }
     }
 }
