@@ -1,0 +1,82 @@
+"""One rank of test_outer.py: a small MLP trained on this site's own data (AdamW inner steps)
+with OuterSync across sites, over gloo on loopback. Prints one JSON line per step: the step,
+each exchange recorded in it (outcome, fragment, the digest of the fragment's values right after
+an applied outer step) and, at the end, the digest of every parameter.
+
+    python outer_rank.py --rank R --world W --port P --steps N --plan H,F,OVERLAP,CODEC
+        [--sites 0,1/2,3] [--sleep S] [--deadline S] [--max-drift N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from linkpilot.outer import OuterSync, RoundPlan
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.numpy().tobytes()).hexdigest()[:16]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    for name in ("--rank", "--world", "--port", "--steps"):
+        ap.add_argument(name, type=int, required=True)
+    ap.add_argument("--plan", required=True)
+    ap.add_argument("--sites")
+    ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--deadline", type=float, default=30.0)
+    ap.add_argument("--max-drift", type=int)
+    a = ap.parse_args()
+    h, f, o, codec = a.plan.split(",")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank,
+                            world_size=a.world, timeout=datetime.timedelta(seconds=120))
+    sites = [[int(r) for r in s.split(",")] for s in a.sites.split("/")] if a.sites else None
+    torch.manual_seed(a.rank)  # OuterSync broadcasts rank 0's weights
+    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 4))
+    recorded: list[dict[str, object]] = []
+    sync = OuterSync(model, RoundPlan(int(h), int(f), int(o), codec), sites=sites,
+                     deadline_s=a.deadline, max_drift=a.max_drift,
+                     on_round=lambda s: recorded.append({
+                         "fragment": s.fragment, "outcome": s.outcome, "round": s.round,
+                         "epoch": s.epoch, "sent": s.step, "lo": s.lo, "hi": s.hi}))
+    if sync.site_group is not None:
+        model = nn.parallel.DistributedDataParallel(model, process_group=sync.site_group)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    site = sync.site_index
+    gen = torch.Generator().manual_seed(1000 + site)
+    for step in range(a.steps):
+        x = torch.randn(16, 32, generator=gen)
+        y = (x[:, :4] * (site + 1)).argmax(1)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        recorded.clear()
+        sync.step()
+        line: dict[str, object] = {"step": step, "rank": a.rank, "exchanges": list(recorded)}
+        for r in recorded:
+            if r["outcome"] == "applied":  # the fragment's values right after its outer step
+                r["digest"] = digest(sync._read(int(str(r["lo"])), int(str(r["hi"]))))
+        line["outer_epoch"] = sync.epoch
+        print(json.dumps(line), flush=True)
+        time.sleep(a.sleep)
+    sync.close()
+    print(json.dumps({"done": True, "rank": a.rank, "digest": digest(sync._flatten()),
+                      "outer": digest(sync.outer)}), flush=True)
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""linkpilot.outer with real ranks (separate processes, gloo on loopback): replicas identical
+after every fragment's outer step, with one and with two ranks per site; a site stopped past the
+exchange deadline ridden through (no failed step, the other site keeps stepping, a resync, then
+identical again); what is refused before training starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_train_lm import free_port
+
+from linkpilot.outer import RoundPlan, agree_plans, auto_sync_every
+
+WORKER = Path(__file__).with_name("outer_rank.py")
+
+
+def start(tmp: Path, world: int, *args: str) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
+    port = free_port()
+    procs, outs = [], []
+    for r in range(world):
+        out = tmp / f"rank{r}.out"
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        with open(out, "w") as o, open(tmp / f"rank{r}.err", "w") as e:
+            procs.append(subprocess.Popen(
+                [sys.executable, str(WORKER), "--rank", str(r), "--world", str(world),
+                 "--port", str(port), *args], stdout=o, stderr=e, env=env))
+        outs.append(out)
+    return procs, outs
+
+
+def finish(tmp: Path, procs: list[subprocess.Popen[bytes]], outs: list[Path]
+           ) -> list[list[dict[str, Any]]]:
+    try:
+        for r, p in enumerate(procs):
+            p.wait(timeout=180)
+            assert p.returncode == 0, (tmp / f"rank{r}.err").read_text()
+    finally:
+        for p in procs:
+            p.kill()
+    return [[json.loads(line) for line in o.read_text().splitlines()] for o in outs]
+
+
+def applied_digests(lines: list[dict[str, Any]]) -> dict[tuple[int, int, int], str]:
+    return {(x["epoch"], x["round"], x["fragment"]): x["digest"]
+            for v in lines if "exchanges" in v for x in v["exchanges"]
+            if x["outcome"] == "applied"}
+
+
+@pytest.mark.parametrize("sites", [None, "0,1/2,3"])
+def test_every_replica_holds_the_same_fragment_after_its_outer_step(
+        tmp_path: Path, sites: str | None) -> None:
+    world = 4 if sites else 2
+    args = ["--steps", "30", "--plan", "6,3,1,int8"] + (["--sites", sites] if sites else [])
+    runs = finish(tmp_path, *start(tmp_path, world, *args))
+    digests = [applied_digests(lines) for lines in runs]
+    # 30 steps of rounds of 6: 5 rounds x 3 fragments, each applied one step after its send
+    # (the last one's after the end).
+    assert len(digests[0]) == 14, sorted(digests[0])
+    for d in digests[1:]:
+        assert d == digests[0]
+    # The outer state is the same at every site's leader (an exchange still in flight at the
+    # end reached the leaders, not yet their sites); the parameters differ by the steps since
+    # the last applied fragment, and are the same inside a site (DDP).
+    done = [lines[-1] for lines in runs]
+    leaders = done[::2] if sites else done
+    assert len({d["outer"] for d in leaders}) == 1, done
+    if sites:
+        assert done[0]["digest"] == done[1]["digest"] and done[2]["digest"] == done[3]["digest"]
+        assert done[0]["digest"] != done[2]["digest"]
+
+
+def test_a_site_stopped_past_the_deadline_is_ridden_through(tmp_path: Path) -> None:
+    procs, outs = start(tmp_path, 2, "--steps", "120", "--plan", "4,2,1,int8", "--sleep",
+                        "0.05", "--deadline", "1.5", "--max-drift", "1000")
+
+    def steps(r: int) -> int:
+        return sum('"step"' in line for line in outs[r].read_text().splitlines())
+
+    deadline = time.monotonic() + 120
+    while steps(0) < 20:
+        assert time.monotonic() < deadline and procs[0].poll() is None
+        time.sleep(0.05)
+    # Site 1 stops (a dead link, as site 0 sees it) for longer than the deadline.
+    procs[1].send_signal(signal.SIGSTOP)
+    before = steps(0)
+    time.sleep(4.0)
+    during = steps(0) - before
+    procs[1].send_signal(signal.SIGCONT)
+    runs = finish(tmp_path, procs, outs)
+    # Site 0 kept taking inner steps (0.05 s of sleep each and the model's compute).
+    assert during >= 20, during
+    outcomes = [x["outcome"] for v in runs[0] if "exchanges" in v for x in v["exchanges"]]
+    assert {"late", "failed", "skipped"} & set(outcomes), outcomes
+    # Both resynced (a new epoch) and hold the same fragments after every later outer step.
+    assert runs[0][-2]["outer_epoch"] == runs[1][-2]["outer_epoch"] >= 1
+    d0, d1 = applied_digests(runs[0]), applied_digests(runs[1])
+    last = runs[0][-2]["outer_epoch"]
+    after = {k: v for k, v in d0.items() if k[0] == last}
+    assert len(after) >= 4 and all(d1.get(k) == v for k, v in after.items()), (after, d1)
+    assert runs[0][-1]["outer"] == runs[1][-1]["outer"]
+
+
+def test_plans_are_checked_and_agreed() -> None:
+    assert RoundPlan(10, 2, 4, "INT8").check() == RoundPlan(10, 2, 4, "int8")
+    for bad, words in [(RoundPlan(0), "sync_every 0"), (RoundPlan(4, 5), "fragments 5"),
+                       (RoundPlan(8, 2, 4), "overlap 4"), (RoundPlan(4, codec="int3"), "int3")]:
+        with pytest.raises(ValueError, match=words):
+            bad.check()
+    with pytest.raises(ValueError, match="more than the 3 parameters"):
+        RoundPlan(8, 4).check(numel=3)
+    got = agree_plans([RoundPlan(10, 2, 1, "int8"), RoundPlan(40, 4, 2, "int4"),
+                       RoundPlan(20, 8, 9, "none")])
+    assert got == RoundPlan(40, 8, 4, "int4")  # overlap kept below 40 / 8 steps
+
+
+def test_auto_sync_every_fits_the_exchange_inside_the_overlap() -> None:
+    # 13.3 MB of fp32 in 4 fragments at int8: 0.83 MB each way; 200 Mbit/s, 180 ms RTT,
+    # 0.22 s of compute a step, 20% margin: (0.18 + 0.033) x 1.2 = 0.26 s -> 2 steps.
+    h, overlap = auto_sync_every(rate_bps=200e6, rtt_s=0.18, compute_s=0.22, numel=3_323_648,
+                                 codec="int8", sites=2, fragments=4, margin=0.2,
+                                 bounds=(8, 500))
+    assert (h, overlap) == (12, 2)
+    # A slower link needs more overlap and H grows with it: at 10 Mbit/s (0.67 + 0.18) x 1.2 =
+    # 1.02 s -> 5 steps; at 2 Mbit/s 20 steps, but H stops at its bound and the overlap below
+    # the 10 steps between sends.
+    assert auto_sync_every(rate_bps=10e6, rtt_s=0.18, compute_s=0.22, numel=3_323_648,
+                           codec="int8", sites=2, fragments=4, margin=0.2,
+                           bounds=(8, 40)) == (24, 5)
+    assert auto_sync_every(rate_bps=2e6, rtt_s=0.18, compute_s=0.22, numel=3_323_648,
+                           codec="int8", sites=2, fragments=4, margin=0.2,
+                           bounds=(8, 40)) == (40, 9)
