@@ -114,6 +114,7 @@ from torch.nn.parallel import DistributedDataParallel
 import linkpilot
 from linkpilot.ddp import LinkpilotHook, StepStats, group_timeout, hook
 from linkpilot.ddp_check import digest, parse_sites
+from linkpilot.outer import OuterSync, RoundPlan, RoundStats
 
 EVAL_FRACTION = 0.05
 #: Where the fixed-codec configuration "reads" its board: a path that cannot exist, so the hook
@@ -275,8 +276,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--checkpoint-dir", help="where --checkpoint-every-s saves")
     run.add_argument("--all-ranks-report", action="store_true", help="every rank prints steps")
     comm = ap.add_argument_group("gradient exchange")
-    comm.add_argument("--hook", choices=["none", "linkpilot", "fixed"], default="none",
-                      help="none: DDP's all-reduce; linkpilot: follow --board; fixed: --codec")
+    comm.add_argument("--hook", choices=["none", "linkpilot", "fixed", "outer"], default="none",
+                      help="none: DDP's all-reduce; linkpilot: follow --board; fixed: --codec; "
+                      "outer: sync across sites every --outer-every steps (linkpilot.outer)")
     comm.add_argument("--codec", default="int8", help="the codec of --hook fixed")
     comm.add_argument("--board", help="knob board of --hook linkpilot "
                       "(default: LINKPILOT_BOARD or /run/linkpilot/knobs)")
@@ -287,6 +289,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                       help="--hook linkpilot's codec when the board is missing or stale")
     comm.add_argument("--sites", help="ranks per site for the two-level exchange, e.g. 0,1/2,3")
     comm.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
+    outer = ap.add_argument_group("--hook outer (inner steps local to a site)")
+    outer.add_argument("--outer-every", type=int, default=10, help="inner steps per round (H)")
+    outer.add_argument("--fragments", type=int, default=1, help="parts synced one at a time")
+    outer.add_argument("--overlap", type=int, default=0,
+                       help="inner steps a fragment's exchange may take before it is applied")
+    outer.add_argument("--outer-codec", default="int8", help="the pseudo-gradients' codec")
+    outer.add_argument("--outer-lr", type=float, default=1.0)
+    outer.add_argument("--outer-momentum", type=float, default=0.0)
+    outer.add_argument("--outer-deadline-s", type=float, default=30.0,
+                       help="an exchange that takes longer is given up (inner steps go on)")
+    outer.add_argument("--max-drift", type=int, help="inner steps without a sync before a site "
+                       "waits for the link (default 4 rounds)")
     model = ap.add_argument_group("model and data")
     model.add_argument("--width", type=int, default=256)
     model.add_argument("--depth", type=int, default=4)
@@ -305,7 +319,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.checkpoint_every_s < 0 or (args.checkpoint_every_s and not args.checkpoint_dir):
         ap.error("--checkpoint-every-s needs a positive interval and --checkpoint-dir")
     if args.hook == "none" and args.sites:
-        ap.error("--sites needs --hook linkpilot or fixed")
+        ap.error("--sites needs --hook linkpilot, fixed or outer")
     if (args.steps is not None and args.steps < 1) or args.sync_every < 1:
         ap.error("--steps and --sync-every must be at least 1")
     if args.width % args.heads:
@@ -401,9 +415,27 @@ def train(args: argparse.Namespace, report: Reporter) -> int:
     x0, y0 = windows(corpus, batch_offsets(corpus, args.seed, 0, args.rank, args.world,
                                            args.batch, args.seq), args.seq)
     baseline = compute_baseline(net, x0, y0)
-    ddp = DistributedDataParallel(net, bucket_cap_mb=args.bucket_mb)
+    sync: OuterSync | None = None
+    sent: list[RoundStats] = []
+    sent_before = 0
+    if args.hook == "outer":
+        try:
+            plan = RoundPlan(args.outer_every, args.fragments, args.overlap, args.outer_codec)
+            sync = OuterSync(net, plan, sites=parse_sites(args.sites), outer_lr=args.outer_lr,
+                             outer_momentum=args.outer_momentum,
+                             deadline_s=args.outer_deadline_s, max_drift=args.max_drift,
+                             on_round=sent.append)
+        except ValueError as e:
+            raise SystemExit(f"--hook outer: {e}") from None
+    # Per-step exchange: DDP over every rank; outer: DDP inside the site only (or none).
+    model: nn.Module = net
+    if sync is None:
+        model = ddp = DistributedDataParallel(net, bucket_cap_mb=args.bucket_mb)
+    elif sync.site_group is not None:
+        model = ddp = DistributedDataParallel(net, bucket_cap_mb=args.bucket_mb,
+                                              process_group=sync.site_group)
     state: LinkpilotHook | None = None
-    if args.hook != "none":
+    if args.hook in ("linkpilot", "fixed"):
         fixed = args.hook == "fixed"
         state = LinkpilotHook(
             NO_BOARD if fixed else args.board, link=args.link,
@@ -447,12 +479,16 @@ def train(args: argparse.Namespace, report: Reporter) -> int:
         t_start = time.time()
         if step == 0:
             started = t_start
-        loss = lm_loss(ddp, x, y)
+        loss = lm_loss(model, x, y)
         t_fwd = time.time()
         opt.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         t_bwd = time.time()
         opt.step()
+        if sync is not None:
+            sent.clear()
+            sent_before = sync.sent_bytes
+            sync.step()  # may wait: for an exchange still in flight at its apply step
         t_end = time.time()
         loss_value = float(loss.detach())
         stats: StepStats | None = state.history[-1] if state is not None else None
@@ -470,6 +506,12 @@ def train(args: argparse.Namespace, report: Reporter) -> int:
             "timeout_s": (state.timeout if state else group_timeout()).total_seconds(),
             "compute_s_baseline": baseline,
         }
+        if sync is not None:
+            p = sync.plan
+            line.update(codec=p.codec, wire_bytes=sync.sent_bytes - sent_before,
+                        outer_plan=[p.sync_every, p.fragments, p.overlap],
+                        outer=[[r.round, r.fragment, r.outcome, round(r.exchange_s, 3),
+                                round(r.waited_s, 3)] for r in sent], outer_epoch=sync.epoch)
         step += 1
         if checkpoints is not None and (step == 1 or t_end - saved_at >= args.checkpoint_every_s):
             checkpoints.save(net, step, t_end)
@@ -495,6 +537,8 @@ def train(args: argparse.Namespace, report: Reporter) -> int:
         if saved != step and step > 0:
             checkpoints.save(net, step, t_end)
         checkpoints.close()
+    if sync is not None:
+        sync.close()
     # Every rank has received everything sent to it before any exits (an exit with unread
     # data resets the connection under a peer's last receive).
     dist.barrier()

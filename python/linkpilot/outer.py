@@ -251,6 +251,8 @@ class OuterSync:
         self.epoch = 0
         self.applied = 0  # fragment updates applied since the start
         self.step_count = 0
+        #: Bytes this site's leader handed to the exchange (headers and payloads), so far.
+        self.sent_bytes = 0
         self._round = 0
         self._round_start = 0
         self._since_sync = 0
@@ -345,6 +347,7 @@ class OuterSync:
             header = _header(self.epoch, self._round, fragment, self.applied, plan, proposal)
             message = torch.cat([header.view(torch.uint8), payload.reshape(-1).view(torch.uint8)])
             job = _Job(stats, message, lo, hi)
+            self.sent_bytes += message.numel()
             self._inflight[self.step_count + plan.overlap] = job
             self._exchanger.jobs.put(job)
         if fragment == plan.fragments - 1:
