@@ -5,8 +5,9 @@
 /// First bytes of the file.
 pub const BOARD_MAGIC: [u8; 8] = *b"LPKNOBS\0";
 /// Layout version; a reader that does not know it must not interpret the rest. Version 2 added
-/// the NCCL tuner plugin's fields to each link slot (112 -> 128 bytes).
-pub const BOARD_VERSION: u32 = 2;
+/// the NCCL tuner plugin's fields to each link slot (112 -> 128 bytes), version 3 the
+/// cross-site synchronization's knobs and the link's measured rate (128 -> 184 bytes).
+pub const BOARD_VERSION: u32 = 3;
 /// Links the board has room for.
 pub const BOARD_MAX_LINKS: usize = 8;
 /// Bytes of a link or state name, NUL-padded (names longer than 31 bytes are cut).
@@ -119,6 +120,28 @@ pub struct BoardLink {
     /// Most channels a collective may use; 0 = NCCL's own count.
     pub nccl_max_channels: u8,
     pub _pad: u8,
+    /// Inner steps per cross-site synchronization round (1: every step, the per-step
+    /// exchange; 0: "auto", which the training side derives within `sync_min..=sync_max`).
+    pub sync_every: u32,
+    pub sync_min: u32,
+    pub sync_max: u32,
+    /// Inner steps a site may take without a sync before it waits for the link.
+    pub max_drift: u32,
+    /// A [`compression`] code: the pseudo-gradients' codec.
+    pub outer_compression: u32,
+    /// Parts of the parameters synchronized one at a time in a round.
+    pub fragments: u16,
+    /// Inner steps a fragment's exchange may take before it is applied.
+    pub overlap: u16,
+    pub outer_topk_ratio: f64,
+    /// The rate the link has shown it carries (the largest goodput over the estimator's window),
+    /// bit/s; 0 = nothing measured yet.
+    pub delivery_bps: u64,
+    /// The link's nominal capacity from the policy, bit/s.
+    pub capacity_bps: u64,
+    /// The share of an exchange's time "auto" keeps to spare, in hundredths of a percent.
+    pub sync_margin_bp: u16,
+    pub _pad2: [u8; 6],
 }
 
 impl Default for BoardLink {
@@ -143,6 +166,18 @@ impl Default for BoardLink {
             nccl_proto: nccl::ANY,
             nccl_max_channels: 0,
             _pad: 0,
+            sync_every: 1,
+            sync_min: 1,
+            sync_max: 1,
+            max_drift: 0,
+            outer_compression: compression::INT8,
+            fragments: 1,
+            overlap: 0,
+            outer_topk_ratio: 0.0,
+            delivery_bps: 0,
+            capacity_bps: 0,
+            sync_margin_bp: 0,
+            _pad2: [0; 6],
         }
     }
 }
@@ -163,7 +198,7 @@ pub mod offsets {
     pub const N_LINKS: usize = 48;
     pub const PENDING: usize = 52;
     pub const LINKS: usize = 56;
-    pub const LINK_SIZE: usize = 128;
+    pub const LINK_SIZE: usize = 184;
 }
 
 const _: () = assert!(core::mem::size_of::<BoardHeader>() == offsets::LINKS);
@@ -185,4 +220,12 @@ const _: () = assert!(core::mem::offset_of!(BoardLink, nccl_proto) == 125);
 const _: () = assert!(core::mem::offset_of!(BoardLink, nccl_max_channels) == 126);
 const _: () =
     assert!(core::mem::size_of::<Board>() == offsets::LINKS + BOARD_MAX_LINKS * offsets::LINK_SIZE);
-const _: () = assert!(core::mem::size_of::<Board>() == 1080);
+const _: () = assert!(core::mem::offset_of!(BoardLink, sync_every) == 128);
+const _: () = assert!(core::mem::offset_of!(BoardLink, outer_compression) == 144);
+const _: () = assert!(core::mem::offset_of!(BoardLink, fragments) == 148);
+const _: () = assert!(core::mem::offset_of!(BoardLink, overlap) == 150);
+const _: () = assert!(core::mem::offset_of!(BoardLink, outer_topk_ratio) == 152);
+const _: () = assert!(core::mem::offset_of!(BoardLink, delivery_bps) == 160);
+const _: () = assert!(core::mem::offset_of!(BoardLink, capacity_bps) == 168);
+const _: () = assert!(core::mem::offset_of!(BoardLink, sync_margin_bp) == 176);
+const _: () = assert!(core::mem::size_of::<Board>() == 1528);

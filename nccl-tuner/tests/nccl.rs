@@ -245,6 +245,7 @@ fn hosts_own_board(path: &Path) -> BoardWriter {
         dscp: 26,
         roce_traffic_class: 106,
         tcp_buffer_bytes: 128 << 20,
+        sync: Default::default(),
     };
     let mut l = board_link("hk-us", "congested", 1, &k, 5);
     let rule =

@@ -1,6 +1,6 @@
-"""Reader of the daemon's knob board (docs/knob-board.md, layout version 2).
+"""Reader of the daemon's knob board (docs/knob-board.md, layout version 3).
 
-The file is mapped once; each :meth:`KnobBoard.read` copies the 1080 bytes under the seqlock, so
+The file is mapped once; each :meth:`KnobBoard.read` copies the 1528 bytes under the seqlock, so
 a read costs a copy and a ``stat`` of the path (to notice a restarted daemon's new file), with
 no parsing of anything but the copy. Standard library only.
 
@@ -21,8 +21,8 @@ from types import TracebackType
 
 DEFAULT_PATH = "/run/linkpilot/knobs"
 MAGIC = b"LPKNOBS\0"
-VERSION = 2
-SIZE = 1080
+VERSION = 3
+SIZE = 1528
 MAX_LINKS = 8
 #: Compression names by board code.
 CODECS = ("none", "fp16", "bf16", "int8", "int4", "topk")
@@ -34,10 +34,10 @@ _NCCL_ANY = 255
 ACTUATORS = ("dscp", "env_file", "sysctl", "host_sysctl", "roce_tc")
 
 _HEADER = struct.Struct("<8sIIQQIIQII")  # magic .. n_links, pending
-_LINK = struct.Struct("<32s32sIIdQQIBBBBQQIBBBx")
+_LINK = struct.Struct("<32s32sIIdQQIBBBBQQIBBBxIIIIIHHdQQH6x")
 _LINKS_AT = _HEADER.size
 _SEQ_WORD = 16 // 8  # seq, as an index into the board viewed as u64 words
-assert _HEADER.size == 56 and _LINK.size == 128 and _LINKS_AT + MAX_LINKS * _LINK.size == SIZE
+assert _HEADER.size == 56 and _LINK.size == 184 and _LINKS_AT + MAX_LINKS * _LINK.size == SIZE
 
 
 class BoardError(Exception):
@@ -89,6 +89,23 @@ class LinkKnobs:
     nccl_max_channels: int
     #: The link's RTT baseline in microseconds (0: not measured yet).
     rtt_us: int
+    #: Cross-site synchronization (linkpilot.outer): inner steps per round (1: every step; 0:
+    #: "auto", derived within ``sync_min..sync_max`` from the rates below and the job's own
+    #: compute time, keeping ``sync_margin`` of an exchange's time to spare), the
+    #: pseudo-gradients' codec, fragments, overlap, and the inner steps a site may run without a
+    #: sync before it waits.
+    sync_every: int = 1
+    sync_min: int = 1
+    sync_max: int = 1
+    sync_margin: float = 0.0
+    max_drift: int = 0
+    outer_codec: str = "int8"
+    fragments: int = 1
+    overlap: int = 0
+    #: The rate the link has shown it carries (0: nothing measured yet), and its nominal
+    #: capacity, bit/s.
+    delivery_bps: int = 0
+    capacity_bps: int = 0
 
     @property
     def codec(self) -> str:
@@ -304,10 +321,12 @@ class KnobBoard:
 
     def _link(self, data: bytes, i: int) -> LinkKnobs:
         (name, state, state_index, code, topk_ratio, chunk, tcp_buf, watchdog_s, ib_timeout,
-         ib_retry, dscp, tc, decision_id, min_bytes, rtt_us, algo, proto,
-         max_channels) = _LINK.unpack_from(data, _LINKS_AT + i * _LINK.size)
-        if code >= len(CODECS):
-            raise BoardFormatError(self.path, f"link slot {i}: unknown compression code {code}")
+         ib_retry, dscp, tc, decision_id, min_bytes, rtt_us, algo, proto, max_channels,
+         sync_every, sync_min, sync_max, max_drift, outer_code, fragments, overlap, outer_ratio,
+         delivery_bps, capacity_bps, margin_bp) = _LINK.unpack_from(data, _LINKS_AT + i * _LINK.size)
+        for what, c in (("compression", code), ("outer compression", outer_code)):
+            if c >= len(CODECS):
+                raise BoardFormatError(self.path, f"link slot {i}: unknown {what} code {c}")
         nccl = (("algorithm", algo, NCCL_ALGOS), ("protocol", proto, NCCL_PROTOS))
         for what, value, names in nccl:
             if value != _NCCL_ANY and value >= len(names):
@@ -333,4 +352,15 @@ class KnobBoard:
             nccl_proto="auto" if proto == _NCCL_ANY else NCCL_PROTOS[proto],
             nccl_max_channels=max_channels,
             rtt_us=rtt_us,
+            sync_every=sync_every,
+            sync_min=sync_min,
+            sync_max=sync_max,
+            sync_margin=margin_bp / 1e4,
+            max_drift=max_drift,
+            outer_codec=(f"topk:{outer_ratio!r}" if CODECS[outer_code] == "topk"
+                         else CODECS[outer_code]),
+            fragments=fragments,
+            overlap=overlap,
+            delivery_bps=delivery_bps,
+            capacity_bps=capacity_bps,
         )

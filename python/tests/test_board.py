@@ -38,12 +38,18 @@ LINKS: list[dict[str, Any]] = [
      "watchdog_s": (1 << 32) - 1, "nccl_ib_timeout": 255, "nccl_ib_retry_cnt": 7, "dscp": 63,
      "roce_traffic_class": 255, "decision_id": (1 << 64) - 1, "nccl_algo": "pat",
      "nccl_proto": "simple", "nccl_max_channels": 255, "nccl_min_bytes": (1 << 64) - 1,
-     "rtt_us": (1 << 32) - 1},
+     "rtt_us": (1 << 32) - 1, "sync_every": 0, "sync_min": 10, "sync_max": (1 << 32) - 1,
+     "max_drift": (1 << 32) - 2, "outer_compression": "topk:0.05", "fragments": (1 << 16) - 1,
+     "overlap": (1 << 16) - 2, "delivery_bps": (1 << 64) - 1, "capacity_bps": 40 * 10**9,
+     "sync_margin_bp": (1 << 16) - 1},
 ]
-# What the feeder writes for NCCL fields a line leaves out (the reference policy's [nccl]).
+# What the feeder writes for NCCL and synchronization fields a line leaves out (the reference
+# policy's [nccl], the per-step exchange with the default bounds).
 NCCL_DEFAULTS: dict[str, Any] = {
     "nccl_algo": "tree", "nccl_proto": "simple", "nccl_max_channels": 0,
-    "nccl_min_bytes": 1 << 20, "rtt_us": 0,
+    "nccl_min_bytes": 1 << 20, "rtt_us": 0, "sync_every": 1, "sync_min": 1, "sync_max": 500,
+    "sync_margin": 0.2, "max_drift": 2000, "outer_codec": "int8", "fragments": 1, "overlap": 0,
+    "delivery_bps": 0, "capacity_bps": 0,
 }
 
 
@@ -51,6 +57,10 @@ def expected(fed: dict[str, Any]) -> LinkKnobs:
     codec, _, ratio = fed["compression"].partition(":")
     knobs = {**NCCL_DEFAULTS, **{k: v for k, v in fed.items() if k != "topk_ratio"}}
     knobs["compression"] = codec
+    if "outer_compression" in knobs:  # the board's name for the codec LinkKnobs calls outer_codec
+        knobs["outer_codec"] = knobs.pop("outer_compression")
+    if "sync_margin_bp" in knobs:
+        knobs["sync_margin"] = knobs.pop("sync_margin_bp") / 1e4
     return LinkKnobs(topk_ratio=float(ratio or fed.get("topk_ratio", 0.0)), **knobs)
 
 
@@ -174,7 +184,7 @@ def patched(tmp_path: Path, data: bytes, at: int, new: bytes) -> Path:
     "at, new, error, words",
     [
         (0, b"LPKNOBZ\0", BoardFormatError, "not a knob board"),
-        (8, (1).to_bytes(4, "little"), BoardFormatError, "layout version 1, this reader knows 2"),
+        (8, (2).to_bytes(4, "little"), BoardFormatError, "layout version 2, this reader knows 3"),
         (12, (1079).to_bytes(4, "little"), BoardFormatError, "size field 1079"),
         (48, (9).to_bytes(4, "little"), BoardFormatError, "9 links"),
         (56 + 68, (9).to_bytes(4, "little"), BoardFormatError, "unknown compression code 9"),
@@ -195,7 +205,7 @@ def test_a_bad_board_is_a_clear_error(
 def test_a_truncated_or_missing_board_is_a_clear_error(tmp_path: Path, good_board: bytes) -> None:
     path = tmp_path / "short"
     path.write_bytes(good_board[:100])
-    with pytest.raises(BoardFormatError, match=f"{path}: truncated: 100 bytes, a board has 1080"):
+    with pytest.raises(BoardFormatError, match=f"{path}: truncated: 100 bytes, a board has 1528"):
         KnobBoard(path).read()
     with pytest.raises(BoardMissing, match=f"{tmp_path}/none: no such file"):
         KnobBoard(tmp_path / "none").read()

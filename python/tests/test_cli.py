@@ -41,7 +41,9 @@ def test_json_of_a_fed_board(tmp_path: Path) -> None:
         "tcp_buffer_bytes": 128 << 20, "watchdog_s": 600, "nccl_ib_timeout": 22,
         "nccl_ib_retry_cnt": 7, "dscp": 26, "roce_traffic_class": 106, "decision_id": 42,
         "nccl_min_bytes": 1 << 20, "nccl_algo": "tree", "nccl_proto": "simple",
-        "nccl_max_channels": 0, "rtt_us": 0,
+        "nccl_max_channels": 0, "rtt_us": 0, "sync_every": 1, "sync_min": 1, "sync_max": 500,
+        "sync_margin": 0.2, "max_drift": 2000, "outer_codec": "int8", "fragments": 1,
+        "overlap": 0, "delivery_bps": 0, "capacity_bps": 0,
     }
     assert (eu["codec"], eu["chunk_bytes"]) == ("bf16", 3 << 19)
     assert human.returncode == 0, human.stderr
@@ -64,7 +66,7 @@ def test_a_stale_board_says_so(tmp_path: Path) -> None:
 
 def test_a_missing_or_bad_board_is_one_line_and_exit_1(tmp_path: Path) -> None:
     bad = tmp_path / "bad"
-    bad.write_bytes(b"\0" * 1080)
+    bad.write_bytes(b"\0" * 1528)
     for path, words in [(tmp_path / "none", "no such file"), (bad, "not a knob board")]:
         out = status("--board", str(path))
         assert (out.returncode, out.stdout) == (1, ""), out

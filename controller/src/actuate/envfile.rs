@@ -179,6 +179,7 @@ mod tests {
             dscp: 26,
             roce_traffic_class: 106,
             tcp_buffer_bytes: 128 << 20,
+            sync: Default::default(),
         }
     }
 

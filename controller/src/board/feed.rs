@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use crate::{
     board::{board_link, BoardWriter},
-    control::{Compression, Knobs},
+    control::{Compression, Knobs, SyncKnobs},
     kernel::probes::monotonic_ns,
 };
 
@@ -65,6 +65,46 @@ struct FeedLink {
     nccl_min_bytes: u64,
     #[serde(default)]
     rtt_us: u32,
+    #[serde(default = "d_one_u32")]
+    sync_every: u32,
+    #[serde(default = "d_one_u32")]
+    sync_min: u32,
+    #[serde(default = "d_sync_max")]
+    sync_max: u32,
+    #[serde(default = "d_max_drift")]
+    max_drift: u32,
+    #[serde(default = "d_outer")]
+    outer_compression: String,
+    outer_topk_ratio: Option<f64>,
+    #[serde(default = "d_one_u16")]
+    fragments: u16,
+    #[serde(default)]
+    overlap: u16,
+    #[serde(default)]
+    delivery_bps: u64,
+    #[serde(default)]
+    capacity_bps: u64,
+    #[serde(default = "d_margin_bp")]
+    sync_margin_bp: u16,
+}
+
+fn d_one_u32() -> u32 {
+    1
+}
+fn d_one_u16() -> u16 {
+    1
+}
+fn d_sync_max() -> u32 {
+    500
+}
+fn d_max_drift() -> u32 {
+    2000
+}
+fn d_outer() -> String {
+    "int8".into()
+}
+fn d_margin_bp() -> u16 {
+    2000
 }
 
 fn d_state() -> String {
@@ -177,6 +217,13 @@ pub fn parse_line(text: &str, default_id: u64) -> Result<Vec<BoardLink>, String>
                 dscp: l.dscp,
                 roce_traffic_class: l.roce_traffic_class,
                 tcp_buffer_bytes: l.tcp_buffer_bytes,
+                sync: SyncKnobs {
+                    sync_every: l.sync_every,
+                    outer_compression: compression(&l.outer_compression, l.outer_topk_ratio)
+                        .map_err(|e| format!("link {:?}: outer_compression: {e}", l.name))?,
+                    fragments: l.fragments,
+                    overlap: l.overlap,
+                },
             };
             let id = l.decision_id.unwrap_or(default_id);
             let mut slot = board_link(&l.name, &l.state, l.state_index, &k, id);
@@ -186,6 +233,12 @@ pub fn parse_line(text: &str, default_id: u64) -> Result<Vec<BoardLink>, String>
             slot.nccl_max_channels = l.nccl_max_channels;
             slot.nccl_min_bytes = l.nccl_min_bytes;
             slot.rtt_us = l.rtt_us;
+            slot.sync_min = l.sync_min;
+            slot.sync_max = l.sync_max;
+            slot.max_drift = l.max_drift;
+            slot.delivery_bps = l.delivery_bps;
+            slot.capacity_bps = l.capacity_bps;
+            slot.sync_margin_bp = l.sync_margin_bp;
             Ok(slot)
         })
         .collect()

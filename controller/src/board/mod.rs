@@ -21,7 +21,10 @@ use linkpilot_common::board::{
     BOARD_MAX_LINKS, BOARD_NAME_LEN, BOARD_VERSION,
 };
 
-use crate::control::{policy::NcclRule, Compression, Knobs};
+use crate::control::{
+    policy::{Bounds, NcclRule},
+    Compression, Knobs,
+};
 
 /// Where the daemon keeps the board.
 pub const DEFAULT_PATH: &str = "/run/linkpilot/knobs";
@@ -79,15 +82,21 @@ fn name_bytes(s: &str) -> [u8; BOARD_NAME_LEN] {
 }
 
 /// The board's form of one link's decision.
-pub fn board_link(link: &str, state: &str, state_index: u32, k: &Knobs, id: u64) -> BoardLink {
-    let (compression, topk_ratio) = match k.compression {
+/// A compression as the board's code and top-k ratio.
+fn compression_code(c: Compression) -> (u32, f64) {
+    match c {
         Compression::None => (code::NONE, 0.0),
         Compression::Fp16 => (code::FP16, 0.0),
         Compression::Bf16 => (code::BF16, 0.0),
         Compression::Int8 => (code::INT8, 0.0),
         Compression::Int4 => (code::INT4, 0.0),
         Compression::TopK(r) => (code::TOPK, r),
-    };
+    }
+}
+
+pub fn board_link(link: &str, state: &str, state_index: u32, k: &Knobs, id: u64) -> BoardLink {
+    let (compression, topk_ratio) = compression_code(k.compression);
+    let (outer_compression, outer_topk_ratio) = compression_code(k.sync.outer_compression);
     BoardLink {
         name: name_bytes(link),
         state: name_bytes(state),
@@ -102,7 +111,32 @@ pub fn board_link(link: &str, state: &str, state_index: u32, k: &Knobs, id: u64)
         dscp: k.dscp,
         roce_traffic_class: k.roce_traffic_class,
         decision_id: id,
+        sync_every: k.sync.sync_every,
+        outer_compression,
+        outer_topk_ratio,
+        fragments: k.sync.fragments,
+        overlap: k.sync.overlap,
         ..BoardLink::default()
+    }
+}
+
+/// Sets what the training side's "auto" synchronization needs beside the knobs: the policy's
+/// bounds on H, its margin and drift bound, and the link's measured and nominal rates.
+pub fn set_sync_facts(l: &mut BoardLink, b: &Bounds, delivery_bps: f64, capacity_bps: f64) {
+    l.sync_min = b.sync_min;
+    l.sync_max = b.sync_max;
+    l.sync_margin_bp = (b.sync_margin * 1e4).round().clamp(0.0, f64::from(u16::MAX)) as u16;
+    l.max_drift = b.max_drift;
+    l.delivery_bps = bps(delivery_bps);
+    l.capacity_bps = bps(capacity_bps);
+}
+
+/// A rate as the board's whole bit/s (0: not measured).
+pub fn bps(v: f64) -> u64 {
+    if v.is_finite() && v > 0.0 {
+        v.round().min(u64::MAX as f64) as u64
+    } else {
+        0
     }
 }
 
@@ -322,6 +356,7 @@ mod tests {
             dscp: (i % 64) as u8,
             roce_traffic_class: (i % 256) as u8,
             tcp_buffer_bytes: 2 * i,
+            sync: Default::default(),
         }
     }
 
@@ -394,6 +429,7 @@ mod tests {
 #[cfg(test)]
 mod python_tests {
     use super::*;
+    use crate::control::SyncKnobs;
 
     /// Reads the board at argv[1] with the Python package's reader, as JSON. Only the standard
     /// library may be needed: the reader is for processes without torch too.
@@ -423,8 +459,14 @@ print(json.dumps(out))
             dscp: 26,
             roce_traffic_class: 106,
             tcp_buffer_bytes: 128 << 20,
+            sync: SyncKnobs {
+                sync_every: 0,
+                outer_compression: Compression::TopK(0.02),
+                fragments: 4,
+                overlap: 3,
+            },
         };
-        let k2 = Knobs { compression: Compression::Int4, ..k };
+        let k2 = Knobs { compression: Compression::Int4, sync: SyncKnobs::default(), ..k };
         let mut hk = board_link("hk-us", "severe", 3, &k, 42);
         let rule = NcclRule {
             algo: Some(nccl::ALGO_TREE),
@@ -432,6 +474,15 @@ print(json.dumps(out))
             max_channels: 4,
         };
         set_nccl(&mut hk, rule, 1 << 20, Some(180.25));
+        let policy = crate::control::Policy::parse(
+            "[bounds]\nsync_every = { min = 8, max = 400, margin = \"25%\", max_drift = 1600 }\n\
+             [[link]]\nname = \"hk-us\"\ninterfaces = [\"eth0\"]\ncapacity = \"40Gbit/s\"\n\
+             [[state]]\nname = \"healthy\"\n[state.knobs]\ncompression = \"none\"\ndscp = 26\n\
+             roce_traffic_class = 106\n",
+            "test",
+        )
+        .unwrap();
+        set_sync_facts(&mut hk, &policy.bounds, 2.5e8, 4e10);
         w.set_pending(linkpilot_common::board::pending::SYSCTL);
         w.publish(&[hk, board_link("eu", "x", 1, &k2, 9)], now);
         let python = concat!(env!("CARGO_MANIFEST_DIR"), "/../python");
@@ -479,10 +530,27 @@ print(json.dumps(out))
             (l["nccl_min_bytes"].as_u64(), l["rtt_us"].as_u64()),
             (Some(1 << 20), Some(180_250))
         );
+        assert_eq!(
+            (l["sync_every"].as_u64(), l["sync_min"].as_u64(), l["sync_max"].as_u64()),
+            (Some(0), Some(8), Some(400))
+        );
+        assert_eq!(
+            (l["sync_margin"].as_f64(), l["max_drift"].as_u64(), l["outer_codec"].as_str()),
+            (Some(0.25), Some(1600), Some("topk:0.02"))
+        );
+        assert_eq!((l["fragments"].as_u64(), l["overlap"].as_u64()), (Some(4), Some(3)));
+        assert_eq!(
+            (l["delivery_bps"].as_u64(), l["capacity_bps"].as_u64()),
+            (Some(250_000_000), Some(40_000_000_000))
+        );
         let e = &v["links"][1];
         assert_eq!(
             (e["name"].as_str(), e["state_index"].as_u64(), e["decision_id"].as_u64()),
             (Some("eu"), Some(1), Some(9))
+        );
+        assert_eq!(
+            (e["sync_every"].as_u64(), e["fragments"].as_u64(), e["outer_codec"].as_str()),
+            (Some(1), Some(1), Some("int8"))
         );
         // No [nccl] rule: NCCL's own choices.
         assert_eq!(

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{
     estimator::Signals,
-    knobs::{bytes, Knobs},
+    knobs::{bytes, Knobs, SyncKnobs},
     policy::{Policy, Setting},
 };
 
@@ -149,6 +149,16 @@ pub(super) fn knobs_for(
         dscp: k.dscp,
         roce_traffic_class: k.roce_traffic_class,
         tcp_buffer_bytes,
+        sync: SyncKnobs {
+            // "auto" (0): the training side derives it from what the board shows.
+            sync_every: match k.sync_every {
+                Setting::Fixed(h) => h,
+                Setting::Auto => 0,
+            },
+            outer_compression: k.outer_compression,
+            fragments: k.fragments,
+            overlap: k.overlap,
+        },
     }
 }
 

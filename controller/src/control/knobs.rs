@@ -120,6 +120,39 @@ pub struct Knobs {
     pub roce_traffic_class: u8,
     /// tcp_rmem/tcp_wmem maximum (and rmem_max/wmem_max), bytes.
     pub tcp_buffer_bytes: u64,
+    /// How the training side synchronizes across sites.
+    #[serde(default)]
+    pub sync: SyncKnobs,
+}
+
+/// How the training side synchronizes across sites (`linkpilot.outer`): every `sync_every`
+/// inner steps (1: every step, the per-step exchange; 0: "auto", which the training side derives
+/// within the policy's bounds from the link's rate and RTT on the board and its own compute
+/// time), pseudo-gradients sent with `outer_compression` in `fragments` parts, each applied
+/// `overlap` steps after it is sent.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SyncKnobs {
+    pub sync_every: u32,
+    pub outer_compression: Compression,
+    pub fragments: u16,
+    pub overlap: u16,
+}
+
+impl Default for SyncKnobs {
+    fn default() -> Self {
+        Self { sync_every: 1, outer_compression: Compression::Int8, fragments: 1, overlap: 0 }
+    }
+}
+
+impl SyncKnobs {
+    /// "auto", or the inner steps per round.
+    pub fn every(&self) -> String {
+        if self.sync_every == 0 {
+            "auto".into()
+        } else {
+            self.sync_every.to_string()
+        }
+    }
 }
 
 impl Knobs {
@@ -146,6 +179,11 @@ impl Knobs {
             self.roce_traffic_class.to_string(),
             new.roce_traffic_class.to_string(),
         );
+        let (a, b) = (&self.sync, &new.sync);
+        diff("sync_every", a.every(), b.every());
+        diff("outer_codec", a.outer_compression.to_string(), b.outer_compression.to_string());
+        diff("fragments", a.fragments.to_string(), b.fragments.to_string());
+        diff("overlap", a.overlap.to_string(), b.overlap.to_string());
         diff("tcp_buffers", bytes(self.tcp_buffer_bytes), bytes(new.tcp_buffer_bytes));
         v
     }

@@ -12,7 +12,7 @@ pub mod policy;
 pub mod replay;
 
 pub use decide::{Core, Decision};
-pub use knobs::{Compression, Knobs};
+pub use knobs::{Compression, Knobs, SyncKnobs};
 pub use policy::{Policy, PolicyError, PolicyErrors};
 
 #[cfg(test)]

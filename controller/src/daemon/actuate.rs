@@ -18,7 +18,7 @@ use crate::{
     actuate::envfile,
     actuate::roce_tc::RoceTc,
     actuate::sysctl::{self, Sysctls},
-    board::{self, board_link, set_nccl, BoardWriter},
+    board::{self, board_link, set_nccl, set_sync_facts, BoardWriter},
     control::{knobs::bytes, Core, Decision},
     kernel::iface::Iface,
     kernel::peers::PeerIds,
@@ -62,8 +62,9 @@ pub(super) fn unix_now() -> f64 {
 }
 
 /// Whether the board's RTT baseline is worth republishing: first measured, or off by over 10%.
-fn rtt_moved(on_board: u32, now: u32) -> bool {
-    on_board != now && (on_board == 0 || now.abs_diff(on_board) as f64 > 0.1 * f64::from(on_board))
+/// Whether a measurement moved far enough from the board's value to republish it.
+fn rtt_moved(on_board: u64, now: u64) -> bool {
+    on_board != now && (on_board == 0 || now.abs_diff(on_board) as f64 > 0.1 * on_board as f64)
 }
 
 /// The DSCP rules the current decisions ask for: on each of a link's interfaces, its peers (or,
@@ -131,7 +132,8 @@ impl Actuators {
     }
 
     /// Tells readers the daemon is alive; republishes the links instead when a link's RTT
-    /// baseline moved (the tuner plugin gives it to NCCL when a communicator starts).
+    /// baseline or delivered rate moved by more than a tenth (the training side's "auto"
+    /// synchronization sizes its rounds from them).
     fn heartbeat(&mut self, core: &Core) {
         let Some(b) = &mut self.board else { return };
         let signals = core.signals();
@@ -140,8 +142,13 @@ impl Actuators {
             let name = board::name(&l.name);
             let Some((_, s)) = signals.iter().find(|(n, _)| *n == name) else { continue };
             let now = board::rtt_us(s.baseline_ms);
-            if rtt_moved(l.rtt_us, now) {
+            if rtt_moved(u64::from(l.rtt_us), u64::from(now)) {
                 l.rtt_us = now;
+                moved = true;
+            }
+            let rate = board::bps(s.delivery_bps);
+            if rtt_moved(l.delivery_bps, rate) {
+                l.delivery_bps = rate;
                 moved = true;
             }
         }
@@ -244,8 +251,16 @@ impl Actuators {
                     .max()
                     .unwrap_or(self.latest);
                 let mut l = board_link(link, state, idx as u32, k, id);
-                let rtt = signals.iter().find(|(n, _)| n == link).and_then(|(_, s)| s.baseline_ms);
-                set_nccl(&mut l, policy.nccl.rule(idx), policy.nccl.min_bytes, rtt);
+                let s = signals.iter().find(|(n, _)| n == link).map(|(_, s)| s);
+                set_nccl(
+                    &mut l,
+                    policy.nccl.rule(idx),
+                    policy.nccl.min_bytes,
+                    s.and_then(|s| s.baseline_ms),
+                );
+                let capacity =
+                    policy.links.iter().find(|p| p.name == *link).map_or(0.0, |p| p.capacity_bps);
+                set_sync_facts(&mut l, &policy.bounds, s.map_or(0.0, |s| s.delivery_bps), capacity);
                 l
             })
             .collect();

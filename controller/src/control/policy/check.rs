@@ -221,6 +221,28 @@ fn check_bounds(b: &RawBounds, e: &mut Errors) -> Bounds {
     if !(w.rtt_multiple > 0.0 && w.rtt_multiple.is_finite()) {
         e.at(b.watchdog.span(), "watchdog rtt_multiple must be above 0");
     }
+    let y = b.sync_every.get_ref();
+    if y.min == 0 || y.min > y.max {
+        e.at(
+            b.sync_every.span(),
+            format!(
+                "sync_every bounds: min {} must be at least 1 and at most max {}",
+                y.min, y.max
+            ),
+        );
+    }
+    if y.max_drift < y.max {
+        e.at(
+            b.sync_every.span(),
+            format!(
+                "sync_every max_drift {} must be at least max {}: a site may always finish a round",
+                y.max_drift, y.max
+            ),
+        );
+    }
+    if !(y.margin.0 >= 0.0 && y.margin.0.is_finite()) {
+        e.at(b.sync_every.span(), "sync_every margin must be 0% or more");
+    }
     for (span, step) in [
         (b.chunk.span(), c.max_step),
         (b.tcp_buffers.span(), t.max_step),
@@ -247,6 +269,10 @@ fn check_bounds(b: &RawBounds, e: &mut Errors) -> Bounds {
         watchdog_max_s: secs(w.max),
         watchdog_rtt_multiple: w.rtt_multiple,
         watchdog_max_step: w.max_step,
+        sync_min: y.min,
+        sync_max: y.max,
+        sync_margin: y.margin.0,
+        max_drift: y.max_drift,
     }
 }
 
@@ -376,6 +402,7 @@ fn check_states(raw: &[Spanned<RawState>], b: &Bounds, e: &mut Errors) -> Vec<St
                 );
             }
         }
+        check_sync(&name, k, b, kspan.clone(), e);
         if let Some(prev) = states.last() {
             if k.compression.ratio() > prev.knobs.compression.ratio() {
                 e.at(kspan.clone(), format!("state {name:?}: compression {} is lighter than {} in the healthier state {:?}; compression may only get stronger as states worsen", k.compression, prev.knobs.compression, prev.name));
@@ -394,10 +421,63 @@ fn check_states(raw: &[Spanned<RawState>], b: &Bounds, e: &mut Errors) -> Vec<St
                 dscp: k.dscp,
                 roce_traffic_class: k.roce_traffic_class,
                 tcp_buffers: map_setting(k.tcp_buffers, |b| b.0),
+                sync_every: k.sync_every,
+                outer_compression: k.outer_codec,
+                fragments: k.fragments,
+                overlap: k.overlap,
             },
         });
     }
     states
+}
+
+/// A state's synchronization knobs: H within the bounds, fragments no more than the steps of a
+/// round, and each fragment's overlap below the steps between two sends.
+fn check_sync(
+    name: &str,
+    k: &super::file::RawKnobs,
+    b: &Bounds,
+    span: std::ops::Range<usize>,
+    e: &mut Errors,
+) {
+    let h = match k.sync_every {
+        Setting::Fixed(h) => {
+            if h != 1 && (h < b.sync_min || h > b.sync_max) {
+                e.at(
+                    span.clone(),
+                    format!(
+                        "state {name:?}: sync_every {h} lies outside the bounds {}..={} (1, the \
+                         per-step exchange, is always allowed)",
+                        b.sync_min, b.sync_max
+                    ),
+                );
+            }
+            h
+        }
+        // The shortest round "auto" may choose.
+        Setting::Auto => b.sync_min,
+    };
+    let f = u32::from(k.fragments);
+    if f == 0 || f > h.max(1) {
+        e.at(
+            span.clone(),
+            format!(
+                "state {name:?}: fragments {f} must be from 1 to sync_every's {}{h} (one send a \
+                 step at most)",
+                if matches!(k.sync_every, Setting::Auto) { "smallest, " } else { "" }
+            ),
+        );
+    } else if u32::from(k.overlap) >= h / f {
+        e.at(
+            span,
+            format!(
+                "state {name:?}: overlap {} must be below the {} steps between two sends \
+                 (sync_every {h} / fragments {f})",
+                k.overlap,
+                h / f
+            ),
+        );
+    }
 }
 
 fn map_setting<T, U>(s: Setting<T>, f: impl FnOnce(T) -> U) -> Setting<U> {

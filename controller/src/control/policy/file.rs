@@ -165,6 +165,7 @@ pub(super) struct RawBounds {
     pub(super) tcp_buffers: Spanned<RawBufferBounds>,
     pub(super) nccl_ib_timeout: Spanned<RawIbTimeout>,
     pub(super) watchdog: Spanned<RawWatchdog>,
+    pub(super) sync_every: Spanned<RawSyncBounds>,
 }
 
 impl Default for RawBounds {
@@ -174,7 +175,25 @@ impl Default for RawBounds {
             tcp_buffers: unspanned(RawBufferBounds::default()),
             nccl_ib_timeout: unspanned(RawIbTimeout::default()),
             watchdog: unspanned(RawWatchdog::default()),
+            sync_every: unspanned(RawSyncBounds::default()),
         }
+    }
+}
+
+/// `[bounds] sync_every`: what "auto" may choose, how much of an exchange's time it keeps to
+/// spare, and how far a site may run ahead without a sync (an outage) before it waits.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawSyncBounds {
+    pub(super) min: u32,
+    pub(super) max: u32,
+    pub(super) margin: Percent,
+    pub(super) max_drift: u32,
+}
+
+impl Default for RawSyncBounds {
+    fn default() -> Self {
+        Self { min: 1, max: 500, margin: Percent(0.2), max_drift: 2000 }
     }
 }
 
@@ -337,6 +356,27 @@ pub(super) struct RawKnobs {
     pub(super) roce_traffic_class: u8,
     #[serde(default = "auto")]
     pub(super) tcp_buffers: Setting<Bytes>,
+    /// Inner steps per cross-site round (1: the per-step exchange), or "auto".
+    #[serde(default = "d_sync_every")]
+    pub(super) sync_every: Setting<u32>,
+    #[serde(default = "d_outer_codec")]
+    pub(super) outer_codec: Compression,
+    #[serde(default = "d_one")]
+    pub(super) fragments: u16,
+    #[serde(default)]
+    pub(super) overlap: u16,
+}
+
+pub(super) fn d_sync_every() -> Setting<u32> {
+    Setting::Fixed(1)
+}
+
+pub(super) fn d_outer_codec() -> Compression {
+    Compression::Int8
+}
+
+pub(super) fn d_one() -> u16 {
+    1
 }
 
 pub(super) fn auto<T>() -> Setting<T> {

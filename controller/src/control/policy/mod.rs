@@ -166,6 +166,12 @@ pub struct Bounds {
     pub watchdog_max_s: u32,
     pub watchdog_rtt_multiple: f64,
     pub watchdog_max_step: f64,
+    /// What "auto" sync_every may choose, the share of an exchange kept to spare, and the
+    /// inner steps a site may run without a sync.
+    pub sync_min: u32,
+    pub sync_max: u32,
+    pub sync_margin: f64,
+    pub max_drift: u32,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -196,6 +202,10 @@ pub struct StateKnobs {
     pub dscp: u8,
     pub roce_traffic_class: u8,
     pub tcp_buffers: Setting<u64>,
+    pub sync_every: Setting<u32>,
+    pub outer_compression: Compression,
+    pub fragments: u16,
+    pub overlap: u16,
 }
 
 /// Line and column (1-based) of byte `offset`.
