@@ -289,6 +289,18 @@ pub fn render(s: &Status) -> String {
     }
     for l in &s.links {
         out += &format!("  {} #{}: {}\n", l.link, l.decision_id, l.reason);
+        let y = &l.knobs.sync;
+        if y.sync_every != 1 {
+            out += &format!(
+                "  {} cross-site sync: every {} inner steps, {} pseudo-gradients, {} fragment(s), \
+                 overlap {}\n",
+                l.link,
+                y.every(),
+                y.outer_compression,
+                y.fragments,
+                y.overlap
+            );
+        }
     }
     out += &render_tuner(&s.nccl_tuner);
     out += &format!(

@@ -261,3 +261,64 @@ fn limits_the_programs_and_the_board_have_are_checked() {
     );
     assert!(e.contains("estimator ewma_half_life must be above 0"), "{e}");
 }
+
+/// A congested state whose knobs add `sync` (TOML lines), behind `bounds` (a `[bounds]` line).
+fn with_sync(bounds: &str, sync: &str) -> String {
+    let src = format!(
+        "{bounds}\n[[link]]\nname = \"wan\"\ninterfaces = [\"eth0\"]\ncapacity = \"10Gbit/s\"\n\n\
+         [[state]]\nname = \"healthy\"\n[state.knobs]\ncompression = \"none\"\ndscp = 26\n\
+         roce_traffic_class = 106\n{sync}\n"
+    );
+    match Policy::parse(&src, "p.toml") {
+        Ok(p) => format!("OK {:?}", p.states[0].knobs.sync_every),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn synchronization_knobs_are_checked_against_their_bounds() {
+    let b = "[bounds]\nsync_every = { min = 8, max = 400, margin = \"25%\", max_drift = 1600 }";
+    let cases = [
+        ("", "", "OK Fixed(1)"),
+        (b, "sync_every = \"auto\"\nfragments = 4\noverlap = 1", "OK Auto"),
+        (b, "sync_every = 40\nouter_codec = \"int4\"\nfragments = 4\noverlap = 9", "OK Fixed(40)"),
+        (
+            b,
+            "sync_every = 500",
+            "p.toml:10:1: state \"healthy\": sync_every 500 lies outside the bounds 8..=400 (1, the per-step exchange, is always allowed)",
+        ),
+        (
+            b,
+            "sync_every = 40\nfragments = 41",
+            "p.toml:10:1: state \"healthy\": fragments 41 must be from 1 to sync_every's 40 (one send a step at most)",
+        ),
+        (
+            b,
+            "sync_every = \"auto\"\nfragments = 9",
+            "p.toml:10:1: state \"healthy\": fragments 9 must be from 1 to sync_every's smallest, 8 (one send a step at most)",
+        ),
+        (
+            b,
+            "sync_every = 40\nfragments = 4\noverlap = 10",
+            "p.toml:10:1: state \"healthy\": overlap 10 must be below the 10 steps between two sends (sync_every 40 / fragments 4)",
+        ),
+        (
+            b,
+            "sync_every = \"every\"",
+            "p.toml:14:14: invalid type: string \"every\", expected u32, or \"auto\"",
+        ),
+        (
+            "[bounds]\nsync_every = { min = 10, max = 5 }",
+            "",
+            "p.toml:2:14: sync_every bounds: min 10 must be at least 1 and at most max 5",
+        ),
+        (
+            "[bounds]\nsync_every = { max = 300, max_drift = 100 }",
+            "",
+            "p.toml:2:14: sync_every max_drift 100 must be at least max 300: a site may always finish a round",
+        ),
+    ];
+    for (bounds, sync, want) in cases {
+        assert_eq!(with_sync(bounds, sync), want, "{bounds} / {sync}");
+    }
+}

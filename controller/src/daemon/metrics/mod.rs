@@ -138,6 +138,14 @@ impl Metrics {
             ("knob_dscp", "DSCP of the link's egress traffic"),
             ("knob_roce_traffic_class", "RoCE traffic class (NCCL_IB_TC)"),
             ("knob_tcp_buffer_bytes", "TCP buffer limit asked for"),
+            (
+                "knob_sync_every",
+                "Inner steps per cross-site sync round (1: every step; 0: auto, the training side \
+                 derives it)",
+            ),
+            ("knob_outer_compression_ratio", "Wire bytes per fp32 pseudo-gradient byte"),
+            ("knob_fragments", "Parts of the parameters synced one at a time in a round"),
+            ("knob_overlap", "Inner steps a fragment's exchange may take before it is applied"),
         ]
         .map(|(n, h)| (n, family(r, n, h)))
         .to_vec();
@@ -378,6 +386,10 @@ impl Metrics {
             ("knob_dscp", f64::from(k.dscp)),
             ("knob_roce_traffic_class", f64::from(k.roce_traffic_class)),
             ("knob_tcp_buffer_bytes", k.tcp_buffer_bytes as f64),
+            ("knob_sync_every", f64::from(k.sync.sync_every)),
+            ("knob_outer_compression_ratio", k.sync.outer_compression.ratio()),
+            ("knob_fragments", f64::from(k.sync.fragments)),
+            ("knob_overlap", f64::from(k.sync.overlap)),
         ] {
             Self::set(&self.knobs, name, &l, v);
         }
