@@ -112,9 +112,11 @@ from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import linkpilot
+from linkpilot.board import BoardError, KnobBoard
 from linkpilot.ddp import LinkpilotHook, StepStats, group_timeout, hook
 from linkpilot.ddp_check import digest, parse_sites
 from linkpilot.outer import OuterSync, RoundPlan, RoundStats
+from linkpilot.outer_board import BoardPlan
 
 EVAL_FRACTION = 0.05
 #: Where the fixed-codec configuration "reads" its board: a path that cannot exist, so the hook
@@ -280,8 +282,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                       help="none: DDP's all-reduce; linkpilot: follow --board; fixed: --codec; "
                       "outer: sync across sites every --outer-every steps (linkpilot.outer)")
     comm.add_argument("--codec", default="int8", help="the codec of --hook fixed")
-    comm.add_argument("--board", help="knob board of --hook linkpilot "
-                      "(default: LINKPILOT_BOARD or /run/linkpilot/knobs)")
+    comm.add_argument("--board", help="knob board of --hook linkpilot (default: LINKPILOT_BOARD "
+                      "or /run/linkpilot/knobs); with --hook outer, the rounds' plans follow it "
+                      "(the --outer-* plan starts the run)")
     comm.add_argument("--link", help="board link to follow (default: the worst)")
     comm.add_argument("--large-bucket-bytes", type=int, default=1 << 20)
     comm.add_argument("--small-codec", default="fp16")
@@ -421,11 +424,15 @@ def train(args: argparse.Namespace, report: Reporter) -> int:
     if args.hook == "outer":
         try:
             plan = RoundPlan(args.outer_every, args.fragments, args.overlap, args.outer_codec)
+            plans = BoardPlan(KnobBoard(args.board), link=args.link) if args.board else None
+            if plans is not None:
+                plan = plans.initial(plan)
             sync = OuterSync(net, plan, sites=parse_sites(args.sites), outer_lr=args.outer_lr,
-                             outer_momentum=args.outer_momentum,
-                             deadline_s=args.outer_deadline_s, max_drift=args.max_drift,
-                             on_round=sent.append)
-        except ValueError as e:
+                             outer_momentum=args.outer_momentum, plan_source=plans,
+                             deadline_s=args.outer_deadline_s,
+                             max_drift=args.max_drift or (plans.max_drift if plans else None)
+                             or None, on_round=sent.append)
+        except (ValueError, BoardError) as e:
             raise SystemExit(f"--hook outer: {e}") from None
     # Per-step exchange: DDP over every rank; outer: DDP inside the site only (or none).
     model: nn.Module = net

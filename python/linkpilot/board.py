@@ -54,7 +54,7 @@ class BoardMissing(BoardError):
 
 
 class BoardFormatError(BoardError):
-    """The file is not a version-2 board, is cut short, or holds a value no daemon writes."""
+    """The file is not a version-3 board, is cut short, or holds a value no daemon writes."""
 
 
 class BoardBusy(BoardError):

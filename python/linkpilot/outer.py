@@ -28,8 +28,8 @@ every site computes the same plan.
 Riding through an outage: an exchange that fails (its peer gone, the link dead past
 ``deadline_s``) is given up on; sites keep taking inner steps (sends are skipped while the
 exchange is down) up to ``max_drift`` steps since their last sync, then wait. The exchange
-thread builds its process group again (a new generation on the store, as soon as the store
-answers) and starts with a resync: the sites compare how many fragment updates each applied,
+thread builds its process group again (a new generation on the store, numbered by the first
+site's leader once every leader said it is ready for it) and starts with a resync: the sites compare how many fragment updates each applied,
 the one that applied most (the first of equals) sends its whole outer state, and every site
 adopts it, sets its parameters to it, and starts a new round: all replicas are identical again.
 """
@@ -54,7 +54,7 @@ from linkpilot.codecs import CODEC_NAMES, ErrorFeedback, get_codec
 
 log = logging.getLogger("linkpilot.outer")
 
-__all__ = ["OuterSync", "RoundPlan", "RoundStats", "auto_sync_every", "agree_plans"]
+__all__ = ["OuterSync", "PlanInputs", "RoundPlan", "RoundStats", "auto_sync_every", "agree_plans"]
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,19 @@ def auto_sync_every(*, rate_bps: float, rtt_s: float, compute_s: float, numel: i
     overlap = math.ceil(exchange_s / compute_s)
     h = max(bounds[0], min(bounds[1], fragments * (overlap + 1)))
     return h, min(overlap, h // fragments - 1)
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a ``plan_source`` is told when it is asked for a proposal: the plan in force, the
+    synchronized parameters' count, the number of sites, and the median compute time of this
+    site's recent inner steps (everything between two ``step`` calls but their own waiting;
+    0 until a few steps were measured)."""
+
+    plan: RoundPlan
+    numel: int
+    sites: int
+    compute_s: float
 
 
 # -- the messages --------------------------------------------------------------------------------
@@ -183,6 +196,12 @@ class _Resync:
 _Note = tuple[str, int, int, RoundPlan | None, "RoundStats | None"]
 #: Asks the exchange thread for a resync (past the drift bound).
 _RESYNC = object()
+#: The store key of the generation the first leader announced, and how often a leader tries
+#: again after a failed build.
+_GENERATION = "linkpilot-outer/generation"
+_RETRY_S = 1.0
+#: Inner steps whose compute time makes ``compute_s``.
+_MEASURED = 16
 
 
 class OuterSync:
@@ -195,7 +214,7 @@ class OuterSync:
         plan: RoundPlan,
         *,
         sites: Sequence[Sequence[int]] | None = None,
-        plan_source: Callable[[], RoundPlan | None] | None = None,
+        plan_source: Callable[[PlanInputs], RoundPlan | None] | None = None,
         outer_lr: float = 1.0,
         outer_momentum: float = 0.0,
         nesterov: bool = True,
@@ -241,7 +260,15 @@ class OuterSync:
             user, handover = groups[self.site_index]
             assert isinstance(user, dist.ProcessGroup) and isinstance(handover, dist.ProcessGroup)
             self.site_group, self._handover = user, handover
-        # Every replica starts from rank 0's parameters.
+        # Every replica starts from rank 0's parameters and plan: the first round runs before
+        # any proposal was exchanged.
+        words = _header(0, 0, 0, 0, self.plan, self.plan)[4:8].clone()
+        dist.broadcast(words, src=0)
+        if _plan_of(words.tolist()) != self.plan:
+            log.warning("plan %s differs from rank 0's %s: rank 0's is used", self.plan,
+                        _plan_of(words.tolist()))
+            self.plan = _plan_of(words.tolist()).check(numel)
+        self._next_plan = self.plan
         flat = self._flatten()
         dist.broadcast(flat, src=0)
         self._write(0, flat.numel(), flat)
@@ -260,6 +287,10 @@ class OuterSync:
         self._resync: _Resync | None = None
         self._lock = threading.Lock()
         self._exchanger: _Exchanger | None = None
+        self._closing = False
+        # Compute time between step calls (their own waiting taken out), the latest few.
+        self._intervals: list[float] = []
+        self._returned_at: float | None = None
         if self.leader:
             leaders = [s[0] for s in sites]
             self._exchanger = _Exchanger(self, store or dist.distributed_c10d._get_default_store(),
@@ -300,6 +331,22 @@ class OuterSync:
         """Call after every inner optimizer step."""
         if self._exchanger is not None and self._exchanger.error is not None:
             raise RuntimeError("the cross-site exchange thread stopped") from self._exchanger.error
+        called = time.monotonic()
+        if self._returned_at is not None:
+            self._intervals = [*self._intervals[-(_MEASURED - 1):], called - self._returned_at]
+        try:
+            self._step()
+        finally:
+            self._returned_at = time.monotonic()
+
+    @property
+    def compute_s(self) -> float:
+        """The median of the latest inner steps' compute time (0 until 3 were measured)."""
+        if len(self._intervals) < 3:
+            return 0.0
+        return sorted(self._intervals)[len(self._intervals) // 2]
+
+    def _step(self) -> None:
         self.step_count += 1
         self._since_sync += 1
         plan = self.plan
@@ -327,7 +374,7 @@ class OuterSync:
             job = self._inflight.pop(self.step_count, None)  # overlap 0: applied at once
             if job is not None:
                 note = self._finish(job)
-        if self._since_sync > self.max_drift:
+        if self._since_sync > max(self.max_drift, plan.sync_every + plan.overlap):
             note = self._wait_for_link(note)
         return note
 
@@ -343,7 +390,7 @@ class OuterSync:
             pseudo = self.outer[lo:hi] - self._read(lo, hi)
             fb = self._feedback.setdefault(fragment, ErrorFeedback())
             payload = fb.encode(get_codec(plan.codec), pseudo.contiguous())
-            proposal = (self.plan_source() if self.plan_source else None) or plan
+            proposal = self._proposal(plan)
             header = _header(self.epoch, self._round, fragment, self.applied, plan, proposal)
             message = torch.cat([header.view(torch.uint8), payload.reshape(-1).view(torch.uint8)])
             job = _Job(stats, message, lo, hi)
@@ -360,6 +407,19 @@ class OuterSync:
                 if self._next_plan.fragments != plan.fragments:
                     self._feedback.clear()
             self.plan = self._next_plan
+
+    def _proposal(self, plan: RoundPlan) -> RoundPlan:
+        """The plan source's proposal, checked; the plan in force when it has none or a bad
+        one (a proposal must never stop training: it is logged)."""
+        if self.plan_source is None:
+            return plan
+        try:
+            got = self.plan_source(PlanInputs(plan, self.outer.numel(), self.n_sites,
+                                              self.compute_s))
+            return got.check(self.outer.numel()) if got is not None else plan
+        except Exception as e:  # a board gone bad mid-run must not stop training
+            log.warning("plan source failed (%s): proposing the plan in force", e)
+            return plan
 
     def _finish(self, job: _Job) -> _Note | None:
         """The job's result at its apply step: waits for it unless the exchange is down."""
@@ -488,6 +548,7 @@ class _Exchanger:
                                 datetime.timedelta(seconds=self.sync.deadline_s))
 
     def stop(self) -> None:
+        self.sync._closing = True
         self.jobs.put(None)
         self.thread.join(timeout=self.sync.deadline_s + 5)
 
@@ -556,36 +617,53 @@ class _Exchanger:
 
     def _recover(self) -> None:
         """A failure: build the group again, then resync (the sites may have applied different
-        updates, or none). Each failure of a built group moves to a new generation; the one
-        built is the newest any leader has moved to (announced on the store), so a leader that
-        failed more often than another is met where it is."""
+        updates, or none). Generations are numbered by the first leader: after any failure it
+        announces the next one and waits until every other leader said it is ready for it;
+        the others wait for a generation newer than the one that failed them, say they are
+        ready, and build. A group is never built twice under one prefix (gloo would read the
+        addresses of the failed attempt), and no leader builds a generation the others left."""
         self.up = False
-        self.generation += 1
+        failed = self.generation
         while True:
             built = False
             try:
-                self.generation = self._newest_generation()
+                self.generation = self._next_generation(failed)
                 self.pg = self._build()
                 built = True
                 self._resync()
                 break
-            except RuntimeError as e:
+            except RuntimeError as e:  # the store or the group timed out: the link is down
+                if self.sync._closing:
+                    return
                 log.warning("cross-site group (generation %d) %s: %s", self.generation,
-                            "failed in the resync" if built else "not built yet", e)
-                if built:
-                    self.generation += 1
-                time.sleep(1.0)
+                            "failed in the resync" if built else "not built", e)
+                failed = self.generation
+                time.sleep(_RETRY_S)
         self.up = True
 
-    def _newest_generation(self) -> int:
-        """Announces this leader's generation and returns the newest announced."""
-        key = "linkpilot-outer/generation/{}".format
-        self.store.set(key(self.rank), str(self.generation))
-        newest = self.generation
-        for r in range(self.size):
-            if r != self.rank and self.store.check([key(r)]):
-                newest = max(newest, int(self.store.get(key(r))))
-        return newest
+    def _next_generation(self, failed: int) -> int:
+        """The generation to build next (see _recover); store errors propagate."""
+        # Waiting long is free (the wait ends when the keys come); each timeout logs a line.
+        timeout = datetime.timedelta(seconds=max(30.0, self.sync.deadline_s))
+        if self.rank == 0:
+            generation = failed + 1
+            self.store.set(_GENERATION, str(generation))
+            ready = [f"{_GENERATION}/{generation}/{r}" for r in range(1, self.size)]
+            while True:
+                try:
+                    self.store.wait(ready, timeout)
+                    return generation
+                except RuntimeError:  # not everyone yet (a stopped or cut-off site)
+                    if self.sync._closing:
+                        raise
+        while not self.sync._closing:
+            if self.store.check([_GENERATION]):
+                generation = int(self.store.get(_GENERATION))
+                if generation > failed:
+                    self.store.set(f"{_GENERATION}/{generation}/{self.rank}", b"1")
+                    return generation
+            time.sleep(_RETRY_S / 5)
+        raise RuntimeError("closing")
 
     def _resync(self) -> None:
         """The outer state of the site that applied the most updates (the first of equals),

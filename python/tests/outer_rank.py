@@ -4,7 +4,12 @@ each exchange recorded in it (outcome, fragment, the digest of the fragment's va
 an applied outer step) and, at the end, the digest of every parameter.
 
     python outer_rank.py --rank R --world W --port P --steps N --plan H,F,OVERLAP,CODEC
-        [--sites 0,1/2,3] [--sleep S] [--deadline S] [--max-drift N]
+        [--sites 0,1/2,3] [--sleep S] [--deadline S] [--max-drift N] [--board PATH]
+        [--master HOST:PORT] [--width N] [--pause-at STEP,STEP --pause-s S]
+
+With --board, the rounds' plans follow that knob board (linkpilot.outer_board.BoardPlan), as
+the site's daemon decides them. --pause-at makes the rank print {"idle": STEP} after those
+steps and sleep --pause-s, so that a test can read a link's counters while nothing crosses.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from linkpilot.board import KnobBoard
 from linkpilot.outer import OuterSync, RoundPlan
+from linkpilot.outer_board import BoardPlan
 
 
 def digest(t: torch.Tensor) -> str:
@@ -37,39 +44,58 @@ def main() -> None:
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--deadline", type=float, default=30.0)
     ap.add_argument("--max-drift", type=int)
+    ap.add_argument("--board")
+    ap.add_argument("--master", help="host:port of rank 0 (default 127.0.0.1:--port)")
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--pause-at", default="")
+    ap.add_argument("--pause-s", type=float, default=0.0)
     a = ap.parse_args()
     h, f, o, codec = a.plan.split(",")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank,
+    master = a.master or f"127.0.0.1:{a.port}"
+    pauses = {int(x) for x in a.pause_at.split(",") if x}
+    dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=a.rank,
                             world_size=a.world, timeout=datetime.timedelta(seconds=120))
     sites = [[int(r) for r in s.split(",")] for s in a.sites.split("/")] if a.sites else None
     torch.manual_seed(a.rank)  # OuterSync broadcasts rank 0's weights
-    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 4))
+    model = nn.Sequential(nn.Linear(32, a.width), nn.Tanh(), nn.Linear(a.width, 4))
     recorded: list[dict[str, object]] = []
+    plans = BoardPlan(KnobBoard(a.board)) if a.board else None
     sync = OuterSync(model, RoundPlan(int(h), int(f), int(o), codec), sites=sites,
-                     deadline_s=a.deadline, max_drift=a.max_drift,
+                     deadline_s=a.deadline, max_drift=a.max_drift, plan_source=plans,
                      on_round=lambda s: recorded.append({
                          "fragment": s.fragment, "outcome": s.outcome, "round": s.round,
-                         "epoch": s.epoch, "sent": s.step, "lo": s.lo, "hi": s.hi}))
+                         "epoch": s.epoch, "sent": s.step, "lo": s.lo, "hi": s.hi,
+                         "wire_bytes": s.wire_bytes, "exchange_s": s.exchange_s,
+                         "plan": [s.plan.sync_every, s.plan.fragments, s.plan.overlap,
+                                  s.plan.codec]}))
     if sync.site_group is not None:
         model = nn.parallel.DistributedDataParallel(model, process_group=sync.site_group)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     site = sync.site_index
     gen = torch.Generator().manual_seed(1000 + site)
+    print(json.dumps({"ready": True, "rank": a.rank, "params": sync.outer.numel()}), flush=True)
     for step in range(a.steps):
+        began = time.monotonic()
         x = torch.randn(16, 32, generator=gen)
         y = (x[:, :4] * (site + 1)).argmax(1)
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
+        time.sleep(a.sleep)  # the rest of a step's compute
         recorded.clear()
+        synced = time.monotonic()
         sync.step()
-        line: dict[str, object] = {"step": step, "rank": a.rank, "exchanges": list(recorded)}
+        line: dict[str, object] = {
+            "step": step, "rank": a.rank, "exchanges": list(recorded), "t": time.time(),
+            "compute_s": synced - began, "sync_s": time.monotonic() - synced}
         for r in recorded:
             if r["outcome"] == "applied":  # the fragment's values right after its outer step
                 r["digest"] = digest(sync._read(int(str(r["lo"])), int(str(r["hi"]))))
         line["outer_epoch"] = sync.epoch
         print(json.dumps(line), flush=True)
-        time.sleep(a.sleep)
+        if step in pauses:
+            print(json.dumps({"idle": step, "rank": a.rank}), flush=True)
+            time.sleep(a.pause_s)
     sync.close()
     print(json.dumps({"done": True, "rank": a.rank, "digest": digest(sync._flatten()),
                       "outer": digest(sync.outer)}), flush=True)

@@ -23,7 +23,9 @@ from linkpilot.outer import RoundPlan, agree_plans, auto_sync_every
 WORKER = Path(__file__).with_name("outer_rank.py")
 
 
-def start(tmp: Path, world: int, *args: str) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
+def start(tmp: Path, world: int, *args: str, rank_args: list[list[str]] | None = None
+          ) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
+    """Starts ``world`` ranks of outer_rank.py with ``args`` (and rank r's ``rank_args[r]``)."""
     port = free_port()
     procs, outs = [], []
     for r in range(world):
@@ -32,7 +34,8 @@ def start(tmp: Path, world: int, *args: str) -> tuple[list[subprocess.Popen[byte
         with open(out, "w") as o, open(tmp / f"rank{r}.err", "w") as e:
             procs.append(subprocess.Popen(
                 [sys.executable, str(WORKER), "--rank", str(r), "--world", str(world),
-                 "--port", str(port), *args], stdout=o, stderr=e, env=env))
+                 "--port", str(port), *args, *(rank_args[r] if rank_args else [])],
+                stdout=o, stderr=e, env=env))
         outs.append(out)
     return procs, outs
 

@@ -1,0 +1,138 @@
+"""linkpilot.outer_board: round plans from the daemon's knob board (written by the daemon's own
+writer, `linkpilot board feed`), and sites whose boards disagree and change mid-round still
+running the same plan in every round, with identical replicas after every outer step."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from conftest import Feeder
+from test_outer import applied_digests, finish, start
+from test_train_lm import SCRIPT, TINY, free_port
+
+from linkpilot.board import MAGIC, SIZE, BoardError, BoardFormatError, KnobBoard
+from linkpilot.outer import PlanInputs, RoundPlan, auto_sync_every
+from linkpilot.outer_board import BoardPlan
+
+NUMEL = 3_323_648
+START = RoundPlan(4, 1, 0, "int8")
+
+
+def wan(**knobs: Any) -> dict[str, Any]:
+    return {"name": "hk-us", "decision_id": 1, "rtt_us": 180_000, **knobs}
+
+
+def ask(plans: BoardPlan, compute_s: float = 0.22) -> RoundPlan | None:
+    return plans(PlanInputs(START, NUMEL, 2, compute_s))
+
+
+def test_a_fixed_plan_on_the_board_is_proposed_and_starts_the_run(
+        tmp_path: Path, board_feeder: Callable[..., Feeder]) -> None:
+    feeder = board_feeder(tmp_path / "knobs")
+    feeder.publish([wan(sync_every=40, fragments=4, overlap=12, outer_compression="int4",
+                        max_drift=160)])
+    plans = BoardPlan(KnobBoard(tmp_path / "knobs"))
+    assert plans.max_drift == 160
+    assert plans.initial(START) == RoundPlan(40, 4, 9, "int4")  # overlap below 40 / 4 steps
+    assert ask(plans) == RoundPlan(40, 4, 9, "int4")
+    feeder.publish([wan(sync_every=1)])  # per-step exchange
+    assert ask(plans) == RoundPlan(1, 1, 0, "int8")
+
+
+def test_auto_h_follows_the_delivered_rate_and_the_measured_compute(
+        tmp_path: Path, board_feeder: Callable[..., Feeder]) -> None:
+    feeder = board_feeder(tmp_path / "knobs")
+    auto = dict(sync_every=0, sync_min=8, sync_max=400, fragments=4, sync_margin_bp=2000)
+    # Nothing delivered yet: the link's capacity.
+    feeder.publish([wan(**auto, capacity_bps=200_000_000)])
+    plans = BoardPlan(KnobBoard(tmp_path / "knobs"))
+    assert plans.initial(START) == START  # auto needs compute time: the caller's plan
+    assert ask(plans, compute_s=0.0) is None
+    expected = auto_sync_every(rate_bps=200e6, rtt_s=0.18, compute_s=0.22, numel=NUMEL,
+                               codec="int8", sites=2, fragments=4, margin=0.2, bounds=(8, 400))
+    assert expected == (12, 2)
+    assert ask(plans) == RoundPlan(12, 4, 2, "int8")
+    # A small move of the rate keeps H (every change restarts a round) ...
+    feeder.publish([wan(**auto, capacity_bps=200_000_000, delivery_bps=180_000_000)])
+    assert ask(plans) == RoundPlan(12, 4, 2, "int8")
+    # ... a congested link (10 Mbit/s delivered) moves it: (0.67 + 0.18) x 1.2 s -> overlap 5.
+    feeder.publish([wan(**auto, capacity_bps=200_000_000, delivery_bps=10_000_000)])
+    assert ask(plans) == RoundPlan(24, 4, 5, "int8")
+    # Slower compute (1.1 s a step) hides the same 1.02 s exchange in one step.
+    assert ask(plans, compute_s=1.1) == RoundPlan(8, 4, 1, "int8")
+
+
+def test_a_stale_board_proposes_nothing(tmp_path: Path,
+                                        board_feeder: Callable[..., Feeder]) -> None:
+    feeder = board_feeder(tmp_path / "knobs", heartbeat_ms=50)
+    feeder.publish([wan(sync_every=40, fragments=4)])
+    plans = BoardPlan(KnobBoard(tmp_path / "knobs"))
+    assert ask(plans) == RoundPlan(40, 4, 0, "int8")
+    feeder.close()
+    deadline = time.monotonic() + 5
+    while ask(plans) is not None:
+        assert time.monotonic() < deadline, "the board never went stale"
+        time.sleep(0.05)
+    assert plans.initial(START) == START
+
+
+def test_boards_it_cannot_follow_are_refused_before_training(
+        tmp_path: Path, board_feeder: Callable[..., Feeder]) -> None:
+    old = tmp_path / "old"
+    old.write_bytes(struct.pack("<8sII", MAGIC, 2, SIZE) + bytes(SIZE - 16))
+    with pytest.raises(BoardFormatError, match="layout version 2, this reader knows 3"):
+        BoardPlan(KnobBoard(old))
+    board_feeder(tmp_path / "knobs").publish([wan()])
+    with pytest.raises(BoardError, match="no link named 'eu-us'"):
+        BoardPlan(KnobBoard(tmp_path / "knobs"), link="eu-us")
+    # A missing board is not an error: the daemon may start after the job.
+    assert BoardPlan(KnobBoard(tmp_path / "none")).initial(START) == START
+    # The training script says so and stops before its first step.
+    port = free_port()
+    out = subprocess.run([sys.executable, str(SCRIPT), "--rank", "0", "--world", "1", "--master",
+                          f"127.0.0.1:{port}", *TINY, "--steps", "5", "--hook", "outer",
+                          "--board", str(old)], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "layout version 2" in out.stderr, out.stderr
+    assert '"step"' not in out.stdout
+
+
+def test_sites_whose_boards_disagree_and_change_mid_round_run_the_same_plans(
+        tmp_path: Path, board_feeder: Callable[..., Feeder]) -> None:
+    boards = [tmp_path / "knobs0", tmp_path / "knobs1"]
+    feeders = [board_feeder(b, heartbeat_ms=50) for b in boards]
+    feeders[0].publish([wan(sync_every=4, fragments=2, overlap=1, outer_compression="int8")])
+    feeders[1].publish([wan(sync_every=6, fragments=3, overlap=0, outer_compression="int4")])
+    procs, outs = start(tmp_path, 2, "--steps", "90", "--plan", "4,1,0,int8", "--sleep", "0.03",
+                        rank_args=[["--board", str(b)] for b in boards])
+
+    def steps(r: int) -> int:
+        return sum('"step"' in line for line in outs[r].read_text().splitlines())
+
+    deadline = time.monotonic() + 120
+    while steps(0) < 30:
+        assert time.monotonic() < deadline and procs[0].poll() is None
+        time.sleep(0.02)
+    # Mid-run and mid-round: site 0's link turns bad (int4, longer rounds), site 1's recovers.
+    feeders[0].publish([wan(sync_every=12, fragments=4, overlap=2, outer_compression="int4")])
+    feeders[1].publish([wan(sync_every=4, fragments=2, overlap=1, outer_compression="int8")])
+    runs = finish(tmp_path, procs, outs)
+    plans: list[dict[tuple[int, int], tuple[Any, ...]]] = [defaultdict(tuple) for _ in runs]
+    for r, lines in enumerate(runs):
+        for v in lines:
+            for x in v.get("exchanges", []):
+                plans[r][(x["epoch"], x["round"])] = tuple(x["plan"])
+    assert plans[0] == plans[1]
+    used = set(plans[0].values())
+    # The first round runs the starting plan; then the agreement of both boards (the larger
+    # H, fragments and overlap, the stronger codec); after the change, the new agreement.
+    assert (4, 1, 0, "int8") in used and (6, 3, 1, "int4") in used, used
+    assert (12, 4, 2, "int4") in used, used
+    assert applied_digests(runs[0]) == applied_digests(runs[1])
+    assert runs[0][-1]["outer"] == runs[1][-1]["outer"]
