@@ -78,6 +78,12 @@ fn replay_of_a_lab_trace_escalates_on_echoed_ce_and_plots() {
     let c = congested.unwrap_or_else(|| panic!("no escalation in {out}"));
     assert!(c["reason"].as_str().unwrap().contains("ce_fraction"), "{c}");
     assert_ne!(c["knobs"]["compression"], ds[0]["knobs"]["compression"], "compresses harder: {c}");
+    // Jobs that sync every H steps: "auto" H (0) throughout, pseudo-gradients int8 -> int4.
+    let sync = |d: &serde_json::Value| {
+        (d["knobs"]["sync"]["sync_every"].as_u64(), d["knobs"]["sync"]["outer_compression"].clone())
+    };
+    assert_eq!(sync(&ds[0]), (Some(0), "int8".into()));
+    assert_eq!(sync(c), (Some(0), "int4".into()));
     // Never below the hand-tuned NCCL_IB_TIMEOUT in any state.
     assert!(ds.iter().all(|d| d["knobs"]["nccl_ib_timeout"].as_u64() >= Some(22)));
     let plot = std::fs::read_to_string(&svg).expect("the SVG");

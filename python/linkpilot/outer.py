@@ -425,8 +425,13 @@ class OuterSync:
         """The job's result at its apply step: waits for it unless the exchange is down."""
         assert self._exchanger is not None
         started = time.monotonic()
-        if self._exchanger.up:
-            job.done.wait(max(0.0, self.deadline_s - (started - job.sent_at)))
+        # Until the deadline, or until the exchange thread found the link down (a job queued
+        # behind a failed one would wait its whole deadline for nothing).
+        while self._exchanger.up and not job.done.is_set():
+            left = self.deadline_s - (time.monotonic() - job.sent_at)
+            if left <= 0:
+                break
+            job.done.wait(min(left, 0.05))
         with job.lock:
             if not job.done.is_set():
                 job.abandoned = True

@@ -20,7 +20,8 @@ pub const QUICK_SCENARIO: &str = "training-quick";
 
 /// Configurations of a held-out scenario (the comparisons the goals speak of; the oracle's fixed
 /// codecs are run on the tuned scenario only).
-const HELD_OUT_CONFIGS: &[&str] = &["untuned", "static", "adaptive", "colocated"];
+const HELD_OUT_CONFIGS: &[&str] =
+    &["untuned", "static", "adaptive", "colocated", "outer-static", "adaptive-outer"];
 /// The quick form: the comparison CI checks, and the negative control of its codec check.
 const QUICK_CONFIGS: &[&str] = &["untuned", "adaptive", "board-ignored"];
 /// Fixed codecs left out of the full run unless named: uncompressed and fp16 exchanges are the
@@ -80,6 +81,18 @@ impl Policy {
     }
 }
 
+fn outer_args(every: u32, fragments: u32, overlap: u32) -> Vec<String> {
+    [
+        ("--hook", "outer".to_owned()),
+        ("--outer-every", every.to_string()),
+        ("--fragments", fragments.to_string()),
+        ("--overlap", overlap.to_string()),
+    ]
+    .into_iter()
+    .flat_map(|(k, v)| [k.to_owned(), v])
+    .collect()
+}
+
 fn replace_lines(text: &str, starting: &str, with: &str) -> String {
     let lines: Vec<&str> =
         text.lines().map(|l| if l.trim_start().starts_with(starting) { with } else { l }).collect();
@@ -96,7 +109,25 @@ pub enum Hook {
     /// while the daemons decide. The negative control of the check that the ranks follow the
     /// boards: a hook broken this way must fail it.
     IgnoresBoard,
+    /// Synchronization across sites every H steps (linkpilot.outer; DDP inside a site): the
+    /// plan fixed, or following the host's board.
+    Outer(OuterPlan),
 }
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OuterPlan {
+    /// H steps a round, the whole model at once, blocking, int8: as the published runs
+    /// synchronize (INTELLECT-1: int8 pseudo-gradients every 100 steps; this day is shorter).
+    Fixed { every: u32 },
+    /// The board's plan: the policy's sync knobs, "auto" H resolved from the link's rates and
+    /// the job's compute time; started from [`OUTER_START`].
+    Board,
+}
+
+/// The plan an outer run starts with (the first round runs before any proposal is exchanged).
+pub const OUTER_START: (u32, u32, u32) = (16, 4, 2);
+/// The published runs' fixed H, scaled to this day's few hundred steps.
+pub const OUTER_STATIC_EVERY: u32 = 50;
 
 /// Where the ranks run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,6 +181,30 @@ pub fn all() -> Vec<Config> {
         },
         base("board-ignored", Hook::IgnoresBoard, Some(Policy::shipped("hk-us.toml"))),
     ];
+    // Every H steps: the static recipe's hosts with a fixed plan, and the shipped policy
+    // choosing, with one and with two ranks per site.
+    let outer_static = Hook::Outer(OuterPlan::Fixed { every: OUTER_STATIC_EVERY });
+    let adaptive_outer = Hook::Outer(OuterPlan::Board);
+    for (per_site, suffix) in [(1, ""), (2, "-2x")] {
+        v.push(Config {
+            per_site,
+            batch: BATCH / u32::from(per_site),
+            ..base(
+                &format!("outer-static{suffix}"),
+                outer_static,
+                Some(Policy::shipped("static-handtuned.toml")),
+            )
+        });
+        v.push(Config {
+            per_site,
+            batch: BATCH / u32::from(per_site),
+            ..base(
+                &format!("adaptive-outer{suffix}"),
+                adaptive_outer,
+                Some(Policy::shipped("hk-us.toml")),
+            )
+        });
+    }
     for codec in ORACLE_CODECS {
         let mut policy = Policy::shipped("static-handtuned.toml");
         policy.compression = Some((*codec).to_owned());
@@ -211,9 +266,17 @@ impl Config {
             ),
         };
         let hook = match self.hook {
-            Hook::Ddp => "DDP's all-reduce",
-            Hook::Board => "the linkpilot hook on the host's board",
-            Hook::IgnoresBoard => "the linkpilot hook reading no board (its safe codec, none)",
+            Hook::Ddp => "DDP's all-reduce".to_owned(),
+            Hook::Board => "the linkpilot hook on the host's board".to_owned(),
+            Hook::IgnoresBoard => {
+                "the linkpilot hook reading no board (its safe codec, none)".to_owned()
+            }
+            Hook::Outer(OuterPlan::Fixed { every }) => {
+                format!("synced across sites every {every} steps, whole, blocking, int8")
+            }
+            Hook::Outer(OuterPlan::Board) => {
+                "synced across sites every H steps as the host's board plans".to_owned()
+            }
         };
         let place = match self.placement {
             Placement::Wan => format!("{} rank(s) per site", self.per_site),
@@ -239,6 +302,16 @@ impl Config {
                 "--board".into(),
                 board.with_extension("not-the-daemons").display().to_string(),
             ],
+            Hook::Outer(OuterPlan::Fixed { every }) => outer_args(every, 1, 0)
+                .into_iter()
+                .chain(["--outer-codec".into(), "int8".into()])
+                .collect(),
+            Hook::Outer(OuterPlan::Board) => {
+                let (every, fragments, overlap) = OUTER_START;
+                let mut a = outer_args(every, fragments, overlap);
+                a.extend(["--board".into(), board.display().to_string()]);
+                a
+            }
         };
         a.extend(["--batch".into(), self.batch.to_string()]);
         if self.policy.is_some() {

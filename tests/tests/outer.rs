@@ -1,0 +1,229 @@
+//! linkpilot.outer across the lab: one rank per site (python/tests/outer_rank.py, torch over
+//! gloo on the hosts' eth0) syncing every 12 steps in 2 fragments overlapped by 4 steps, across
+//! 180 ms of RTT that is cut for 10 s in the middle (every packet dropped in the lab's router,
+//! at a step count, so a slow start cannot move it). The lab's own byte counters judge the bytes
+//! per round; the ranks' step times judge the overlap and the ride through the outage.
+
+use std::{
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use linkpilot_lab::{
+    lab::{Host, Lab, LabConfig, Site},
+    scenario::{Direction, Scenario},
+};
+use serde_json::Value;
+
+const DOWN_S: f64 = 10.0;
+const SCENARIO: &str = r#"
+name = "outer-calm"
+description = "180 ms RTT, 50 Mbit/s"
+[[phase]]
+name = "calm"
+duration = "20min"
+[phase.link]
+delay = "90ms"
+rate = "50Mbit/s"
+queue = "5MiB"
+"#;
+/// H, fragments, overlap, codec; steps of ~0.1 s (a sleep standing in for compute).
+const PLAN: &str = "12,2,4,int8";
+const STEPS: u64 = 760;
+/// The ranks pause at these steps (loop indices) while the test reads the lab's counters.
+const PAUSES: [u64; 2] = [40, 160];
+/// The link is cut when rank 0 has reported this step.
+const CUT_AT: u64 = 360;
+
+fn python() -> PathBuf {
+    std::env::var_os("LINKPILOT_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python"))
+    })
+}
+
+struct Rank {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    stderr: Option<thread::JoinHandle<String>>,
+    seen: Vec<Value>,
+}
+
+impl Rank {
+    fn start(host: &Host, master: &Host, rank: usize) -> Self {
+        let worker = concat!(env!("CARGO_MANIFEST_DIR"), "/../python/tests/outer_rank.py");
+        let pauses = PAUSES.map(|p| p.to_string()).join(",");
+        let mut child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", host.netns))
+            .arg(python())
+            .arg(worker)
+            .args(["--rank", &rank.to_string(), "--world", "2", "--port", "0"])
+            .args(["--master", &format!("{}:29500", master.ipv4)])
+            .args(["--steps", &STEPS.to_string(), "--plan", PLAN, "--sleep", "0.1"])
+            .args(["--deadline", "1.5", "--max-drift", "1000", "--width", "2048"])
+            .args(["--pause-at", &pauses, "--pause-s", "3"])
+            .env("GLOO_SOCKET_IFNAME", "eth0")
+            .env("PYTHONUNBUFFERED", "1")
+            .env("OMP_NUM_THREADS", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting a rank");
+        let (lines, stderr) = linkpilot_tests::pipe_output(&mut child);
+        Self { child, lines, stderr: Some(stderr), seen: Vec::new() }
+    }
+
+    /// Reads lines up to one that has `key` equal to `value` (any value when None).
+    fn until(&mut self, key: &str, value: Option<u64>, limit: Duration) -> &Value {
+        loop {
+            match self.lines.recv_timeout(limit) {
+                Ok(line) => {
+                    let v: Value = serde_json::from_str(&line).unwrap_or(Value::String(line));
+                    let found = v.get(key).is_some_and(|x| value.is_none_or(|w| x == w));
+                    self.seen.push(v);
+                    if found {
+                        return self.seen.last().expect("pushed");
+                    }
+                }
+                Err(e) => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    let log = self.stderr.take().map(|h| h.join().unwrap_or_default());
+                    panic!("rank printed no {key:?} within {limit:?} ({e}); its log:\n{log:?}");
+                }
+            }
+        }
+    }
+
+    fn steps(&self) -> impl Iterator<Item = &Value> {
+        self.seen.iter().filter(|v| v.get("step").is_some())
+    }
+
+    fn exchanges(&self) -> impl Iterator<Item = &Value> {
+        self.steps().flat_map(|v| v["exchanges"].as_array().expect("exchanges"))
+    }
+}
+
+impl Drop for Rank {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Drops every packet the lab's router forwards (both directions), or stops dropping.
+fn cut(lab: &Lab, down: bool) {
+    let ns = ["ip", "netns", "exec", lab.wan_netns(), "nft"];
+    let args: &[&str] = if down {
+        &["add table inet lpcut; add chain inet lpcut fwd { type filter hook forward priority -100; policy drop; }"]
+    } else {
+        &["delete table inet lpcut"]
+    };
+    linkpilot_tests::sh(&[&ns[..], args].concat());
+}
+
+fn now_s() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_secs_f64()
+}
+
+fn wan_bytes(lab: &Lab) -> u64 {
+    lab.stats(Direction::HkToUs).bytes_in + lab.stats(Direction::UsToHk).bytes_in
+}
+
+fn f(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or_else(|| panic!("no {key} in {v}"))
+}
+
+fn u(v: &Value, key: &str) -> u64 {
+    v[key].as_u64().unwrap_or_else(|| panic!("no {key} in {v}"))
+}
+
+#[test]
+fn rounds_overlap_send_the_codecs_bytes_and_ride_through_an_outage() {
+    let scenario = Scenario::parse(SCENARIO, "outer-calm", None).expect("scenario");
+    let config = LabConfig { name: "touter".into(), ..LabConfig::default() };
+    let lab = Lab::start(config, scenario).expect("lab");
+    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    let mut ranks = [Rank::start(&hk, &hk, 0), Rank::start(&us, &hk, 1)];
+
+    // Bytes: the counters read while both ranks pause, after their last exchange landed.
+    let mut counters = Vec::new();
+    for step in PAUSES {
+        for r in &mut ranks {
+            r.until("idle", Some(step), Duration::from_secs(120));
+        }
+        thread::sleep(Duration::from_millis(1500));
+        counters.push(wan_bytes(&lab));
+    }
+    ranks[0].until("step", Some(CUT_AT), Duration::from_secs(120));
+    let down_from = now_s();
+    cut(&lab, true);
+    thread::sleep(Duration::from_secs_f64(DOWN_S));
+    cut(&lab, false);
+    let down_to = now_s();
+    for r in &mut ranks {
+        r.until("done", None, Duration::from_secs(300));
+        assert!(r.child.wait().expect("rank exit").success(), "a rank failed");
+    }
+
+    // 1. Bytes per round: what crossed between the pauses against the codec's size of the
+    // fragments both sites sent in those steps (their messages add a 128-byte header; TCP/IP
+    // headers and ACKs come on top).
+    let window = |v: &&Value| (PAUSES[0] + 2..=PAUSES[1] + 1).contains(&u(v, "sent"));
+    let codec_bytes: u64 = ranks
+        .iter()
+        .flat_map(|r| r.exchanges().filter(window).map(|x| u(x, "wire_bytes")).collect::<Vec<_>>())
+        .sum();
+    let sends = ranks[0].exchanges().filter(window).count();
+    let lab_bytes = counters[1] - counters[0];
+    let ratio = lab_bytes as f64 / codec_bytes as f64;
+    eprintln!("{sends} sends a site between the pauses: lab {lab_bytes} B, codec {codec_bytes} B");
+    assert!(sends >= 18, "{sends} sends");
+    assert!((1.0..1.10).contains(&ratio), "lab/codec bytes {ratio:.3}");
+
+    // 2. Overlap: 4 whole rounds of calm after the second pause take less than their compute
+    // plus their exchanges one after the other would.
+    let first = PAUSES[1] + 1;
+    let rounds: Vec<&Value> =
+        ranks[0].steps().filter(|v| (first..first + 48).contains(&u(v, "step"))).collect();
+    let compute: f64 = rounds.iter().map(|v| f(v, "compute_s")).sum();
+    let wall: f64 = compute + rounds.iter().map(|v| f(v, "sync_s")).sum::<f64>();
+    let exchange: f64 = ranks[0]
+        .exchanges()
+        .filter(|x| (first + 1..=first + 48).contains(&u(x, "sent")))
+        .map(|x| f(x, "exchange_s"))
+        .sum();
+    eprintln!("4 rounds: wall {wall:.2} s, compute {compute:.2} s, exchanges {exchange:.2} s");
+    assert!(exchange > 0.2 * compute, "exchanges too short to show overlap: {exchange:.2} s");
+    assert!(wall < compute + 0.5 * exchange, "wall {wall:.2} s: the exchanges were not hidden");
+
+    // 3. The outage: inner steps go on at 80% of the calm rate or more (the exchange in flight
+    // is given up on after its deadline), nothing fails, and after the link is back the sites
+    // resync and every fragment of the next rounds is the same on both.
+    let rate = |from: f64, to: f64| {
+        ranks[0].steps().filter(|v| (from..to).contains(&f(v, "t"))).count() as f64 / (to - from)
+    };
+    let (calm, down) = (rate(down_from - 15.0, down_from), rate(down_from, down_to));
+    eprintln!("steps/s: calm {calm:.2}, link cut {down:.2}");
+    assert!(down >= 0.8 * calm, "steps/s through the outage {down:.2}, calm {calm:.2}");
+    let cut = ranks[0]
+        .exchanges()
+        .filter(|x| ["late", "failed"].contains(&x["outcome"].as_str().unwrap_or("")))
+        .count();
+    assert!(cut >= 1, "no exchange was in flight when the link went down");
+    let done: Vec<&Value> = ranks.iter().map(|r| r.seen.last().expect("done")).collect();
+    assert_eq!(done[0]["outer"], done[1]["outer"], "outer states differ: {done:?}");
+    let epoch = ranks[0].steps().last().map(|v| u(v, "outer_epoch")).expect("steps");
+    assert!(epoch >= 1, "no resync after the outage");
+    let applied = |r: &Rank| -> Vec<(u64, u64, String)> {
+        r.exchanges()
+            .filter(|x| x["outcome"] == "applied" && u(x, "epoch") == epoch)
+            .map(|x| (u(x, "round"), u(x, "fragment"), x["digest"].to_string()))
+            .collect()
+    };
+    let (a0, a1) = (applied(&ranks[0]), applied(&ranks[1]));
+    assert!(a0.len() >= 4, "{} fragments applied after the resync", a0.len());
+    assert_eq!(a0, a1, "the sites' fragments differ after the resync");
+}
