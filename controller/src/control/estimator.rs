@@ -41,6 +41,10 @@ pub struct Signals {
     pub goodput_bps: f64,
     /// Largest goodput EWMA over the window: the delivery rate the link has shown it can carry.
     pub delivery_bps: f64,
+    /// Largest goodput of a single tick over the window: what bursty traffic (a job that syncs
+    /// every H steps) shows the link carries, where its EWMA shows the average, which would
+    /// shrink as the bursts grow rarer.
+    pub burst_bps: f64,
     /// Goodput as a share of the link's nominal capacity.
     pub goodput_fraction: f64,
     /// Whether the link carried traffic this tick (goodput conditions need it).
@@ -122,6 +126,7 @@ pub struct Estimator {
     /// Negated RTT minima: a windowed max of -min is the windowed min.
     baseline: WindowedMax,
     delivery: WindowedMax,
+    burst: WindowedMax,
     peak_p99: WindowedMax,
     /// The first tick that retransmitted after the link last received anything.
     unanswered_since: Option<Duration>,
@@ -152,6 +157,7 @@ impl Estimator {
             goodput: e(),
             baseline: WindowedMax::default(),
             delivery: WindowedMax::default(),
+            burst: WindowedMax::default(),
             peak_p99: WindowedMax::default(),
             unanswered_since: None,
             signals: Signals::default(),
@@ -198,6 +204,8 @@ impl Estimator {
         s.goodput_fraction = s.goodput_bps / self.link.capacity_bps;
         self.delivery.push(now, s.goodput_bps, dur(self.cfg.window));
         s.delivery_bps = self.delivery.get().unwrap_or(0.0);
+        self.burst.push(now, a.goodput_bps, dur(self.cfg.window));
+        s.burst_bps = self.burst.get().unwrap_or(0.0);
         let window = dur(self.cfg.window);
         let aged = |seen: Option<Duration>| seen.is_none_or(|t| now.saturating_sub(t) > window);
         if a.srtt_weight > 0.0 {
@@ -402,6 +410,29 @@ mod tests {
         let s = e.update(&burst);
         // EWMAs after one half-life: marked 500/s, all 5,500/s.
         assert!((s.ce_fraction - 500.0 / 5500.0).abs() < 1e-12, "{}", s.ce_fraction);
+    }
+
+    /// A job that syncs every few seconds: one busy tick among idle ones. The EWMA's maximum
+    /// stays at a fraction of the burst's rate; `burst_bps` is the burst's own, and holds for
+    /// the window.
+    #[test]
+    fn a_burst_shows_its_own_rate_where_the_ewma_shows_the_average() {
+        let mut e = Fed::new();
+        let idle = |at_s: u64| {
+            let mut s = snap(at_s, 180.0, 0.0);
+            s.peers[0].goodput_bps = 0.0;
+            s
+        };
+        e.update(&idle(0));
+        e.update(&snap(1, 180.0, 0.0)); // 500 Mbit/s for a tick
+        let mut last = e.update(&idle(2));
+        for t in 3..10 {
+            last = e.update(&idle(t));
+        }
+        assert_eq!(last.burst_bps, 5e8);
+        assert!(last.delivery_bps <= 2.5e8, "{}", last.delivery_bps);
+        // 11 s after the burst it left the window.
+        assert_eq!(e.update(&idle(12)).burst_bps, 0.0);
     }
 
     /// A dead link: RTO retransmissions go out, nothing comes back; `unanswered` counts the time

@@ -146,7 +146,7 @@ impl Actuators {
                 l.rtt_us = now;
                 moved = true;
             }
-            let rate = board::bps(s.delivery_bps);
+            let rate = board::bps(s.burst_bps);
             if rtt_moved(l.delivery_bps, rate) {
                 l.delivery_bps = rate;
                 moved = true;
@@ -260,7 +260,9 @@ impl Actuators {
                 );
                 let capacity =
                     policy.links.iter().find(|p| p.name == *link).map_or(0.0, |p| p.capacity_bps);
-                set_sync_facts(&mut l, &policy.bounds, s.map_or(0.0, |s| s.delivery_bps), capacity);
+                // The busiest tick, not the EWMA: a job syncing every H steps sends in bursts,
+                // and an average rate would make "auto" H grow without end.
+                set_sync_facts(&mut l, &policy.bounds, s.map_or(0.0, |s| s.burst_bps), capacity);
                 l
             })
             .collect();
