@@ -200,6 +200,8 @@ _RESYNC = object()
 #: again after a failed build.
 _GENERATION = "linkpilot-outer/generation"
 _RETRY_S = 1.0
+#: How long building a group may take (its collectives get ``deadline_s``).
+_CONNECT_S = 60.0
 #: Inner steps whose compute time makes ``compute_s``.
 _MEASURED = 16
 
@@ -549,8 +551,13 @@ class _Exchanger:
 
     def _build(self) -> Any:  # a ProcessGroupGloo (its stubs lack the collectives)
         prefix = PrefixStore(f"linkpilot-outer/{self.generation}", self.store)
-        return ProcessGroupGloo(prefix, self.rank, self.size,
-                                datetime.timedelta(seconds=self.sync.deadline_s))
+        # Connecting takes several round trips through the store, which may be longer than an
+        # exchange's deadline on a long link: connect with time to spare, then hold every
+        # collective to the deadline.
+        pg = ProcessGroupGloo(prefix, self.rank, self.size,
+                              datetime.timedelta(seconds=max(_CONNECT_S, self.sync.deadline_s)))
+        pg.set_timeout(datetime.timedelta(seconds=self.sync.deadline_s))
+        return pg
 
     def stop(self) -> None:
         self.sync._closing = True
