@@ -72,6 +72,10 @@ class RoundPlan:
         """Raises ValueError naming what is wrong; returns the plan with the codec's canonical
         name."""
         codec = get_codec(self.codec).name  # raises for an unknown codec
+        _, _, ratio = codec.partition(":")
+        if ratio and round(float(ratio) * 1e6) < 1:
+            raise ValueError(f"codec {self.codec}: a kept fraction below 1e-6 cannot be "
+                             "carried in a message's header")
         if self.sync_every < 1:
             raise ValueError(f"sync_every {self.sync_every}: at least 1 inner step per round")
         if self.fragments < 1 or self.fragments > self.sync_every:
@@ -194,14 +198,25 @@ class _Resync:
 #: What a step brings to the site: ("apply", lo, hi, None, the exchange's stats) or ("resync",
 #: epoch, applied, plan, None).
 _Note = tuple[str, int, int, RoundPlan | None, "RoundStats | None"]
-#: Asks the exchange thread for a resync (past the drift bound).
-_RESYNC = object()
+#: Asks the exchange thread for a resync (past the drift bound), with the epoch it was asked in.
+_RESYNC = "resync"
+
+
+class _PeerDone(Exception):
+    """Another site's leader ended its run."""
 #: The store key of the generation the first leader announced, and how often a leader tries
 #: again after a failed build.
 _GENERATION = "linkpilot-outer/generation"
 _RETRY_S = 1.0
+#: Store keys of the sites' leaders that ended their run, and how long one wait on the store
+#: lasts before the thread looks whether to stop waiting.
+_CLOSED = "linkpilot-outer/closed"
+_WAIT_S = 10.0
 #: How long building a group may take (its collectives get ``deadline_s``).
 _CONNECT_S = 60.0
+#: How long a site's other ranks wait for their leader's hand-over (it may be waiting out an
+#: outage).
+_HANDOVER_TIMEOUT = datetime.timedelta(days=1)
 #: Inner steps whose compute time makes ``compute_s``.
 _MEASURED = 16
 
@@ -244,7 +259,8 @@ class OuterSync:
         self.on_round = on_round
         self.history: list[RoundStats] = []
         world, rank = dist.get_world_size(), dist.get_rank()
-        sites = [list(s) for s in sites] if sites else [[r] for r in range(world)]
+        # Sorted: a group's rank 0 is its smallest global rank, and the leader must be it.
+        sites = [sorted(s) for s in sites] if sites else [[r] for r in range(world)]
         if sorted(r for s in sites for r in s) != list(range(world)) or len(
                 {len(s) for s in sites}) != 1:
             raise ValueError(f"sites {sites} must be equal-sized groups covering ranks "
@@ -255,7 +271,9 @@ class OuterSync:
         self.leader = site[0] == rank
         # Every rank makes every group (torch requires it); the site group is the user's (DDP),
         # the second one carries this class's hand-over inside the site.
-        groups = [(dist.new_group(s), dist.new_group(s)) for s in sites] if len(site) > 1 else []
+        # The hand-over waits while the leader waits for a dead link: a day, not the default.
+        groups = [(dist.new_group(s), dist.new_group(s, timeout=_HANDOVER_TIMEOUT))
+                  for s in sites] if len(site) > 1 else []
         self.site_group: dist.ProcessGroup | None = None
         self._handover: dist.ProcessGroup | None = None
         if groups:
@@ -376,7 +394,8 @@ class OuterSync:
             job = self._inflight.pop(self.step_count, None)  # overlap 0: applied at once
             if job is not None:
                 note = self._finish(job)
-        if self._since_sync > max(self.max_drift, plan.sync_every + plan.overlap):
+        if self._since_sync > max(self.max_drift, plan.sync_every + plan.overlap) and not (
+                self._exchanger.finished):
             note = self._wait_for_link(note)
         return note
 
@@ -385,11 +404,14 @@ class OuterSync:
         lo, hi = self._range(fragment, plan)
         stats = RoundStats(self.epoch, self._round, fragment, self.step_count, plan,
                            get_codec(plan.codec).wire_bytes(hi - lo), lo, hi)
-        if not self._exchanger.up:
+        with self._lock:
+            resync_pending = self._resync is not None
+            outer = self.outer[lo:hi].clone()
+        if not self._exchanger.up or resync_pending:
             stats.outcome = "skipped"
             self._record(stats)
         else:
-            pseudo = self.outer[lo:hi] - self._read(lo, hi)
+            pseudo = outer - self._read(lo, hi)
             fb = self._feedback.setdefault(fragment, ErrorFeedback())
             payload = fb.encode(get_codec(plan.codec), pseudo.contiguous())
             proposal = self._proposal(plan)
@@ -451,18 +473,27 @@ class OuterSync:
         return ("apply", job.lo, job.hi, None, job.stats)
 
     def _wait_for_link(self, note: _Note | None) -> _Note | None:
-        """Past the drift bound: wait for the exchange to come back (it resyncs first)."""
-        assert self._exchanger is not None
+        """Past the drift bound: wait for the exchange to come back (it resyncs first), unless
+        another site ended its run (then nothing will come back: training goes on alone)."""
+        ex = self._exchanger
+        assert ex is not None
         log.warning("%d inner steps since the last sync (max_drift %d): waiting for the link",
                     self._since_sync, self.max_drift)
         if note is not None:
             self._apply(note)
-        self._exchanger.jobs.put(_RESYNC)
+        asked = False
         while True:
+            if ex.error is not None:
+                raise RuntimeError("the cross-site exchange thread stopped") from ex.error
             with self._lock:
                 resync, self._resync = self._resync, None
             if resync is not None:
                 return ("resync", resync.epoch, resync.applied, resync.plan, None)
+            if ex.finished or self._closing:
+                return None
+            if not asked:
+                ex.jobs.put((_RESYNC, self.epoch))
+                asked = True
             time.sleep(0.05)
 
     def _hand_over(self, note: _Note | None) -> _Note | None:
@@ -485,7 +516,8 @@ class OuterSync:
             return None
         plan = _plan_of(head[3:7].tolist())
         if kind_code == 1:
-            values = self.outer[a:b].clone() if self.leader else torch.empty(b - a)
+            with self._lock:
+                values = self.outer[a:b].clone() if self.leader else torch.empty(b - a)
             dist.broadcast(values, src=src, group=self._handover)
             if self.leader:
                 return note
@@ -494,7 +526,11 @@ class OuterSync:
             stats = RoundStats(e, r, f, sent, plan, wire, a, b, "applied")
             self._record(stats)
             return ("apply", a, b, None, stats)
-        dist.broadcast(self.outer, src=src, group=self._handover)
+        with self._lock:
+            full = self.outer.clone() if self.leader else torch.empty_like(self.outer)
+        dist.broadcast(full, src=src, group=self._handover)
+        if not self.leader:
+            self.outer.copy_(full)
         return ("resync", a, b, plan, None)
 
     def _apply(self, note: _Note | None) -> None:
@@ -502,12 +538,16 @@ class OuterSync:
             return
         kind, a, b, plan, _ = note
         if kind == "apply":
-            self._write(a, b, self.outer[a:b])
+            with self._lock:  # the exchange thread may be writing other fragments
+                values = self.outer[a:b].clone()
+            self._write(a, b, values)
             self._since_sync = 0
             return
         # A resync: the whole outer state, a new round from here.
         assert plan is not None
-        self._write(0, self.outer.numel(), self.outer)
+        with self._lock:
+            values = self.outer.clone()
+        self._write(0, values.numel(), values)
         self.epoch, self.applied = a, b
         self._inflight.clear()
         self._feedback.clear()
@@ -529,7 +569,8 @@ class OuterSync:
         self.outer[lo:hi] -= self.outer_lr * step
 
     def close(self) -> None:
-        """Stops the exchange thread (after the job in progress)."""
+        """Stops the exchange thread once it served the exchanges queued (the other sites'
+        matching ones), and tells the other sites this one ended, so that none waits for it."""
         if self._exchanger is not None:
             self._exchanger.stop()
 
@@ -541,8 +582,13 @@ class _Exchanger:
     def __init__(self, sync: OuterSync, store: Store, rank: int, size: int,
                  leaders: list[int]) -> None:
         self.sync, self.store, self.rank, self.size = sync, store, rank, size
-        self.jobs: queue.Queue[_Job | object | None] = queue.Queue()
+        self.jobs: queue.Queue[_Job | tuple[str, int] | None] = queue.Queue()
         self.generation = 0
+        #: The epoch of this thread's last resync: jobs and resync requests from before it are
+        #: dropped (the training side learns of a resync a step later).
+        self.epoch = 0
+        #: A peer site ended its run: no more exchanges, no more waiting for the link.
+        self.finished = False
         self.up = True
         self.error: Exception | None = None
         self.pg = self._build()
@@ -560,9 +606,19 @@ class _Exchanger:
         return pg
 
     def stop(self) -> None:
+        """Serves what is queued (the peers' matching exchanges), then tells the peers this site
+        ended (they stop waiting for it) and stops."""
         self.sync._closing = True
         self.jobs.put(None)
-        self.thread.join(timeout=self.sync.deadline_s + 5)
+        self.thread.join(timeout=self.sync.deadline_s + _WAIT_S + 5)
+        try:
+            self.store.set(f"{_CLOSED}/{self.rank}", "1")
+        except RuntimeError as e:  # the store is across a dead link: the peers time out
+            log.warning("could not tell the other sites this one ended: %s", e)
+
+    def _peer_closed(self) -> bool:
+        keys = [f"{_CLOSED}/{r}" for r in range(self.size) if r != self.rank]
+        return any(self.store.check([k]) for k in keys)
 
     def _run(self) -> None:
         try:
@@ -577,25 +633,32 @@ class _Exchanger:
             job = self.jobs.get()
             if job is None:
                 return
-            if job is _RESYNC:
-                self._recover()
+            if isinstance(job, tuple):  # (_RESYNC, the epoch it was asked in)
+                if job[1] >= self.epoch and not self.finished:
+                    self._recover()
                 continue
             assert isinstance(job, _Job)
-            if job.stats.epoch != self.sync.epoch:
-                job.done.set()  # from before a resync: dropped
+            if job.stats.epoch < self.epoch or self.finished:
+                job.done.set()  # from before a resync, or no peer left: dropped
+                continue
+            if job.abandoned:
+                # Given up on before it started: the peers' copies of it cannot complete
+                # without this site, so everyone recovers.
+                job.done.set()
+                self._recover()
                 continue
             started = time.monotonic()
             try:
                 assert job.message is not None
                 gathered = self._all_gather(job.message)
-                ok = self._commit(job, gathered)
+                ok = self._commit(job, gathered, started)
             except RuntimeError as e:
                 log.warning("cross-site exchange failed (%s): inner steps go on", e)
                 ok = False
-            job.stats.exchange_s = time.monotonic() - started
-            job.ok = ok
-            job.done.set()
             if not ok:
+                with job.lock:
+                    job.stats.exchange_s = time.monotonic() - started
+                    job.done.set()
                 self._recover()
 
     def _all_gather(self, message: torch.Tensor) -> list[torch.Tensor]:
@@ -603,9 +666,10 @@ class _Exchanger:
         self.pg.allgather([out], [message]).wait()
         return out
 
-    def _commit(self, job: _Job, gathered: list[torch.Tensor]) -> bool:
+    def _commit(self, job: _Job, gathered: list[torch.Tensor], started: float) -> bool:
         """Checks every site sent the same round and fragment, then takes the outer step (unless
-        the job was given up on meanwhile)."""
+        the job was given up on meanwhile); the job is done (ok) under its lock, so the
+        training side sees either nothing or the whole result."""
         heads = [g[: _HEADER * 8].clone().view(torch.int64).tolist() for g in gathered]
         mine = heads[self.rank]
         if any(h[:3] != mine[:3] or h[3] != mine[3] or h[4:8] != mine[4:8] for h in heads):
@@ -624,7 +688,11 @@ class _Exchanger:
             if job.abandoned:
                 return False
             job.proposals = [_plan_of(h[_PLAN_AT:_PLAN_AT + 4]) for h in heads]
-            self.sync._outer_step(job.lo, job.hi, total / self.size)
+            with self.sync._lock:
+                self.sync._outer_step(job.lo, job.hi, total / self.size)
+            job.stats.exchange_s = time.monotonic() - started
+            job.ok = True
+            job.done.set()
         return True
 
     def _recover(self) -> None:
@@ -644,6 +712,10 @@ class _Exchanger:
                 built = True
                 self._resync()
                 break
+            except _PeerDone:
+                log.warning("another site ended its run: no more cross-site syncs")
+                self.finished = True
+                return
             except RuntimeError as e:  # the store or the group timed out: the link is down
                 if self.sync._closing:
                     return
@@ -655,8 +727,9 @@ class _Exchanger:
 
     def _next_generation(self, failed: int) -> int:
         """The generation to build next (see _recover); store errors propagate."""
-        # Waiting long is free (the wait ends when the keys come); each timeout logs a line.
-        timeout = datetime.timedelta(seconds=max(30.0, self.sync.deadline_s))
+        # The wait ends when the keys come; each timeout logs a line, and between two the
+        # thread looks whether it should stop waiting.
+        timeout = datetime.timedelta(seconds=_WAIT_S)
         if self.rank == 0:
             generation = failed + 1
             self.store.set(_GENERATION, str(generation))
@@ -668,11 +741,15 @@ class _Exchanger:
                 except RuntimeError:  # not everyone yet (a stopped or cut-off site)
                     if self.sync._closing:
                         raise
+                    if self._peer_closed():
+                        raise _PeerDone() from None
         while not self.sync._closing:
+            if self._peer_closed():
+                raise _PeerDone()
             if self.store.check([_GENERATION]):
                 generation = int(self.store.get(_GENERATION))
                 if generation > failed:
-                    self.store.set(f"{_GENERATION}/{generation}/{self.rank}", b"1")
+                    self.store.set(f"{_GENERATION}/{generation}/{self.rank}", "1")
                     return generation
             time.sleep(_RETRY_S / 5)
         raise RuntimeError("closing")
@@ -681,16 +758,18 @@ class _Exchanger:
         """The outer state of the site that applied the most updates (the first of equals),
         to every site."""
         s = self.sync
-        mine = torch.tensor([s.applied, s.epoch, *_header(0, 0, 0, 0, s.plan, s.plan)[4:8]],
-                            dtype=torch.int64)
+        mine = torch.tensor([s.applied, max(s.epoch, self.epoch),
+                             *_header(0, 0, 0, 0, s.plan, s.plan)[4:8]], dtype=torch.int64)
         heads = [torch.empty_like(mine) for _ in range(self.size)]
         self.pg.allgather([heads], [mine]).wait()
         counts = [int(h[0]) for h in heads]
         root = counts.index(max(counts))
-        state = torch.cat([s.outer, s.velocity])
+        with s._lock:
+            state = torch.cat([s.outer, s.velocity])
         self.pg.broadcast(state, root).wait()
         n = s.outer.numel()
         epoch = max(int(h[1]) for h in heads) + 1
+        self.epoch = epoch
         with s._lock:
             s.outer.copy_(state[:n])
             s.velocity.copy_(state[n:])

@@ -90,7 +90,7 @@ class BoardPlan:
             fragments=fragments, margin=knobs.sync_margin,
             bounds=(max(knobs.sync_min, fragments), max(knobs.sync_max, fragments)))
         if self._auto is not None and _close(self._auto[0], h):
-            h, overlap = self._auto
+            h = self._auto[0]  # the overlap follows the new estimate, within the kept H
         self._auto = (h, overlap)
         fragments = min(fragments, h)
         return RoundPlan(h, fragments, min(overlap, h // fragments - 1), knobs.outer_codec)

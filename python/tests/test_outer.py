@@ -58,7 +58,8 @@ def applied_digests(lines: list[dict[str, Any]]) -> dict[tuple[int, int, int], s
             if x["outcome"] == "applied"}
 
 
-@pytest.mark.parametrize("sites", [None, "0,1/2,3"])
+# "1,0/3,2": a site's ranks in any order (its leader is its smallest rank).
+@pytest.mark.parametrize("sites", [None, "1,0/3,2"])
 def test_every_replica_holds_the_same_fragment_after_its_outer_step(
         tmp_path: Path, sites: str | None) -> None:
     world = 4 if sites else 2
@@ -81,9 +82,14 @@ def test_every_replica_holds_the_same_fragment_after_its_outer_step(
         assert done[0]["digest"] != done[2]["digest"]
 
 
-def test_a_site_stopped_past_the_deadline_is_ridden_through(tmp_path: Path) -> None:
-    procs, outs = start(tmp_path, 2, "--steps", "120", "--plan", "4,2,1,int8", "--sleep",
-                        "0.05", "--deadline", "1.5", "--max-drift", "1000")
+@pytest.mark.parametrize("sites", [None, "0,1/2,3"])
+def test_a_site_stopped_past_the_deadline_is_ridden_through(tmp_path: Path,
+                                                            sites: str | None) -> None:
+    world = 4 if sites else 2
+    procs, outs = start(tmp_path, world, "--steps", "200", "--plan", "4,2,1,int8", "--sleep",
+                        "0.05", "--deadline", "1.5", "--max-drift", "1000",
+                        *(["--sites", sites] if sites else []))
+    stopped = procs[world // 2:]  # the second site, all of its ranks
 
     def steps(r: int) -> int:
         return sum('"step"' in line for line in outs[r].read_text().splitlines())
@@ -92,24 +98,63 @@ def test_a_site_stopped_past_the_deadline_is_ridden_through(tmp_path: Path) -> N
     while steps(0) < 20:
         assert time.monotonic() < deadline and procs[0].poll() is None
         time.sleep(0.05)
-    # Site 1 stops (a dead link, as site 0 sees it) for longer than the deadline.
+    # The second site stops (a dead link, as the first sees it) for longer than the deadline.
+    for p in stopped:
+        p.send_signal(signal.SIGSTOP)
+    before = steps(0)
+    time.sleep(4.0)
+    during = steps(0) - before
+    for p in stopped:
+        p.send_signal(signal.SIGCONT)
+    runs = finish(tmp_path, procs, outs)
+    # Site 0 kept taking inner steps (0.05 s of sleep each and the model's compute).
+    assert during >= 20, during
+    outcomes = [x["outcome"] for v in runs[0] if "exchanges" in v for x in v["exchanges"]]
+    assert {"late", "failed", "skipped"} & set(outcomes), outcomes
+    # Every rank resynced (a new epoch) and holds the same fragments after every later outer
+    # step; inside a site the ranks hold the same parameters.
+    epochs = {lines[-2]["outer_epoch"] for lines in runs}
+    assert len(epochs) == 1 and min(epochs) >= 1, epochs
+    digests = [applied_digests(lines) for lines in runs]
+    last = runs[0][-2]["outer_epoch"]
+    after = {k: v for k, v in digests[0].items() if k[0] == last}
+    assert len(after) >= 4
+    for d in digests[1:]:
+        assert all(d.get(k) == v for k, v in after.items()), (after, d)
+    leaders = runs[::2] if sites else runs
+    assert len({lines[-1]["outer"] for lines in leaders}) == 1
+    if sites:
+        assert runs[0][-1]["digest"] == runs[1][-1]["digest"]
+        assert runs[2][-1]["digest"] == runs[3][-1]["digest"]
+
+
+def test_past_the_drift_bound_a_site_waits_and_an_ended_site_is_not_waited_for(
+        tmp_path: Path) -> None:
+    """Site 1 stops for 4 s: site 0 takes inner steps up to the drift bound (8), then waits,
+    and both resync when site 1 is back. Site 1 then ends its run 60 steps before site 0:
+    site 0 does not wait for it at the drift bound again, and finishes."""
+    procs, outs = start(tmp_path, 2, "--plan", "4,2,1,int8", "--sleep", "0.05", "--deadline",
+                        "1.5", "--max-drift", "8", rank_args=[["--steps", "160"],
+                                                              ["--steps", "100"]])
+
+    def steps(r: int) -> int:
+        return sum('"step"' in line for line in outs[r].read_text().splitlines())
+
+    deadline = time.monotonic() + 120
+    while steps(0) < 20:
+        assert time.monotonic() < deadline and procs[0].poll() is None
+        time.sleep(0.05)
     procs[1].send_signal(signal.SIGSTOP)
     before = steps(0)
     time.sleep(4.0)
     during = steps(0) - before
     procs[1].send_signal(signal.SIGCONT)
     runs = finish(tmp_path, procs, outs)
-    # Site 0 kept taking inner steps (0.05 s of sleep each and the model's compute).
-    assert during >= 20, during
-    outcomes = [x["outcome"] for v in runs[0] if "exchanges" in v for x in v["exchanges"]]
-    assert {"late", "failed", "skipped"} & set(outcomes), outcomes
-    # Both resynced (a new epoch) and hold the same fragments after every later outer step.
-    assert runs[0][-2]["outer_epoch"] == runs[1][-2]["outer_epoch"] >= 1
-    d0, d1 = applied_digests(runs[0]), applied_digests(runs[1])
-    last = runs[0][-2]["outer_epoch"]
-    after = {k: v for k, v in d0.items() if k[0] == last}
-    assert len(after) >= 4 and all(d1.get(k) == v for k, v in after.items()), (after, d1)
-    assert runs[0][-1]["outer"] == runs[1][-1]["outer"]
+    # At most the drift bound since the last applied fragment (one at most in flight).
+    assert during <= 8 + 1, f"{during} steps while site 1 was stopped"
+    assert runs[0][-1]["done"] and runs[1][-1]["done"]
+    assert sum("step" in v for v in runs[0]) == 160
+    assert max(v.get("outer_epoch", 0) for v in runs[0]) >= 1
 
 
 def test_plans_are_checked_and_agreed() -> None:

@@ -106,7 +106,7 @@ def test_boards_it_cannot_follow_are_refused_before_training(
 def test_sites_whose_boards_disagree_and_change_mid_round_run_the_same_plans(
         tmp_path: Path, board_feeder: Callable[..., Feeder]) -> None:
     boards = [tmp_path / "knobs0", tmp_path / "knobs1"]
-    feeders = [board_feeder(b, heartbeat_ms=50) for b in boards]
+    feeders = [board_feeder(b, heartbeat_ms=500) for b in boards]
     feeders[0].publish([wan(sync_every=4, fragments=2, overlap=1, outer_compression="int8")])
     feeders[1].publish([wan(sync_every=6, fragments=3, overlap=0, outer_compression="int4")])
     procs, outs = start(tmp_path, 2, "--steps", "90", "--plan", "4,1,0,int8", "--sleep", "0.03",

@@ -1,6 +1,6 @@
 //! linkpilot.outer across the lab: one rank per site (python/tests/outer_rank.py, torch over
 //! gloo on the hosts' eth0) syncing every 12 steps in 2 fragments overlapped by 4 steps, across
-//! 180 ms of RTT that is cut for 10 s in the middle (every packet dropped in the lab's router,
+//! 180 ms of RTT that is cut for 15 s in the middle (every packet dropped in the lab's router,
 //! at a step count, so a slow start cannot move it). The lab's own byte counters judge the bytes
 //! per round; the ranks' step times judge the overlap and the ride through the outage.
 
@@ -18,7 +18,7 @@ use linkpilot_lab::{
 };
 use serde_json::Value;
 
-const DOWN_S: f64 = 10.0;
+const DOWN_S: f64 = 15.0;
 const SCENARIO: &str = r#"
 name = "outer-calm"
 description = "180 ms RTT, 50 Mbit/s"
@@ -32,7 +32,7 @@ queue = "5MiB"
 "#;
 /// H, fragments, overlap, codec; steps of ~0.1 s (a sleep standing in for compute).
 const PLAN: &str = "12,2,4,int8";
-const STEPS: u64 = 760;
+const STEPS: u64 = 820;
 /// The ranks pause at these steps (loop indices) while the test reads the lab's counters.
 const PAUSES: [u64; 2] = [40, 160];
 /// The link is cut when rank 0 has reported this step.
