@@ -78,7 +78,10 @@ then one per step:
      without a hook), "timeout_s" (the collective
      timeout in force), "compute_s_baseline" (forward+backward of one batch, no communication,
      measured once at startup on the bare module), and when evaluated "eval_loss", "eval_s",
-     when synced for --duration "sync_s"}
+     when synced for --duration "sync_s"; with --hook outer, "codec" is the round plan's
+     ("int8, H=16"), "wire_bytes" what the site's leader sent in this step, and "outer_plan"
+     ([H, fragments, overlap]), "outer" ([round, fragment, outcome, exchange_s, waited_s] of
+     each exchange finished in this step) and "outer_epoch" (resyncs so far)}
 Every rank prints the last line, {"done": true, "steps", "stopped" ("steps", "duration" or
 "stop-file"),
 "final_loss", "final_eval_loss", "digest" (SHA-256 of the parameters: replicas print the same),
@@ -515,7 +518,8 @@ def train(args: argparse.Namespace, report: Reporter) -> int:
         }
         if sync is not None:
             p = sync.plan
-            line.update(codec=p.codec, wire_bytes=sync.sent_bytes - sent_before,
+            line.update(codec=f"{p.codec}, H={p.sync_every}",
+                        wire_bytes=sync.sent_bytes - sent_before,
                         outer_plan=[p.sync_every, p.fragments, p.overlap],
                         outer=[[r.round, r.fragment, r.outcome, round(r.exchange_s, 3),
                                 round(r.waited_s, 3)] for r in sent], outer_epoch=sync.epoch)
