@@ -171,7 +171,9 @@ fn rounds_overlap_send_the_codecs_bytes_and_ride_through_an_outage() {
     // 1. Bytes per round: what crossed between the pauses against the codec's size of the
     // fragments both sites sent in those steps (their messages add a 128-byte header; TCP/IP
     // headers and ACKs come on top).
-    let window = |v: &&Value| (PAUSES[0] + 2..=PAUSES[1] + 1).contains(&u(v, "sent"));
+    let window = |v: &&Value| {
+        (PAUSES[0] + 2..=PAUSES[1] + 1).contains(&u(v, "sent")) && v["outcome"] != "skipped"
+    };
     let codec_bytes: u64 = ranks
         .iter()
         .flat_map(|r| r.exchanges().filter(window).map(|x| u(x, "wire_bytes")).collect::<Vec<_>>())
