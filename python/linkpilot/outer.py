@@ -569,8 +569,21 @@ class OuterSync:
         self.outer[lo:hi] -= self.outer_lr * step
 
     def close(self) -> None:
-        """Stops the exchange thread once it served the exchanges queued (the other sites'
-        matching ones), and tells the other sites this one ended, so that none waits for it."""
+        """Finishes the exchanges in flight as their apply steps would (each waited for up to
+        its deadline, then applied or given up on), stops the exchange thread, and tells the
+        other sites this one ended, so that none waits for it. Every rank of a site calls it."""
+        self._closing = True
+        count = torch.tensor([len(self._inflight)], dtype=torch.int64)
+        if self._handover is not None:
+            dist.broadcast(count, src=dist.get_global_rank(self._handover, 0),
+                           group=self._handover)
+        for _ in range(int(count[0])):
+            note = None
+            if self.leader:
+                note = self._finish(self._inflight.pop(min(self._inflight)))
+            if self._handover is not None:
+                note = self._hand_over(note)
+            self._apply(note)
         if self._exchanger is not None:
             self._exchanger.stop()
 

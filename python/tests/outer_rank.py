@@ -96,9 +96,13 @@ def main() -> None:
         if step in pauses:
             print(json.dumps({"idle": step, "rank": a.rank}), flush=True)
             time.sleep(a.pause_s)
-    sync.close()
+    recorded.clear()
+    sync.close()  # may finish the exchange in flight: its record goes with the done line
+    for r in recorded:
+        if r["outcome"] == "applied":
+            r["digest"] = digest(sync._read(int(str(r["lo"])), int(str(r["hi"]))))
     print(json.dumps({"done": True, "rank": a.rank, "digest": digest(sync._flatten()),
-                      "outer": digest(sync.outer)}), flush=True)
+                      "outer": digest(sync.outer), "exchanges": list(recorded)}), flush=True)
     dist.barrier()
     sys.stdout.flush()
     os._exit(0)

@@ -67,13 +67,12 @@ def test_every_replica_holds_the_same_fragment_after_its_outer_step(
     runs = finish(tmp_path, *start(tmp_path, world, *args))
     digests = [applied_digests(lines) for lines in runs]
     # 30 steps of rounds of 6: 5 rounds x 3 fragments, each applied one step after its send
-    # (the last one's after the end).
-    assert len(digests[0]) == 14, sorted(digests[0])
+    # (the last one's by close(), after the last step).
+    assert len(digests[0]) == 15, sorted(digests[0])
     for d in digests[1:]:
         assert d == digests[0]
-    # The outer state is the same at every site's leader (an exchange still in flight at the
-    # end reached the leaders, not yet their sites); the parameters differ by the steps since
-    # the last applied fragment, and are the same inside a site (DDP).
+    # The outer state is the same at every site's leader; the parameters differ by the steps
+    # since each fragment was last applied, and are the same inside a site (DDP).
     done = [lines[-1] for lines in runs]
     leaders = done[::2] if sites else done
     assert len({d["outer"] for d in leaders}) == 1, done

@@ -102,7 +102,8 @@ impl Rank {
     }
 
     fn exchanges(&self) -> impl Iterator<Item = &Value> {
-        self.steps().flat_map(|v| v["exchanges"].as_array().expect("exchanges"))
+        // Step lines, then the done line (what closing finished).
+        self.seen.iter().filter_map(|v| v["exchanges"].as_array()).flatten()
     }
 }
 
@@ -117,7 +118,7 @@ impl Drop for Rank {
 fn cut(lab: &Lab, down: bool) {
     let ns = ["ip", "netns", "exec", lab.wan_netns(), "nft"];
     let args: &[&str] = if down {
-        &["add table inet lpcut; add chain inet lpcut fwd { type filter hook forward priority -100; policy drop; }"]
+        &["add table inet lpcut; add chain inet lpcut forwarded { type filter hook forward priority -100; policy drop; }"]
     } else {
         &["delete table inet lpcut"]
     };

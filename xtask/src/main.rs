@@ -75,8 +75,12 @@ enum Command {
         /// one configuration after a policy change).
         #[arg(long, requires = "configs")]
         keep: bool,
+        /// Go on with an interrupted benchmark of the same plan (scenarios, configurations,
+        /// repeats): keeps every run that finished and runs the others.
+        #[arg(long, conflicts_with = "keep")]
+        resume: bool,
         /// Only summarize the runs already in target/bench-training.
-        #[arg(long, conflicts_with_all = ["repeats", "configs", "keep"])]
+        #[arg(long, conflicts_with_all = ["repeats", "configs", "keep", "resume"])]
         report_only: bool,
         /// Held-out windows per evaluation of a checkpoint.
         #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=512))]
@@ -194,6 +198,7 @@ fn main() -> anyhow::Result<()> {
             scenarios,
             configs,
             keep,
+            resume,
             report_only,
             eval_windows,
             cc,
@@ -203,6 +208,7 @@ fn main() -> anyhow::Result<()> {
             scenarios,
             configs,
             keep,
+            resume,
             report_only,
             eval_windows,
             cc,

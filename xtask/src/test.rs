@@ -144,6 +144,7 @@ pub fn run(privileged: bool) -> anyhow::Result<()> {
         scenarios: None,
         configs: None,
         keep: false,
+        resume: false,
         report_only: false,
         eval_windows: 128,
         cc: None,

@@ -32,6 +32,8 @@ pub struct Args {
     pub configs: Option<Vec<String>>,
     /// Keep earlier runs of the configurations not run now, and report them too.
     pub keep: bool,
+    /// Keep every finished run (its run.json written) and run only the others.
+    pub resume: bool,
     /// Only summarize the runs already in `target/bench-training`.
     pub report_only: bool,
     pub eval_windows: u32,
@@ -132,6 +134,9 @@ fn measure(args: &Args, scenarios: &[String], out: &Path, cc: &str) -> anyhow::R
                 .map(|l| format!("{l}\n"))
                 .collect();
             let _ = fs::write(dir.join(FAILURES), kept);
+        } else if args.resume {
+            // A failed run left no run.json: it is run again now, its old failure forgotten.
+            let _ = fs::remove_file(dir.join(FAILURES));
         } else {
             let _ = fs::remove_dir_all(&dir);
         }
@@ -173,6 +178,10 @@ fn measure(args: &Args, scenarios: &[String], out: &Path, cc: &str) -> anyhow::R
                 );
                 let dir =
                     out.join(scenario_dir(&p.scenario)).join(&c.name).join(format!("r{repeat}"));
+                if args.resume && dir.join("run.json").exists() {
+                    println!("   finished before: kept");
+                    continue;
+                }
                 let spec = run::Spec {
                     config: c,
                     scenario: &p.scenario,
