@@ -36,7 +36,9 @@ adopts it, sets its parameters to it, and starts a new round: all replicas are i
 
 from __future__ import annotations
 
+import collections
 import datetime
+import itertools
 import logging
 import math
 import queue
@@ -106,17 +108,19 @@ def agree_plans(plans: Sequence[RoundPlan]) -> RoundPlan:
 
 
 def auto_sync_every(*, rate_bps: float, rtt_s: float, compute_s: float, numel: int,
-                    codec: str, sites: int, fragments: int, margin: float, bounds: tuple[int, int]
-                    ) -> tuple[int, int]:
+                    codec: str, sites: int, fragments: int, margin: float, bounds: tuple[int, int],
+                    measured_s: float = 0.0) -> tuple[int, int]:
     """H and the overlap for which one fragment's exchange fits inside the compute it overlaps
     with, with ``margin`` to spare: an exchange is one all_gather of every site's fragment
-    (a round trip and the bytes of the other sites at ``rate_bps``); it gets ``overlap`` inner
-    steps of ``compute_s`` each, and sends come H / F steps apart. H within ``bounds``."""
+    (a round trip and the bytes of the other sites at ``rate_bps``, or ``measured_s`` when the
+    exchanges of this size took longer: a connection that idled between sends restarts from a
+    small window and takes several round trips); it gets ``overlap`` inner steps of
+    ``compute_s`` each, and sends come H / F steps apart. H within ``bounds``."""
     if rate_bps <= 0 or compute_s <= 0:
         return bounds[1], max(0, min(bounds[1] // fragments - 1, bounds[1] - 1))
     frag = math.ceil(numel / fragments)
     wire = get_codec(codec).wire_bytes(frag) * (sites - 1)
-    exchange_s = (rtt_s + 8 * wire / rate_bps) * (1 + margin)
+    exchange_s = max(rtt_s + 8 * wire / rate_bps, measured_s) * (1 + margin)
     overlap = math.ceil(exchange_s / compute_s)
     h = max(bounds[0], min(bounds[1], fragments * (overlap + 1)))
     return h, min(overlap, h // fragments - 1)
@@ -125,14 +129,16 @@ def auto_sync_every(*, rate_bps: float, rtt_s: float, compute_s: float, numel: i
 @dataclass(frozen=True)
 class PlanInputs:
     """What a ``plan_source`` is told when it is asked for a proposal: the plan in force, the
-    synchronized parameters' count, the number of sites, and the median compute time of this
+    synchronized parameters' count, the number of sites, the median compute time of this
     site's recent inner steps (everything between two ``step`` calls but their own waiting;
-    0 until a few steps were measured)."""
+    0 until a few steps were measured), and the median time of this site's latest exchanges
+    under the plan in force's fragments and codec (0 until one completed)."""
 
     plan: RoundPlan
     numel: int
     sites: int
     compute_s: float
+    exchange_s: float = 0.0
 
 
 # -- the messages --------------------------------------------------------------------------------
@@ -257,7 +263,8 @@ class OuterSync:
         self.outer_lr, self.momentum, self.nesterov = outer_lr, outer_momentum, nesterov
         self.deadline_s = deadline_s
         self.on_round = on_round
-        self.history: list[RoundStats] = []
+        #: The latest exchanges as this site saw them (the oldest dropped past 10,000).
+        self.history: collections.deque[RoundStats] = collections.deque(maxlen=10_000)
         world, rank = dist.get_world_size(), dist.get_rank()
         # Sorted: a group's rank 0 is its smallest global rank, and the leader must be it.
         sites = [sorted(s) for s in sites] if sites else [[r] for r in range(world)]
@@ -439,11 +446,18 @@ class OuterSync:
             return plan
         try:
             got = self.plan_source(PlanInputs(plan, self.outer.numel(), self.n_sites,
-                                              self.compute_s))
+                                              self.compute_s, self._exchange_s(plan)))
             return got.check(self.outer.numel()) if got is not None else plan
         except Exception as e:  # a board gone bad mid-run must not stop training
             log.warning("plan source failed (%s): proposing the plan in force", e)
             return plan
+
+    def _exchange_s(self, plan: RoundPlan) -> float:
+        """The median of the latest exchanges applied with ``plan``'s fragments and codec."""
+        took = [s.exchange_s for s in itertools.islice(reversed(self.history), _MEASURED)
+                if s.outcome == "applied" and s.exchange_s > 0
+                and (s.plan.fragments, s.plan.codec) == (plan.fragments, plan.codec)]
+        return sorted(took)[len(took) // 2] if took else 0.0
 
     def _finish(self, job: _Job) -> _Note | None:
         """The job's result at its apply step: waits for it unless the exchange is down."""

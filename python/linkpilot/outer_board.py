@@ -88,7 +88,10 @@ class BoardPlan:
             rate_bps=rate, rtt_s=knobs.rtt_us / 1e6, compute_s=inputs.compute_s,
             numel=inputs.numel, codec=knobs.outer_codec, sites=inputs.sites,
             fragments=fragments, margin=knobs.sync_margin,
-            bounds=(max(knobs.sync_min, fragments), max(knobs.sync_max, fragments)))
+            bounds=(max(knobs.sync_min, fragments), max(knobs.sync_max, fragments)),
+            # What this job's exchanges took, where they were of the size proposed now.
+            measured_s=inputs.exchange_s if (fragments, knobs.outer_codec) == (
+                inputs.plan.fragments, inputs.plan.codec) else 0.0)
         if self._auto is not None and _close(self._auto[0], h):
             h = self._auto[0]  # the overlap follows the new estimate, within the kept H
         self._auto = (h, overlap)

@@ -12,13 +12,15 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections import deque
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from test_train_lm import free_port
 
-from linkpilot.outer import RoundPlan, agree_plans, auto_sync_every
+from linkpilot.outer import OuterSync, RoundPlan, RoundStats, agree_plans, auto_sync_every
 
 WORKER = Path(__file__).with_name("outer_rank.py")
 
@@ -216,3 +218,18 @@ def test_loss_at_equal_tokens_stays_within_2_5_percent_of_per_step_ddp(tmp_path:
                   ["--outer-every", "4", "--fragments", "2", "--overlap", "1"]):
         outer = final_eval("--hook", "outer", *extra)
         assert outer <= ddp * 1.025, (extra, outer, ddp)
+
+
+def test_the_measured_exchange_time_is_the_median_of_the_latest_of_the_plans_size() -> None:
+    int8, int4 = RoundPlan(12, 4, 2, "int8"), RoundPlan(12, 4, 2, "int4")
+
+    def stats(plan: RoundPlan, took: float, outcome: str = "applied") -> RoundStats:
+        return RoundStats(0, 0, 0, 0, plan, 0, outcome=outcome, exchange_s=took)
+
+    # Older than the latest 16: the 9 s ones. Not applied: the late and the skipped ones.
+    history = [stats(int8, 9.0)] * 20 + [stats(int8, t) for t in (0.5, 0.9, 0.7)] + [
+        stats(int4, 3.0), stats(int8, 5.0, "late")] + [stats(int8, 0.0, "skipped")] * 11
+    site = SimpleNamespace(history=deque(history))
+    assert OuterSync._exchange_s(site, int8) == 0.7  # type: ignore[arg-type]
+    assert OuterSync._exchange_s(site, int4) == 3.0  # type: ignore[arg-type]
+    assert OuterSync._exchange_s(site, RoundPlan(12, 2, 2, "int8")) == 0.0  # type: ignore[arg-type]

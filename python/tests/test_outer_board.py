@@ -69,6 +69,28 @@ def test_auto_h_follows_the_delivered_rate_and_the_measured_compute(
     assert ask(plans, compute_s=1.1) == RoundPlan(8, 4, 1, "int8")
 
 
+def test_auto_h_makes_room_for_exchanges_that_took_longer_than_the_link_model(
+        tmp_path: Path, board_feeder: Callable[..., Feeder]) -> None:
+    feeder = board_feeder(tmp_path / "knobs")
+    auto = dict(sync_every=0, sync_min=8, sync_max=400, fragments=4, sync_margin_bp=2000)
+    feeder.publish([wan(**auto, capacity_bps=200_000_000)])
+    plans = BoardPlan(KnobBoard(tmp_path / "knobs"))
+    in_force = RoundPlan(12, 4, 2, "int8")
+
+    def ask_measured(exchange_s: float, plan: RoundPlan = in_force) -> RoundPlan | None:
+        return plans(PlanInputs(plan, NUMEL, 2, 0.22, exchange_s))
+
+    # The model's 0.26 s fits 2 steps; exchanges of this size took 0.9 s (a window restarted
+    # after each idle gap): 0.9 x 1.2 = 1.08 s -> 5 steps of overlap, H = 4 x 6.
+    assert ask_measured(0.0) == RoundPlan(12, 4, 2, "int8")
+    assert ask_measured(0.9) == RoundPlan(24, 4, 5, "int8")
+    # Faster than the model: the model stands.
+    assert ask_measured(0.05) == RoundPlan(12, 4, 2, "int8")
+    # Measured under other fragments or another codec: not comparable, the model alone.
+    assert ask_measured(0.9, RoundPlan(12, 2, 2, "int8")) == ask_measured(0.0)
+    assert ask_measured(0.9, RoundPlan(12, 4, 2, "int4")) == ask_measured(0.0)
+
+
 def test_a_stale_board_proposes_nothing(tmp_path: Path,
                                         board_feeder: Callable[..., Feeder]) -> None:
     feeder = board_feeder(tmp_path / "knobs", heartbeat_ms=50)
