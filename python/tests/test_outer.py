@@ -54,6 +54,17 @@ def finish(tmp: Path, procs: list[subprocess.Popen[bytes]], outs: list[Path]
     return [[json.loads(line) for line in o.read_text().splitlines()] for o in outs]
 
 
+def logged_steps(out: Path) -> int:
+    return sum('"step"' in line for line in out.read_text().splitlines())
+
+
+def wait_for_steps(proc: subprocess.Popen[bytes], out: Path, n: int) -> None:
+    deadline = time.monotonic() + 120
+    while logged_steps(out) < n:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+
+
 def applied_digests(lines: list[dict[str, Any]]) -> dict[tuple[int, int, int], str]:
     return {(x["epoch"], x["round"], x["fragment"]): x["digest"]
             for v in lines if "exchanges" in v for x in v["exchanges"]
@@ -93,12 +104,9 @@ def test_a_site_stopped_past_the_deadline_is_ridden_through(tmp_path: Path,
     stopped = procs[world // 2:]  # the second site, all of its ranks
 
     def steps(r: int) -> int:
-        return sum('"step"' in line for line in outs[r].read_text().splitlines())
+        return logged_steps(outs[r])
 
-    deadline = time.monotonic() + 120
-    while steps(0) < 20:
-        assert time.monotonic() < deadline and procs[0].poll() is None
-        time.sleep(0.05)
+    wait_for_steps(procs[0], outs[0], 20)
     # The second site stops (a dead link, as the first sees it) for longer than the deadline.
     for p in stopped:
         p.send_signal(signal.SIGSTOP)
@@ -139,12 +147,9 @@ def test_past_the_drift_bound_a_site_waits_and_an_ended_site_is_not_waited_for(
                                                               ["--steps", "100"]])
 
     def steps(r: int) -> int:
-        return sum('"step"' in line for line in outs[r].read_text().splitlines())
+        return logged_steps(outs[r])
 
-    deadline = time.monotonic() + 120
-    while steps(0) < 20:
-        assert time.monotonic() < deadline and procs[0].poll() is None
-        time.sleep(0.05)
+    wait_for_steps(procs[0], outs[0], 20)
     procs[1].send_signal(signal.SIGSTOP)
     before = steps(0)
     time.sleep(4.0)

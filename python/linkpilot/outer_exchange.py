@@ -1,0 +1,269 @@
+"""The site leader's exchange thread of linkpilot.outer: it exchanges queued fragments with
+the other sites' leaders in order, rebuilds its process group after a failure (generations
+numbered by the first leader) and resyncs first thing on every new group."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Store
+
+from linkpilot.codecs import get_codec
+from linkpilot.outer_plan import _HEADER, _PLAN_AT, RoundPlan, RoundStats, _header, _plan_of
+
+if TYPE_CHECKING:
+    from linkpilot.outer import OuterSync
+
+log = logging.getLogger("linkpilot.outer")
+
+
+class _Job:
+    def __init__(self, stats: RoundStats, message: torch.Tensor | None, lo: int, hi: int) -> None:
+        self.stats, self.message, self.lo, self.hi = stats, message, lo, hi
+        self.sent_at = time.monotonic()
+        self.done = threading.Event()
+        self.ok = False
+        self.abandoned = False
+        self.proposals: list[RoundPlan] = []
+        self.lock = threading.Lock()
+
+
+@dataclass
+class _Resync:
+    epoch: int
+    applied: int
+    plan: RoundPlan
+
+
+#: Asks the exchange thread for a resync (past the drift bound), with the epoch it was asked in.
+_RESYNC = "resync"
+
+
+class _PeerDone(Exception):
+    """Another site's leader ended its run."""
+#: The store key of the generation the first leader announced, and how often a leader tries
+#: again after a failed build.
+_GENERATION = "linkpilot-outer/generation"
+_RETRY_S = 1.0
+#: Store keys of the sites' leaders that ended their run, and how long one wait on the store
+#: lasts before the thread looks whether to stop waiting.
+_CLOSED = "linkpilot-outer/closed"
+_WAIT_S = 10.0
+#: How long building a group may take (its collectives get ``deadline_s``).
+_CONNECT_S = 60.0
+
+
+class _Exchanger:
+    """The site leader's thread: exchanges jobs with the other sites' leaders in order, builds
+    the process group again after a failure, and resyncs first thing after each build."""
+
+    def __init__(self, sync: OuterSync, store: Store, rank: int, size: int,
+                 leaders: list[int]) -> None:
+        self.sync, self.store, self.rank, self.size = sync, store, rank, size
+        self.jobs: queue.Queue[_Job | tuple[str, int] | None] = queue.Queue()
+        self.generation = 0
+        #: The epoch of this thread's last resync: jobs and resync requests from before it are
+        #: dropped (the training side learns of a resync a step later).
+        self.epoch = 0
+        #: A peer site ended its run: no more exchanges, no more waiting for the link.
+        self.finished = False
+        self.up = True
+        self.error: Exception | None = None
+        self.pg = self._build()
+        self.thread = threading.Thread(target=self._run, name="linkpilot-outer", daemon=True)
+        self.thread.start()
+
+    def _build(self) -> Any:  # a ProcessGroupGloo (its stubs lack the collectives)
+        prefix = PrefixStore(f"linkpilot-outer/{self.generation}", self.store)
+        # Connecting takes several round trips through the store, which may be longer than an
+        # exchange's deadline on a long link: connect with time to spare, then hold every
+        # collective to the deadline.
+        pg = ProcessGroupGloo(prefix, self.rank, self.size,
+                              datetime.timedelta(seconds=max(_CONNECT_S, self.sync.deadline_s)))
+        pg.set_timeout(datetime.timedelta(seconds=self.sync.deadline_s))
+        return pg
+
+    def stop(self) -> None:
+        """Serves what is queued (the peers' matching exchanges), then tells the peers this site
+        ended (they stop waiting for it) and stops."""
+        self.sync._closing = True
+        self.jobs.put(None)
+        self.thread.join(timeout=self.sync.deadline_s + _WAIT_S + 5)
+        try:
+            self.store.set(f"{_CLOSED}/{self.rank}", "1")
+        except RuntimeError as e:  # the store is across a dead link: the peers time out
+            log.warning("could not tell the other sites this one ended: %s", e)
+
+    def _peer_closed(self) -> bool:
+        keys = [f"{_CLOSED}/{r}" for r in range(self.size) if r != self.rank]
+        return any(self.store.check([k]) for k in keys)
+
+    def _run(self) -> None:
+        try:
+            self._serve()
+        except Exception as e:  # a bug, not the link: the training side raises it
+            log.exception("the cross-site exchange thread stopped")
+            self.error = e
+            self.up = False
+
+    def _serve(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            if isinstance(job, tuple):  # (_RESYNC, the epoch it was asked in)
+                if job[1] >= self.epoch and not self.finished:
+                    self._recover()
+                continue
+            assert isinstance(job, _Job)
+            if job.stats.epoch < self.epoch or self.finished:
+                job.done.set()  # from before a resync, or no peer left: dropped
+                continue
+            if job.abandoned:
+                # Given up on before it started: the peers' copies of it cannot complete
+                # without this site, so everyone recovers.
+                job.done.set()
+                self._recover()
+                continue
+            started = time.monotonic()
+            try:
+                assert job.message is not None
+                gathered = self._all_gather(job.message)
+                ok = self._commit(job, gathered, started)
+            except RuntimeError as e:
+                log.warning("cross-site exchange failed (%s): inner steps go on", e)
+                ok = False
+            if not ok:
+                with job.lock:
+                    job.stats.exchange_s = time.monotonic() - started
+                    job.done.set()
+                self._recover()
+
+    def _all_gather(self, message: torch.Tensor) -> list[torch.Tensor]:
+        out = [torch.empty_like(message) for _ in range(self.size)]
+        self.pg.allgather([out], [message]).wait()
+        return out
+
+    def _commit(self, job: _Job, gathered: list[torch.Tensor], started: float) -> bool:
+        """Checks every site sent the same round and fragment, then takes the outer step (unless
+        the job was given up on meanwhile); the job is done (ok) under its lock, so the
+        training side sees either nothing or the whole result."""
+        heads = [g[: _HEADER * 8].clone().view(torch.int64).tolist() for g in gathered]
+        mine = heads[self.rank]
+        if any(h[:3] != mine[:3] or h[3] != mine[3] or h[4:8] != mine[4:8] for h in heads):
+            log.warning("sites disagree on the round (%s): resync", [h[:4] for h in heads])
+            return False
+        plan = _plan_of(mine[4:8])
+        codec = get_codec(plan.codec)
+        n = job.hi - job.lo
+        total = torch.zeros(n)
+        for g in gathered:  # site order: the same sum, bit for bit, on every site
+            payload = g[_HEADER * 8:]
+            if codec.payload_dtype != torch.uint8:
+                payload = payload.clone().view(codec.payload_dtype)
+            total += codec.decode(payload, n)
+        with job.lock:
+            if job.abandoned:
+                return False
+            job.proposals = [_plan_of(h[_PLAN_AT:_PLAN_AT + 4]) for h in heads]
+            with self.sync._lock:
+                self.sync._outer_step(job.lo, job.hi, total / self.size)
+            job.stats.exchange_s = time.monotonic() - started
+            job.ok = True
+            job.done.set()
+        return True
+
+    def _recover(self) -> None:
+        """A failure: build the group again, then resync (the sites may have applied different
+        updates, or none). Generations are numbered by the first leader: after any failure it
+        announces the next one and waits until every other leader said it is ready for it;
+        the others wait for a generation newer than the one that failed them, say they are
+        ready, and build. A group is never built twice under one prefix (gloo would read the
+        addresses of the failed attempt), and no leader builds a generation the others left."""
+        self.up = False
+        failed = self.generation
+        while True:
+            built = False
+            try:
+                self.generation = self._next_generation(failed)
+                self.pg = self._build()
+                built = True
+                self._resync()
+                break
+            except _PeerDone:
+                log.warning("another site ended its run: no more cross-site syncs")
+                self.finished = True
+                return
+            except RuntimeError as e:  # the store or the group timed out: the link is down
+                if self.sync._closing:
+                    return
+                log.warning("cross-site group (generation %d) %s: %s", self.generation,
+                            "failed in the resync" if built else "not built", e)
+                failed = self.generation
+                time.sleep(_RETRY_S)
+        self.up = True
+
+    def _next_generation(self, failed: int) -> int:
+        """The generation to build next (see _recover); store errors propagate."""
+        # The wait ends when the keys come; each timeout logs a line, and between two the
+        # thread looks whether it should stop waiting.
+        timeout = datetime.timedelta(seconds=_WAIT_S)
+        if self.rank == 0:
+            generation = failed + 1
+            self.store.set(_GENERATION, str(generation))
+            ready = [f"{_GENERATION}/{generation}/{r}" for r in range(1, self.size)]
+            while True:
+                try:
+                    self.store.wait(ready, timeout)
+                    return generation
+                except RuntimeError:  # not everyone yet (a stopped or cut-off site)
+                    if self.sync._closing:
+                        raise
+                    if self._peer_closed():
+                        raise _PeerDone() from None
+        while not self.sync._closing:
+            if self._peer_closed():
+                raise _PeerDone()
+            if self.store.check([_GENERATION]):
+                generation = int(self.store.get(_GENERATION))
+                if generation > failed:
+                    self.store.set(f"{_GENERATION}/{generation}/{self.rank}", "1")
+                    return generation
+            time.sleep(_RETRY_S / 5)
+        raise RuntimeError("closing")
+
+    def _resync(self) -> None:
+        """The outer state of the site that applied the most updates (the first of equals),
+        to every site."""
+        s = self.sync
+        mine = torch.tensor([s.applied, max(s.epoch, self.epoch),
+                             *_header(0, 0, 0, 0, s.plan, s.plan)[4:8]], dtype=torch.int64)
+        heads = [torch.empty_like(mine) for _ in range(self.size)]
+        self.pg.allgather([heads], [mine]).wait()
+        counts = [int(h[0]) for h in heads]
+        root = counts.index(max(counts))
+        with s._lock:
+            state = torch.cat([s.outer, s.velocity])
+        self.pg.broadcast(state, root).wait()
+        n = s.outer.numel()
+        epoch = max(int(h[1]) for h in heads) + 1
+        self.epoch = epoch
+        with s._lock:
+            s.outer.copy_(state[:n])
+            s.velocity.copy_(state[n:])
+            s._resync = _Resync(epoch, counts[root], _plan_of(heads[root][2:6].tolist()))
+        # Jobs queued before the resync belong to the old epoch.
+        while not self.jobs.empty():
+            job = self.jobs.get_nowait()
+            if job is None:
+                self.jobs.put(None)
+                break
+            if isinstance(job, _Job):
+                job.done.set()
