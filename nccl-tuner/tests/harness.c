@@ -20,7 +20,8 @@
  *   withdraw                               linkpilot_tuner_adopt(NULL) -> "rc RC"
  *   badsize                                a decision whose size field says 40 -> "rc RC"
  *   forkchild SECONDS                      fork a child that sleeps, as a data loader's worker
- *                                          would be forked -> "child PID"
+ *                                          would be forked; answers once the child runs
+ *                                          -> "child PID ready 1"
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -405,12 +406,27 @@ int main(int argc, char** argv) {
     } else if (!strcmp(cmd, "forkchild")) {
       int secs = 0;
       sscanf(rest, "%d", &secs);
+      /* The answer waits until the child runs: fork's atfork handlers have run in it by
+       * then, so the test does not race the child's first instructions. */
+      int ready[2];
+      if (pipe(ready) != 0) {
+        answer("error pipe");
+        done();
+        continue;
+      }
       pid_t child = fork();
       if (child == 0) {
+        close(ready[0]);
+        (void)!write(ready[1], "r", 1);
+        close(ready[1]);
         sleep((unsigned)secs);
         _exit(0);
       }
-      answer("child %d", (int)child);
+      close(ready[1]);
+      char byte = 0;
+      ssize_t got = child > 0 ? read(ready[0], &byte, 1) : -1;
+      close(ready[0]);
+      answer("child %d ready %d", (int)child, got == 1);
     } else if (!strcmp(cmd, "badsize")) {
       decision_t d = {40, 0, 2, 4, 1, 1 << 20, 2 << 20, 1};
       answer("rc %d", adopt ? adopt(&d) : 99);

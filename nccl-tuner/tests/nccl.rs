@@ -612,7 +612,9 @@ fn a_forked_child_does_not_keep_a_dead_processs_file_alive() {
     let mut h = Harness::start(&dir);
     let (_c, _) = h.init(6);
     let file = h.counter_file(&dir).unwrap();
-    let child: i32 = h.one("forkchild 60")[1].parse().unwrap();
+    let answer = h.one("forkchild 60");
+    assert_eq!(answer[2..], ["ready", "1"], "{answer:?}");
+    let child: i32 = answer[1].parse().unwrap();
     assert!(matches!(tuner_stats::read_file(&file), Ok(Counted::Live(_))));
     h.child.kill().unwrap();
     h.child.wait().unwrap();

@@ -25,7 +25,11 @@ agreement of the proposals of the last exchange applied before it (the largest H
 overlap, the strongest codec): every site applied the same exchanges at the same points, so
 every site computes the same plan.
 
-Riding through an outage: an exchange that fails (its peer gone, the link dead past
+Riding through an outage: an apply step waits for its exchange up to ``patience_s`` (default:
+three times the exchanges' measured time, at least 1 s); one that has not landed by then is
+applied at the first step after it lands (every site writes the same outer values, a few steps
+apart), so a link that stalls for seconds costs no step; while one is out, later ones wait
+behind it and the plan in force holds. An exchange that fails (its peer gone, the link dead past
 ``deadline_s``) is given up on; sites keep taking inner steps (sends are skipped while the
 exchange is down) up to ``max_drift`` steps since their last sync, then wait. The exchange
 thread builds its process group again (a new generation on the store, numbered by the first
@@ -65,14 +69,16 @@ log = logging.getLogger("linkpilot.outer")
 
 __all__ = ["OuterSync", "PlanInputs", "RoundPlan", "RoundStats", "auto_sync_every", "agree_plans"]
 
-#: What a step brings to the site: ("apply", lo, hi, None, the exchange's stats) or ("resync",
-#: epoch, applied, plan, None).
-_Note = tuple[str, int, int, RoundPlan | None, "RoundStats | None"]
+#: What a step brings to the site: ("apply", lo, hi, None, the exchange's stats, the fragment's
+#: outer values right after its outer step) or ("resync", epoch, applied, plan, None, None).
+_Note = tuple[str, int, int, RoundPlan | None, "RoundStats | None", torch.Tensor | None]
 #: How long a site's other ranks wait for their leader's hand-over (it may be waiting out an
 #: outage).
 _HANDOVER_TIMEOUT = datetime.timedelta(days=1)
 #: Inner steps whose compute time makes ``compute_s``.
 _MEASURED = 16
+#: The least an apply step waits for its exchange by default.
+_MIN_PATIENCE_S = 1.0
 
 
 class OuterSync:
@@ -90,6 +96,7 @@ class OuterSync:
         outer_momentum: float = 0.0,
         nesterov: bool = True,
         deadline_s: float = 30.0,
+        patience_s: float | None = None,
         max_drift: int | None = None,
         on_round: Callable[[RoundStats], None] | None = None,
         store: Store | None = None,
@@ -103,6 +110,9 @@ class OuterSync:
                              f"{outer_momentum} in [0, 1)")
         if deadline_s <= 0:
             raise ValueError(f"deadline_s {deadline_s} must be > 0")
+        if patience_s is not None and not 0 <= patience_s <= deadline_s:
+            raise ValueError(f"patience_s {patience_s} must be in [0, deadline_s {deadline_s}]")
+        self.patience_s = patience_s
         self.max_drift = max_drift if max_drift is not None else 4 * plan.sync_every
         if self.max_drift < plan.sync_every:
             raise ValueError(f"max_drift {self.max_drift}: at least one round "
@@ -159,6 +169,8 @@ class OuterSync:
         self._round_start = 0
         self._since_sync = 0
         self._inflight: dict[int, _Job] = {}  # apply step -> job
+        #: Jobs past their apply step that had not landed, oldest first: applied as they land.
+        self._late: collections.deque[_Job] = collections.deque()
         self._resync: _Resync | None = None
         self._lock = threading.Lock()
         self._exchanger: _Exchanger | None = None
@@ -238,7 +250,7 @@ class OuterSync:
         with self._lock:
             resync, self._resync = self._resync, None
         if resync is not None:
-            return ("resync", resync.epoch, resync.applied, resync.plan, None)
+            return ("resync", resync.epoch, resync.applied, resync.plan, None, None)
         note = None
         job = self._inflight.pop(self.step_count, None)
         if job is not None:
@@ -248,7 +260,9 @@ class OuterSync:
             self._send(at // between - 1, plan)
             job = self._inflight.pop(self.step_count, None)  # overlap 0: applied at once
             if job is not None:
-                note = self._finish(job)
+                note = self._finish(job) or note
+        if note is None:
+            note = self._land_late()
         if self._since_sync > max(self.max_drift, plan.sync_every + plan.overlap) and not (
                 self._exchanger.finished):
             note = self._wait_for_link(note)
@@ -278,14 +292,16 @@ class OuterSync:
             self._exchanger.jobs.put(job)
         if fragment == plan.fragments - 1:
             # The round's last send: the next round begins, with the plan agreed so far. A new
-            # cut of the parameters waits until nothing of the old one is in flight.
+            # cut of the parameters waits until nothing of the old one is in flight. While an
+            # exchange is late the plan in force holds: the other sites may have applied its
+            # proposals or not yet (a disagreement shows in the next header: a resync).
             self._round += 1
             self._round_start = self.step_count
-            if self._next_plan != plan:
+            if self._next_plan != plan and not self._late:
                 self._round_start = max([self.step_count, *self._inflight])
                 if self._next_plan.fragments != plan.fragments:
                     self._feedback.clear()
-            self.plan = self._next_plan
+                self.plan = self._next_plan
 
     def _proposal(self, plan: RoundPlan) -> RoundPlan:
         """The plan source's proposal, checked; the plan in force when it has none or a bad
@@ -307,17 +323,61 @@ class OuterSync:
                 and (s.plan.fragments, s.plan.codec) == (plan.fragments, plan.codec)]
         return sorted(took)[len(took) // 2] if took else 0.0
 
-    def _finish(self, job: _Job) -> _Note | None:
-        """The job's result at its apply step: waits for it unless the exchange is down."""
+    def patience(self) -> float:
+        """How long an apply step waits for its exchange before going on without it."""
+        if self.patience_s is not None:
+            return self.patience_s
+        took = self._exchange_s(self.plan)
+        return min(self.deadline_s, max(_MIN_PATIENCE_S, 3 * took))
+
+    def _finish(self, job: _Job, patience: float | None = None) -> _Note | None:
+        """The job's result at its apply step: waits for it up to the patience, or when the
+        exchange is down not at all; not landed by then, it goes on the late list and is
+        applied when it lands. Behind late jobs it waits only if an exchange landed within the
+        patience (the link is back: a site ahead of the others, which stepped less meanwhile,
+        lets them catch up); else the link is still out and it does not wait."""
         assert self._exchanger is not None
         started = time.monotonic()
-        # Until the deadline, or until the exchange thread found the link down (a job queued
-        # behind a failed one would wait its whole deadline for nothing).
+        wait = self.patience() if patience is None else patience
+        if self._late and started - self._exchanger.landed_at > wait:
+            wait = 0.0
+        # Until the patience or the deadline, or until the exchange thread found the link down
+        # (a job queued behind a failed one would wait for nothing).
         while self._exchanger.up and not job.done.is_set():
-            left = self.deadline_s - (time.monotonic() - job.sent_at)
+            now = time.monotonic()
+            left = min(wait - (now - started), self.deadline_s - (now - job.sent_at))
             if left <= 0:
                 break
             job.done.wait(min(left, 0.05))
+        job.stats.waited_s = time.monotonic() - started
+        # Behind late jobs it waits its turn, even if it landed: a fragment's older values must
+        # never overwrite its newer ones.
+        if self._late or (not job.done.is_set() and self._exchanger.up
+                          and time.monotonic() - job.sent_at < self.deadline_s):
+            job.due = self.step_count
+            self._late.append(job)
+            return None
+        return self._settle(job)
+
+    def _land_late(self) -> _Note | None:
+        """The oldest late job, applied (or given up on) once it landed, failed or ran out of
+        time; one applied job a step (a site's other ranks take one note a step)."""
+        assert self._exchanger is not None
+        while self._late:
+            job = self._late[0]
+            if (job.done.is_set() or not self._exchanger.up
+                    or time.monotonic() - job.sent_at >= self.deadline_s):
+                self._late.popleft()
+                job.stats.late_steps = self.step_count - job.due
+                note = self._settle(job)
+                if note is not None:
+                    return note
+            else:
+                return None
+        return None
+
+    def _settle(self, job: _Job) -> _Note | None:
+        """The job's outcome, now: applied if it landed whole, else given up on."""
         with job.lock:
             if not job.done.is_set():
                 job.abandoned = True
@@ -326,13 +386,12 @@ class OuterSync:
                 job.stats.outcome = "failed"
             else:
                 job.stats.outcome = "applied"
-        job.stats.waited_s = time.monotonic() - started
         self._record(job.stats)
         if job.stats.outcome != "applied":
             return None
         self.applied += 1
         self._next_plan = agree_plans(job.proposals).check(self.outer.numel())
-        return ("apply", job.lo, job.hi, None, job.stats)
+        return ("apply", job.lo, job.hi, None, job.stats, job.values)
 
     def _wait_for_link(self, note: _Note | None) -> _Note | None:
         """Past the drift bound: wait for the exchange to come back (it resyncs first), unless
@@ -350,7 +409,7 @@ class OuterSync:
             with self._lock:
                 resync, self._resync = self._resync, None
             if resync is not None:
-                return ("resync", resync.epoch, resync.applied, resync.plan, None)
+                return ("resync", resync.epoch, resync.applied, resync.plan, None, None)
             if ex.finished or self._closing:
                 return None
             if not asked:
@@ -363,7 +422,7 @@ class OuterSync:
         assert self._handover is not None
         head = torch.zeros(12, dtype=torch.int64)
         if self.leader and note is not None:
-            kind, a, b, plan, stats = note
+            kind, a, b, plan, stats, _ = note
             head[:3] = torch.tensor([1 if kind == "apply" else 2, a, b])
             if stats is not None:
                 plan = stats.plan
@@ -378,8 +437,9 @@ class OuterSync:
             return None
         plan = _plan_of(head[3:7].tolist())
         if kind_code == 1:
-            with self._lock:
-                values = self.outer[a:b].clone() if self.leader else torch.empty(b - a)
+            values = note[5] if self.leader and note is not None else None
+            if values is None:
+                values = torch.empty(b - a)
             dist.broadcast(values, src=src, group=self._handover)
             if self.leader:
                 return note
@@ -387,21 +447,20 @@ class OuterSync:
             e, r, f, sent, wire = (int(x) for x in head[7:12])
             stats = RoundStats(e, r, f, sent, plan, wire, a, b, "applied")
             self._record(stats)
-            return ("apply", a, b, None, stats)
+            return ("apply", a, b, None, stats, values)
         with self._lock:
             full = self.outer.clone() if self.leader else torch.empty_like(self.outer)
         dist.broadcast(full, src=src, group=self._handover)
         if not self.leader:
             self.outer.copy_(full)
-        return ("resync", a, b, plan, None)
+        return ("resync", a, b, plan, None, None)
 
     def _apply(self, note: _Note | None) -> None:
         if note is None:
             return
-        kind, a, b, plan, _ = note
+        kind, a, b, plan, _, values = note
         if kind == "apply":
-            with self._lock:  # the exchange thread may be writing other fragments
-                values = self.outer[a:b].clone()
+            assert values is not None
             self._write(a, b, values)
             self._since_sync = 0
             return
@@ -412,6 +471,7 @@ class OuterSync:
         self._write(0, values.numel(), values)
         self.epoch, self.applied = a, b
         self._inflight.clear()
+        self._late.clear()
         self._feedback.clear()
         self._round, self._round_start, self._since_sync = 0, self.step_count, 0
         self.plan = self._next_plan = plan
@@ -435,14 +495,18 @@ class OuterSync:
         its deadline, then applied or given up on), stops the exchange thread, and tells the
         other sites this one ended, so that none waits for it. Every rank of a site calls it."""
         self._closing = True
-        count = torch.tensor([len(self._inflight)], dtype=torch.int64)
+        count = torch.tensor([len(self._late) + len(self._inflight)], dtype=torch.int64)
         if self._handover is not None:
             dist.broadcast(count, src=dist.get_global_rank(self._handover, 0),
                            group=self._handover)
         for _ in range(int(count[0])):
             note = None
-            if self.leader:
-                note = self._finish(self._inflight.pop(min(self._inflight)))
+            if self.leader and self._late:
+                job = self._late.popleft()
+                job.done.wait(max(0.0, self.deadline_s - (time.monotonic() - job.sent_at)))
+                note = self._settle(job)
+            elif self.leader:
+                note = self._finish(self._inflight.pop(min(self._inflight)), self.deadline_s)
             if self._handover is not None:
                 note = self._hand_over(note)
             self._apply(note)

@@ -31,6 +31,11 @@ class _Job:
         self.done = threading.Event()
         self.ok = False
         self.abandoned = False
+        #: The step it was due to be applied at, once it went on the late list.
+        self.due = 0
+        #: The fragment's outer values right after its outer step: what every site writes,
+        #: however late (a later round's step of the same fragment may have landed meanwhile).
+        self.values: torch.Tensor | None = None
         self.proposals: list[RoundPlan] = []
         self.lock = threading.Lock()
 
@@ -75,6 +80,8 @@ class _Exchanger:
         #: A peer site ended its run: no more exchanges, no more waiting for the link.
         self.finished = False
         self.up = True
+        #: When the latest exchange landed (monotonic seconds).
+        self.landed_at = time.monotonic()
         self.error: Exception | None = None
         self.pg = self._build()
         self.thread = threading.Thread(target=self._run, name="linkpilot-outer", daemon=True)
@@ -157,7 +164,9 @@ class _Exchanger:
         training side sees either nothing or the whole result."""
         heads = [g[: _HEADER * 8].clone().view(torch.int64).tolist() for g in gathered]
         mine = heads[self.rank]
-        if any(h[:3] != mine[:3] or h[3] != mine[3] or h[4:8] != mine[4:8] for h in heads):
+        # Epoch, round, fragment and the plan in force must match; how many updates each site
+        # applied may not (a late exchange is applied when it lands, a few steps apart).
+        if any(h[:3] != mine[:3] or h[4:8] != mine[4:8] for h in heads):
             log.warning("sites disagree on the round (%s): resync", [h[:4] for h in heads])
             return False
         plan = _plan_of(mine[4:8])
@@ -175,9 +184,11 @@ class _Exchanger:
             job.proposals = [_plan_of(h[_PLAN_AT:_PLAN_AT + 4]) for h in heads]
             with self.sync._lock:
                 self.sync._outer_step(job.lo, job.hi, total / self.size)
+                job.values = self.sync.outer[job.lo:job.hi].clone()
             job.stats.exchange_s = time.monotonic() - started
             job.ok = True
             job.done.set()
+        self.landed_at = time.monotonic()
         return True
 
     def _recover(self) -> None:

@@ -136,3 +136,5 @@ class RoundStats:
     outcome: str = "pending"  # applied, late, failed, skipped
     exchange_s: float = 0.0
     waited_s: float = 0.0
+    #: Steps after its apply step that it was applied at (it landed late).
+    late_steps: int = 0

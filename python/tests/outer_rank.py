@@ -4,7 +4,7 @@ each exchange recorded in it (outcome, fragment, the digest of the fragment's va
 an applied outer step) and, at the end, the digest of every parameter.
 
     python outer_rank.py --rank R --world W --port P --steps N --plan H,F,OVERLAP,CODEC
-        [--sites 0,1/2,3] [--sleep S] [--deadline S] [--max-drift N] [--board PATH]
+        [--sites 0,1/2,3] [--sleep S] [--deadline S] [--patience S] [--max-drift N] [--board PATH]
         [--master HOST:PORT] [--width N] [--pause-at STEP,STEP --pause-s S]
 
 With --board, the rounds' plans follow that knob board (linkpilot.outer_board.BoardPlan), as
@@ -43,6 +43,7 @@ def main() -> None:
     ap.add_argument("--sites")
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--deadline", type=float, default=30.0)
+    ap.add_argument("--patience", type=float)
     ap.add_argument("--max-drift", type=int)
     ap.add_argument("--board")
     ap.add_argument("--master", help="host:port of rank 0 (default 127.0.0.1:--port)")
@@ -61,11 +62,12 @@ def main() -> None:
     recorded: list[dict[str, object]] = []
     plans = BoardPlan(KnobBoard(a.board)) if a.board else None
     sync = OuterSync(model, RoundPlan(int(h), int(f), int(o), codec), sites=sites,
-                     deadline_s=a.deadline, max_drift=a.max_drift, plan_source=plans,
+                     deadline_s=a.deadline, patience_s=a.patience, max_drift=a.max_drift, plan_source=plans,
                      on_round=lambda s: recorded.append({
                          "fragment": s.fragment, "outcome": s.outcome, "round": s.round,
                          "epoch": s.epoch, "sent": s.step, "lo": s.lo, "hi": s.hi,
                          "wire_bytes": s.wire_bytes, "exchange_s": s.exchange_s,
+                         "late_steps": s.late_steps,
                          "plan": [s.plan.sync_every, s.plan.fragments, s.plan.overlap,
                                   s.plan.codec]}))
     if sync.site_group is not None:

@@ -137,6 +137,36 @@ def test_a_site_stopped_past_the_deadline_is_ridden_through(tmp_path: Path,
         assert runs[2][-1]["digest"] == runs[3][-1]["digest"]
 
 
+def test_an_exchange_slower_than_the_patience_is_applied_late_and_no_step_waits(
+        tmp_path: Path) -> None:
+    # The second site stops for 2.5 s: less than the deadline, more than the patience.
+    procs, outs = start(tmp_path, 2, "--steps", "140", "--plan", "4,2,1,int8", "--sleep",
+                        "0.05", "--deadline", "20", "--patience", "0.3", "--max-drift", "1000")
+    wait_for_steps(procs[0], outs[0], 20)
+    procs[1].send_signal(signal.SIGSTOP)
+    before = logged_steps(outs[0])
+    time.sleep(2.5)
+    during = logged_steps(outs[0]) - before
+    procs[1].send_signal(signal.SIGCONT)
+    runs = finish(tmp_path, procs, outs)
+    # Site 0 waited 0.3 s once, then stepped on (0.05 s of sleep and the model's compute a step).
+    # (It cannot tell a stopped site from a dead link.)
+    assert during >= 20, during
+    # Nothing was given up on and nobody resynced: every exchange was applied, site 0's late
+    # ones as they landed, with the same values as site 1 wrote on time.
+    exchanges = [[x for v in lines if "exchanges" in v for x in v["exchanges"]] for lines in runs]
+    for ex in exchanges:
+        assert {x["outcome"] for x in ex} == {"applied"}, ex
+    late = [x["late_steps"] for x in exchanges[0]]
+    assert max(late) >= 5, late
+    # Once the link is back, the site ahead waits for the other to catch up: on time again.
+    assert late[-10:] == [0] * 10, late
+    assert {lines[-2]["outer_epoch"] for lines in runs} == {0}
+    digests = [applied_digests(lines) for lines in runs]
+    assert len(digests[0]) == 140 // 2 and digests[1] == digests[0]
+    assert runs[0][-1]["outer"] == runs[1][-1]["outer"]
+
+
 def test_past_the_drift_bound_a_site_waits_and_an_ended_site_is_not_waited_for(
         tmp_path: Path) -> None:
     """Site 1 stops for 4 s: site 0 takes inner steps up to the drift bound (8), then waits,
