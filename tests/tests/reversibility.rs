@@ -1,6 +1,6 @@
 //! What the daemon changes outside itself is undone truly and said honestly, judged from
-//! outside: a SIGKILLed run's RoCE class goes back to the value from before it (not what the
-//! killed run left), an administrator's change made during a run survives its stop (`sysctl -n`,
+//! outside: a SIGKILLed run's RoCE class and host sysctl go back to the values from before it
+//! (not what the killed run left), an administrator's change made during a run survives its stop (`sysctl -n`,
 //! the configfs file), and an actuator that cannot write shows as pending in status, metrics and
 //! on the board until it holds, with no new decision needed.
 
@@ -23,6 +23,7 @@ const POLICY: &str = r#"
 tick = "100ms"
 [host]
 tcp_ecn = 1
+tcp_slow_start_after_idle = 0
 [[link]]
 name = "wan"
 interfaces = ["lpa0"]
@@ -92,12 +93,17 @@ fn a_sigkilled_runs_roce_class_goes_back_to_the_value_from_before_it() {
     let (rdma, tos) = rdma_fixture(&dir, pair.a_if);
     let mut extra: Vec<&str> = rdma.iter().map(String::as_str).collect();
     extra.extend(["--metrics-addr", "off"]);
+    const IDLE: &str = "net.ipv4.tcp_slow_start_after_idle";
+    assert_eq!(sysctl(&pair.a.name, IDLE), "1", "a fresh namespace's window restart");
     let mut first = Daemon::start_with(&pair.a.name, &dir, POLICY, &extra);
-    wait_for("the first run's class", Duration::from_secs(20), || read(&tos) == "106");
+    wait_for("the first run's class and window setting", Duration::from_secs(20), || {
+        read(&tos) == "106" && sysctl(&pair.a.name, IDLE) == "0"
+    });
     assert!(dir.join("roce-tc.json").exists(), "the original is saved before the write");
     first.child.kill().expect("SIGKILL");
     first.child.wait().expect("exit");
     assert_eq!(read(&tos), "106", "a killed run restores nothing");
+    assert_eq!(sysctl(&pair.a.name, IDLE), "0");
 
     std::fs::remove_file(dir.join("knobs")).expect("the old board");
     let mut second = Daemon::start_with(&pair.a.name, &dir, POLICY, &extra);
@@ -112,6 +118,7 @@ fn a_sigkilled_runs_roce_class_goes_back_to_the_value_from_before_it() {
     stop(&mut second);
     // The value from before the first run, not the 106 the killed run left.
     assert_eq!(read(&tos), "0", "{}", second.log());
+    assert_eq!(sysctl(&pair.a.name, IDLE), "1", "{}", second.log());
     assert!(!dir.join("roce-tc.json").exists(), "nothing left to restore");
     let _ = std::fs::remove_dir_all(&dir);
 }

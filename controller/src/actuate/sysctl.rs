@@ -1,5 +1,5 @@
 //! TCP buffer sysctls sized to the bandwidth-delay product, and the host sysctls a policy fixes
-//! (`[host]`: tcp_ecn, netdev_max_backlog), changed reversibly: the original values are saved
+//! (`[host]`: tcp_ecn, netdev_max_backlog, tcp_slow_start_after_idle), changed reversibly: the original values are saved
 //! in a state file (`crash_state`) before the first change, restored on exit and, after a
 //! crash, on the next start. A value someone else changed (neither what we last wrote nor the
 //! original) is theirs: we log it and stop managing (and restoring) that sysctl, also when we
@@ -31,8 +31,10 @@ pub const TCP_ECN: &str = "net/ipv4/tcp_ecn";
 /// net.core.netdev_max_backlog (`[host] netdev_max_backlog`); not in other network namespaces
 /// on most kernels.
 pub const NETDEV_MAX_BACKLOG: &str = "net/core/netdev_max_backlog";
+/// net.ipv4.tcp_slow_start_after_idle (`[host] tcp_slow_start_after_idle`).
+pub const SLOW_START_AFTER_IDLE: &str = "net/ipv4/tcp_slow_start_after_idle";
 /// The host sysctls a policy may fix, relative to /proc/sys: single integers, set as given.
-pub const HOST: [&str; 2] = [TCP_ECN, NETDEV_MAX_BACKLOG];
+pub const HOST: [&str; 3] = [TCP_ECN, NETDEV_MAX_BACKLOG, SLOW_START_AFTER_IDLE];
 
 /// Whether a key read back from the state file is one we manage: anything else (an absolute
 /// path, `..`) would reach outside the sysctl root.
@@ -52,6 +54,9 @@ pub fn host_values(host: &crate::control::policy::Host) -> Vec<(&'static str, i6
     }
     if let Some(backlog) = host.netdev_max_backlog {
         v.push((NETDEV_MAX_BACKLOG, i64::from(backlog)));
+    }
+    if let Some(idle) = host.tcp_slow_start_after_idle {
+        v.push((SLOW_START_AFTER_IDLE, i64::from(idle)));
     }
     v
 }

@@ -169,7 +169,11 @@ fn host_settings_are_all_checked_before_any_is_written() {
     assert!(err.contains("netdev_max_backlog") && err.contains("unexpected value"), "{err}");
     assert_eq!(get(&root, TCP_ECN), "2", "nothing changed");
     assert!(!state.exists());
-    let host = crate::control::policy::Host { tcp_ecn: Some(1), netdev_max_backlog: None };
+    let host = crate::control::policy::Host {
+        tcp_ecn: Some(1),
+        netdev_max_backlog: None,
+        tcp_slow_start_after_idle: None,
+    };
     assert_eq!(host_values(&host), [(TCP_ECN, 1)]);
     let _ = fs::remove_dir_all(root.parent().unwrap());
 }
@@ -227,5 +231,20 @@ fn a_state_file_naming_another_file_is_refused_and_nothing_changes() {
         assert_eq!(get(&root, TCP_ECN), "2", "nothing restored either");
         assert!(state.exists(), "left for the operator to look at");
     }
+    let _ = fs::remove_dir_all(root.parent().unwrap());
+}
+
+#[test]
+fn slow_start_after_idle_is_a_host_setting_like_the_others() {
+    let (root, state) = tree("idle");
+    fs::write(root.join(SLOW_START_AFTER_IDLE), "1\n").unwrap();
+    let host =
+        crate::control::policy::Host { tcp_slow_start_after_idle: Some(0), ..Default::default() };
+    let mut s = Sysctls::open(&root, &state).unwrap();
+    let changed = s.apply_host(&host_values(&host)).unwrap();
+    assert_eq!(changed, ["net/ipv4/tcp_slow_start_after_idle 1 -> 0"]);
+    assert_eq!(get(&root, SLOW_START_AFTER_IDLE), "0");
+    s.restore().unwrap();
+    assert_eq!(get(&root, SLOW_START_AFTER_IDLE), "1");
     let _ = fs::remove_dir_all(root.parent().unwrap());
 }

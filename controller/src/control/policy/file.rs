@@ -41,6 +41,8 @@ pub(super) struct RawHost {
     pub(super) tcp_ecn: Option<Spanned<i64>>,
     /// net.core.netdev_max_backlog.
     pub(super) netdev_max_backlog: Option<Spanned<i64>>,
+    /// net.ipv4.tcp_slow_start_after_idle.
+    pub(super) tcp_slow_start_after_idle: Option<Spanned<i64>>,
 }
 
 pub(super) fn d_nccl() -> Spanned<RawNccl> {

@@ -102,6 +102,10 @@ pub struct Host {
     pub tcp_ecn: Option<u8>,
     /// net.core.netdev_max_backlog: packets queued per CPU before the stack takes them.
     pub netdev_max_backlog: Option<u32>,
+    /// net.ipv4.tcp_slow_start_after_idle: 1 (the kernel's default) restarts a connection's
+    /// window from the initial one after an idle RTO, which an exchange after a compute gap
+    /// pays in round trips; 0 keeps the window.
+    pub tcp_slow_start_after_idle: Option<u8>,
 }
 
 /// The `[nccl]` section, checked: published on the knob board for the tuner plugin.

@@ -37,7 +37,20 @@ pub(super) fn check_host(h: &RawHost, e: &mut Errors) -> Host {
         }
         u32::try_from(n).ok()
     });
-    Host { tcp_ecn, netdev_max_backlog }
+    let tcp_slow_start_after_idle = h.tcp_slow_start_after_idle.as_ref().and_then(|v| {
+        let n = *v.get_ref();
+        if !(0..=1).contains(&n) {
+            e.at(
+                v.span(),
+                format!(
+                    "host tcp_slow_start_after_idle {n} must be 0 (keep the window after idle) or \
+                     1 (restart it, the kernel's default)"
+                ),
+            );
+        }
+        u8::try_from(n).ok()
+    });
+    Host { tcp_ecn, netdev_max_backlog, tcp_slow_start_after_idle }
 }
 
 /// Characters an `[env]` value may use: the env file is `KEY=value` lines that shells source

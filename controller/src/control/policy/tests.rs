@@ -120,6 +120,10 @@ fn host_and_env_sections() {
              p.toml:15:22: host netdev_max_backlog 0 must be 1 to 2147483647 (a C int)",
         ),
         (
+            "\n[host]\ntcp_slow_start_after_idle = 2\n",
+            "p.toml:14:29: host tcp_slow_start_after_idle 2 must be 0 (keep the window after idle) or 1 (restart it, the kernel's default)",
+        ),
+        (
             "\n[host]\nnetdev_max_backlog = 2147483648\n",
             "p.toml:14:22: host netdev_max_backlog 2147483648 must be 1 to 2147483647 (a C int)",
         ),
@@ -129,7 +133,7 @@ fn host_and_env_sections() {
         ),
         (
             "\n[host]\nrmem_max = 1\n",
-            "p.toml:14:1: unknown field `rmem_max`, expected `tcp_ecn` or `netdev_max_backlog`",
+            "p.toml:14:1: unknown field `rmem_max`, expected one of `tcp_ecn`, `netdev_max_backlog`, `tcp_slow_start_after_idle`",
         ),
         (
             "\n[env]\nNCCL_ALGO = \"Tree\"\nNCCL_IB_TIMEOUT = \"20\"\n",
@@ -164,7 +168,14 @@ fn host_and_env_sections() {
 #[test]
 fn the_static_policy_is_the_whole_recipe() {
     let fixed = Policy::parse(SHIPPED[2].1, "static").unwrap();
-    assert_eq!(fixed.host, Host { tcp_ecn: Some(1), netdev_max_backlog: Some(250_000) });
+    assert_eq!(
+        fixed.host,
+        Host {
+            tcp_ecn: Some(1),
+            netdev_max_backlog: Some(250_000),
+            tcp_slow_start_after_idle: None
+        }
+    );
     let env: Vec<(&str, &str)> = fixed.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     assert_eq!(
         env,
@@ -177,10 +188,11 @@ fn the_static_policy_is_the_whole_recipe() {
         ]
     );
     // The reference link's adaptive policy takes the recipe's host settings too (its states read
-    // CE marks, which need ECN negotiated); the default one leaves the host as it is. Neither
-    // fixes NCCL variables.
+    // CE marks, which need ECN negotiated) and keeps windows across idle gaps; the default one
+    // leaves the host as it is. Neither fixes NCCL variables.
     let hk = Policy::parse(SHIPPED[1].1, "hk-us").unwrap();
-    assert_eq!((hk.host, hk.env.len()), (fixed.host, 0));
+    let keeps_windows = Host { tcp_slow_start_after_idle: Some(0), ..fixed.host };
+    assert_eq!((hk.host, hk.env.len()), (keeps_windows, 0));
     let default = Policy::parse(SHIPPED[0].1, "default").unwrap();
     assert_eq!((default.host, default.env.len()), (Host::default(), 0));
 }
