@@ -48,9 +48,14 @@ const READER_SLACK_MS: f64 = 50.0;
 const FRESH_WITHIN_MS: f64 = 1000.0;
 /// One link per program `run` attaches: TCX ingress and egress, three tracepoints.
 const ATTACHMENTS: usize = 5;
-/// The namespace's sysctls the policy changes (tcp buffers and `[host] tcp_ecn`); the state
-/// file's keys are added to them.
-const SYSCTLS: [&str; 3] = ["net/ipv4/tcp_rmem", "net/ipv4/tcp_wmem", "net/ipv4/tcp_ecn"];
+/// The namespace's sysctls the policy changes (tcp buffers and `[host]` tcp_ecn and
+/// tcp_slow_start_after_idle); the state file's keys are added to them.
+const SYSCTLS: [&str; 4] = [
+    "net/ipv4/tcp_rmem",
+    "net/ipv4/tcp_wmem",
+    "net/ipv4/tcp_ecn",
+    "net/ipv4/tcp_slow_start_after_idle",
+];
 
 fn mono_ns() -> anyhow::Result<i128> {
     let t = clock_gettime(ClockId::CLOCK_MONOTONIC)?;
