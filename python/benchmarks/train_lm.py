@@ -305,6 +305,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     outer.add_argument("--outer-momentum", type=float, default=0.0)
     outer.add_argument("--outer-deadline-s", type=float, default=30.0,
                        help="an exchange that takes longer is given up (inner steps go on)")
+    outer.add_argument("--outer-patience-s", type=float,
+                       help="how long an apply step waits for its exchange before applying it "
+                       "when it lands (default: 3x the measured exchange time, at least 1 s; "
+                       "the deadline: blocking, as published DiLoCo runs)")
     outer.add_argument("--max-drift", type=int, help="inner steps without a sync before a site "
                        "waits for the link (default 4 rounds)")
     model = ap.add_argument_group("model and data")
@@ -433,6 +437,7 @@ def train(args: argparse.Namespace, report: Reporter) -> int:
             sync = OuterSync(net, plan, sites=parse_sites(args.sites), outer_lr=args.outer_lr,
                              outer_momentum=args.outer_momentum, plan_source=plans,
                              deadline_s=args.outer_deadline_s,
+                             patience_s=args.outer_patience_s,
                              max_drift=args.max_drift or (plans.max_drift if plans else None)
                              or None, on_round=sent.append)
         except (ValueError, BoardError) as e:

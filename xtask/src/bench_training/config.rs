@@ -302,9 +302,11 @@ impl Config {
                 "--board".into(),
                 board.with_extension("not-the-daemons").display().to_string(),
             ],
+            // Blocking, as the published runs: every sync waits for its exchange.
             Hook::Outer(OuterPlan::Fixed { every }) => outer_args(every, 1, 0)
                 .into_iter()
                 .chain(["--outer-codec".into(), "int8".into()])
+                .chain(["--outer-patience-s".into(), "30".into()])
                 .collect(),
             Hook::Outer(OuterPlan::Board) => {
                 let (every, fragments, overlap) = OUTER_START;
