@@ -80,8 +80,8 @@ then one per step:
      measured once at startup on the bare module), and when evaluated "eval_loss", "eval_s",
      when synced for --duration "sync_s"; with --hook outer, "codec" is the round plan's
      ("int8, H=16"), "wire_bytes" what the site's leader sent in this step, and "outer_plan"
-     ([H, fragments, overlap]), "outer" ([round, fragment, outcome, exchange_s, waited_s] of
-     each exchange finished in this step) and "outer_epoch" (resyncs so far)}
+     ([H, fragments, overlap]), "outer" ([round, fragment, outcome, exchange_s, waited_s,
+     late_steps] of each exchange finished in this step) and "outer_epoch" (resyncs so far)}
 Every rank prints the last line, {"done": true, "steps", "stopped" ("steps", "duration" or
 "stop-file"),
 "final_loss", "final_eval_loss", "digest" (SHA-256 of the parameters: replicas print the same),
@@ -307,7 +307,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                        help="an exchange that takes longer is given up (inner steps go on)")
     outer.add_argument("--outer-patience-s", type=float,
                        help="how long an apply step waits for its exchange before applying it "
-                       "when it lands (default: 3x the measured exchange time, at least 1 s; "
+                       "when it lands (default: about one inner step, at least 0.1 s; "
                        "the deadline: blocking, as published DiLoCo runs)")
     outer.add_argument("--max-drift", type=int, help="inner steps without a sync before a site "
                        "waits for the link (default 4 rounds)")
@@ -527,7 +527,8 @@ def train(args: argparse.Namespace, report: Reporter) -> int:
                         wire_bytes=sync.sent_bytes - sent_before,
                         outer_plan=[p.sync_every, p.fragments, p.overlap],
                         outer=[[r.round, r.fragment, r.outcome, round(r.exchange_s, 3),
-                                round(r.waited_s, 3)] for r in sent], outer_epoch=sync.epoch)
+                                round(r.waited_s, 3), r.late_steps] for r in sent],
+                        outer_epoch=sync.epoch)
         step += 1
         if checkpoints is not None and (step == 1 or t_end - saved_at >= args.checkpoint_every_s):
             checkpoints.save(net, step, t_end)

@@ -26,7 +26,7 @@ overlap, the strongest codec): every site applied the same exchanges at the same
 every site computes the same plan.
 
 Riding through an outage: an apply step waits for its exchange up to ``patience_s`` (default:
-three times the exchanges' measured time, at least 1 s); one that has not landed by then is
+about one inner step's compute time, at least 0.1 s); one that has not landed by then is
 applied at the first step after it lands (every site writes the same outer values, a few steps
 apart), so a link that stalls for seconds costs no step; while one is out, later ones wait
 behind it and the plan in force holds. An exchange that fails (its peer gone, the link dead past
@@ -78,7 +78,7 @@ _HANDOVER_TIMEOUT = datetime.timedelta(days=1)
 #: Inner steps whose compute time makes ``compute_s``.
 _MEASURED = 16
 #: The least an apply step waits for its exchange by default.
-_MIN_PATIENCE_S = 1.0
+_MIN_PATIENCE_S = 0.1
 
 
 class OuterSync:
@@ -171,6 +171,7 @@ class OuterSync:
         self._inflight: dict[int, _Job] = {}  # apply step -> job
         #: Jobs past their apply step that had not landed, oldest first: applied as they land.
         self._late: collections.deque[_Job] = collections.deque()
+        self._finished_at = 0.0  # when the latest apply step began waiting
         self._resync: _Resync | None = None
         self._lock = threading.Lock()
         self._exchanger: _Exchanger | None = None
@@ -324,23 +325,25 @@ class OuterSync:
         return sorted(took)[len(took) // 2] if took else 0.0
 
     def patience(self) -> float:
-        """How long an apply step waits for its exchange before going on without it."""
+        """How long an apply step waits for its exchange before going on without it: by
+        default about one inner step (a late exchange costs a few steps of staleness, a wait
+        costs the steps themselves)."""
         if self.patience_s is not None:
             return self.patience_s
-        took = self._exchange_s(self.plan)
-        return min(self.deadline_s, max(_MIN_PATIENCE_S, 3 * took))
+        return min(self.deadline_s, max(_MIN_PATIENCE_S, self.compute_s))
 
     def _finish(self, job: _Job, patience: float | None = None) -> _Note | None:
         """The job's result at its apply step: waits for it up to the patience, or when the
         exchange is down not at all; not landed by then, it goes on the late list and is
-        applied when it lands. Behind late jobs it waits only if an exchange landed within the
-        patience (the link is back: a site ahead of the others, which stepped less meanwhile,
-        lets them catch up); else the link is still out and it does not wait."""
+        applied when it lands. Behind late jobs it waits only if an exchange landed since the
+        previous apply step (the link is back: a site ahead of the others, which stepped less
+        meanwhile, lets them catch up); else the link is still out and it does not wait."""
         assert self._exchanger is not None
         started = time.monotonic()
         wait = self.patience() if patience is None else patience
-        if self._late and started - self._exchanger.landed_at > wait:
+        if self._late and self._exchanger.landed_at < self._finished_at:
             wait = 0.0
+        self._finished_at = started
         # Until the patience or the deadline, or until the exchange thread found the link down
         # (a job queued behind a failed one would wait for nothing).
         while self._exchanger.up and not job.done.is_set():
@@ -386,8 +389,8 @@ class OuterSync:
                 job.stats.outcome = "failed"
             else:
                 job.stats.outcome = "applied"
-        self._record(job.stats)
         if job.stats.outcome != "applied":
+            self._record(job.stats)
             return None
         self.applied += 1
         self._next_plan = agree_plans(job.proposals).check(self.outer.numel())
@@ -398,8 +401,18 @@ class OuterSync:
         another site ended its run (then nothing will come back: training goes on alone)."""
         ex = self._exchanger
         assert ex is not None
+        if note is not None and note[0] == "apply":
+            return note  # this step syncs a fragment
         log.warning("%d inner steps since the last sync (max_drift %d): waiting for the link",
                     self._since_sync, self.max_drift)
+        # Late exchanges first: the link may be slow rather than gone, and one that lands is a
+        # sync. Only when none is left (landed, failed or past its deadline) is a resync asked.
+        while self._late and ex.up and not self._closing:
+            landed = self._land_late()
+            if landed is not None:
+                return landed
+            if self._late:
+                self._late[0].done.wait(0.05)
         if note is not None:
             self._apply(note)
         asked = False
@@ -446,7 +459,6 @@ class OuterSync:
             self.outer[a:b] = values
             e, r, f, sent, wire = (int(x) for x in head[7:12])
             stats = RoundStats(e, r, f, sent, plan, wire, a, b, "applied")
-            self._record(stats)
             return ("apply", a, b, None, stats, values)
         with self._lock:
             full = self.outer.clone() if self.leader else torch.empty_like(self.outer)
@@ -458,10 +470,12 @@ class OuterSync:
     def _apply(self, note: _Note | None) -> None:
         if note is None:
             return
-        kind, a, b, plan, _, values = note
+        kind, a, b, plan, stats, values = note
         if kind == "apply":
             assert values is not None
             self._write(a, b, values)
+            if stats is not None:  # recorded once written: on_round sees the values in place
+                self._record(stats)
             self._since_sync = 0
             return
         # A resync: the whole outer state, a new round from here.

@@ -142,8 +142,7 @@ class _Exchanger:
             started = time.monotonic()
             try:
                 assert job.message is not None
-                gathered = self._all_gather(job.message)
-                ok = self._commit(job, gathered, started)
+                ok = self._exchange(job, started)
             except RuntimeError as e:
                 log.warning("cross-site exchange failed (%s): inner steps go on", e)
                 ok = False
@@ -158,23 +157,34 @@ class _Exchanger:
         self.pg.allgather([out], [message]).wait()
         return out
 
-    def _commit(self, job: _Job, gathered: list[torch.Tensor], started: float) -> bool:
-        """Checks every site sent the same round and fragment, then takes the outer step (unless
-        the job was given up on meanwhile); the job is done (ok) under its lock, so the
-        training side sees either nothing or the whole result."""
-        heads = [g[: _HEADER * 8].clone().view(torch.int64).tolist() for g in gathered]
+    def _exchange(self, job: _Job, started: float) -> bool:
+        """The headers first (a fixed size), then the payloads, whose size follows the plan:
+        sites that disagree on the plan (one held it while an exchange was late, the other
+        adopted a new one) must find out before gloo is handed buffers of different sizes,
+        which it cannot survive. The price is one round trip per exchange."""
+        assert job.message is not None
+        heads = [h.clone().view(torch.int64).tolist()
+                 for h in self._all_gather(job.message[: _HEADER * 8].contiguous())]
         mine = heads[self.rank]
         # Epoch, round, fragment and the plan in force must match; how many updates each site
         # applied may not (a late exchange is applied when it lands, a few steps apart).
         if any(h[:3] != mine[:3] or h[4:8] != mine[4:8] for h in heads):
-            log.warning("sites disagree on the round (%s): resync", [h[:4] for h in heads])
+            log.warning("sites disagree on the round (%s): resync", [h[:8] for h in heads])
             return False
+        payloads = self._all_gather(job.message[_HEADER * 8:].contiguous())
+        return self._commit(job, heads, payloads, started)
+
+    def _commit(self, job: _Job, heads: list[list[int]], payloads: list[torch.Tensor],
+                started: float) -> bool:
+        """Takes the outer step from every site's payload (unless the job was given up on
+        meanwhile); the job is done (ok) under its lock, so the training side sees either
+        nothing or the whole result."""
+        mine = heads[self.rank]
         plan = _plan_of(mine[4:8])
         codec = get_codec(plan.codec)
         n = job.hi - job.lo
         total = torch.zeros(n)
-        for g in gathered:  # site order: the same sum, bit for bit, on every site
-            payload = g[_HEADER * 8:]
+        for payload in payloads:  # site order: the same sum, bit for bit, on every site
             if codec.payload_dtype != torch.uint8:
                 payload = payload.clone().view(codec.payload_dtype)
             total += codec.decode(payload, n)

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from linkpilot.board import KnobBoard
-from linkpilot.outer import OuterSync, RoundPlan
+from linkpilot.outer import OuterSync, RoundPlan, RoundStats
 from linkpilot.outer_board import BoardPlan
 
 
@@ -61,15 +61,19 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(32, a.width), nn.Tanh(), nn.Linear(a.width, 4))
     recorded: list[dict[str, object]] = []
     plans = BoardPlan(KnobBoard(a.board)) if a.board else None
+    def on_round(s: RoundStats) -> None:
+        r: dict[str, object] = {
+            "fragment": s.fragment, "outcome": s.outcome, "round": s.round, "epoch": s.epoch,
+            "sent": s.step, "lo": s.lo, "hi": s.hi, "wire_bytes": s.wire_bytes,
+            "exchange_s": s.exchange_s, "late_steps": s.late_steps,
+            "plan": [s.plan.sync_every, s.plan.fragments, s.plan.overlap, s.plan.codec]}
+        if s.outcome == "applied":  # recorded once written: the values right after its step
+            r["digest"] = digest(sync._read(s.lo, s.hi))
+        recorded.append(r)
+
     sync = OuterSync(model, RoundPlan(int(h), int(f), int(o), codec), sites=sites,
-                     deadline_s=a.deadline, patience_s=a.patience, max_drift=a.max_drift, plan_source=plans,
-                     on_round=lambda s: recorded.append({
-                         "fragment": s.fragment, "outcome": s.outcome, "round": s.round,
-                         "epoch": s.epoch, "sent": s.step, "lo": s.lo, "hi": s.hi,
-                         "wire_bytes": s.wire_bytes, "exchange_s": s.exchange_s,
-                         "late_steps": s.late_steps,
-                         "plan": [s.plan.sync_every, s.plan.fragments, s.plan.overlap,
-                                  s.plan.codec]}))
+                     deadline_s=a.deadline, patience_s=a.patience, max_drift=a.max_drift,
+                     plan_source=plans, on_round=on_round)
     if sync.site_group is not None:
         model = nn.parallel.DistributedDataParallel(model, process_group=sync.site_group)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -90,9 +94,6 @@ def main() -> None:
         line: dict[str, object] = {
             "step": step, "rank": a.rank, "exchanges": list(recorded), "t": time.time(),
             "compute_s": synced - began, "sync_s": time.monotonic() - synced}
-        for r in recorded:
-            if r["outcome"] == "applied":  # the fragment's values right after its outer step
-                r["digest"] = digest(sync._read(int(str(r["lo"])), int(str(r["hi"]))))
         line["outer_epoch"] = sync.epoch
         print(json.dumps(line), flush=True)
         if step in pauses:
@@ -100,9 +101,6 @@ def main() -> None:
             time.sleep(a.pause_s)
     recorded.clear()
     sync.close()  # may finish the exchange in flight: its record goes with the done line
-    for r in recorded:
-        if r["outcome"] == "applied":
-            r["digest"] = digest(sync._read(int(str(r["lo"])), int(str(r["hi"]))))
     print(json.dumps({"done": True, "rank": a.rank, "digest": digest(sync._flatten()),
                       "outer": digest(sync.outer), "exchanges": list(recorded)}), flush=True)
     dist.barrier()

@@ -139,17 +139,17 @@ def test_a_site_stopped_past_the_deadline_is_ridden_through(tmp_path: Path,
 
 def test_an_exchange_slower_than_the_patience_is_applied_late_and_no_step_waits(
         tmp_path: Path) -> None:
-    # The second site stops for 2.5 s: less than the deadline, more than the patience.
+    # The second site stops for 3 s: less than the deadline, more than the patience.
     procs, outs = start(tmp_path, 2, "--steps", "140", "--plan", "4,2,1,int8", "--sleep",
-                        "0.05", "--deadline", "20", "--patience", "0.3", "--max-drift", "1000")
+                        "0.05", "--deadline", "20", "--patience", "1", "--max-drift", "1000")
     wait_for_steps(procs[0], outs[0], 20)
     procs[1].send_signal(signal.SIGSTOP)
     before = logged_steps(outs[0])
-    time.sleep(2.5)
+    time.sleep(3.0)
     during = logged_steps(outs[0]) - before
     procs[1].send_signal(signal.SIGCONT)
     runs = finish(tmp_path, procs, outs)
-    # Site 0 waited 0.3 s once, then stepped on (0.05 s of sleep and the model's compute a step).
+    # Site 0 waited 1 s once, then stepped on (0.05 s of sleep and the model's compute a step).
     # (It cannot tell a stopped site from a dead link.)
     assert during >= 20, during
     # Nothing was given up on and nobody resynced: every exchange was applied, site 0's late
@@ -251,7 +251,9 @@ def test_loss_at_equal_tokens_stays_within_2_5_percent_of_per_step_ddp(tmp_path:
     ddp = final_eval("--hook", "none")
     for extra in (["--outer-every", "4"],
                   ["--outer-every", "4", "--fragments", "2", "--overlap", "1"]):
-        outer = final_eval("--hook", "outer", *extra)
+        # Blocking (patience = the deadline): the algorithm's quality, deterministic; a late
+        # exchange, applied when it lands, depends on this machine's timing.
+        outer = final_eval("--hook", "outer", "--outer-patience-s", "30", *extra)
         assert outer <= ddp * 1.025, (extra, outer, ddp)
 
 
