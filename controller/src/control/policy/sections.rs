@@ -13,44 +13,43 @@ use super::{
 use crate::actuate::envfile;
 
 pub(super) fn check_host(h: &RawHost, e: &mut Errors) -> Host {
-    let tcp_ecn = h.tcp_ecn.as_ref().and_then(|v| {
-        let n = *v.get_ref();
-        if !(0..=2).contains(&n) {
-            e.at(
-                v.span(),
-                format!(
-                    "host tcp_ecn {n} must be 0 (off), 1 (ask for and accept ECN) or 2 (accept \
-                     when asked, the kernel's default)"
-                ),
-            );
-        }
-        u8::try_from(n).ok()
+    let tcp_ecn = host_int(h.tcp_ecn.as_ref(), 0..=2, e, |n| {
+        format!(
+            "host tcp_ecn {n} must be 0 (off), 1 (ask for and accept ECN) or 2 (accept when \
+             asked, the kernel's default)"
+        )
     });
-    let netdev_max_backlog = h.netdev_max_backlog.as_ref().and_then(|v| {
-        let n = *v.get_ref();
-        // The sysctl is a C int.
-        if !(1..=i64::from(i32::MAX)).contains(&n) {
-            e.at(
-                v.span(),
-                format!("host netdev_max_backlog {n} must be 1 to {} (a C int)", i32::MAX),
-            );
-        }
-        u32::try_from(n).ok()
+    // The sysctl is a C int.
+    let netdev_max_backlog =
+        host_int(h.netdev_max_backlog.as_ref(), 1..=i64::from(i32::MAX), e, |n| {
+            format!("host netdev_max_backlog {n} must be 1 to {} (a C int)", i32::MAX)
+        });
+    let tcp_slow_start_after_idle = host_int(h.tcp_slow_start_after_idle.as_ref(), 0..=1, e, |n| {
+        format!(
+            "host tcp_slow_start_after_idle {n} must be 0 (keep the window after idle) or 1 \
+             (restart it, the kernel's default)"
+        )
     });
-    let tcp_slow_start_after_idle = h.tcp_slow_start_after_idle.as_ref().and_then(|v| {
-        let n = *v.get_ref();
-        if !(0..=1).contains(&n) {
-            e.at(
-                v.span(),
-                format!(
-                    "host tcp_slow_start_after_idle {n} must be 0 (keep the window after idle) or \
-                     1 (restart it, the kernel's default)"
-                ),
-            );
-        }
-        u8::try_from(n).ok()
-    });
-    Host { tcp_ecn, netdev_max_backlog, tcp_slow_start_after_idle }
+    Host {
+        tcp_ecn: tcp_ecn.and_then(|n| u8::try_from(n).ok()),
+        netdev_max_backlog: netdev_max_backlog.and_then(|n| u32::try_from(n).ok()),
+        tcp_slow_start_after_idle: tcp_slow_start_after_idle.and_then(|n| u8::try_from(n).ok()),
+    }
+}
+
+/// A `[host]` integer, with an error at its place when it is outside `range`.
+fn host_int(
+    v: Option<&Spanned<i64>>,
+    range: std::ops::RangeInclusive<i64>,
+    e: &mut Errors,
+    why: impl Fn(i64) -> String,
+) -> Option<i64> {
+    let v = v?;
+    let n = *v.get_ref();
+    if !range.contains(&n) {
+        e.at(v.span(), why(n));
+    }
+    Some(n)
 }
 
 /// Characters an `[env]` value may use: the env file is `KEY=value` lines that shells source
