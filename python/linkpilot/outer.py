@@ -20,16 +20,19 @@ of its own over a process group of the site leaders, built on a prefix of the jo
 that it can be built again after a failure.
 
 Agreement without a round trip: every message carries the sender's plan proposal (H, F,
-overlap, codec; from ``plan_source``, e.g. the knob board), and a round starts with the
-agreement of the proposals of the last exchange applied before it (the largest H, F and
-overlap, the strongest codec): every site applied the same exchanges at the same points, so
-every site computes the same plan.
+overlap, codec; from ``plan_source``, e.g. the knob board), and round r + 1 runs the agreement
+of the proposals carried by round r's first fragment exchange (the largest H, F and overlap, the
+strongest codec; with one fragment a round, round r - 1's). Every site received the same
+proposals in that exchange, so every site adopts the same plan for the same round, however late
+it applies exchanges. A site whose copy has not landed when round r ends keeps stepping and
+starts round r + 1 (its sends) when it lands: no step waits for it, the next round's sends do,
+which also keeps the exchanges in flight to about one round.
 
 Riding through an outage: an apply step waits for its exchange up to ``patience_s`` (default:
 about one inner step's compute time, at least 0.1 s); one that has not landed by then is
 applied at the first step after it lands (every site writes the same outer values, a few steps
 apart), so a link that stalls for seconds costs no step; while one is out, later ones wait
-behind it and the plan in force holds. An exchange that fails (its peer gone, the link dead past
+behind it. An exchange that fails (its peer gone, the link dead past
 ``deadline_s``) is given up on; sites keep taking inner steps (sends are skipped while the
 exchange is down) up to ``max_drift`` steps since their last sync, then wait. The exchange
 thread builds its process group again (a new generation on the store, numbered by the first
@@ -104,7 +107,6 @@ class OuterSync:
         self.params = [p for p in model.parameters() if p.requires_grad]
         numel = sum(p.numel() for p in self.params)
         self.plan = plan.check(numel)
-        self._next_plan = self.plan
         if outer_lr <= 0 or not 0 <= outer_momentum < 1:
             raise ValueError(f"outer_lr {outer_lr} must be > 0 and outer_momentum "
                              f"{outer_momentum} in [0, 1)")
@@ -153,7 +155,6 @@ class OuterSync:
             log.warning("plan %s differs from rank 0's %s: rank 0's is used", self.plan,
                         _plan_of(words.tolist()))
             self.plan = _plan_of(words.tolist()).check(numel)
-        self._next_plan = self.plan
         flat = self._flatten()
         dist.broadcast(flat, src=0)
         self._write(0, flat.numel(), flat)
@@ -168,6 +169,12 @@ class OuterSync:
         self._round = 0
         self._round_start = 0
         self._since_sync = 0
+        #: Each round's first fragment exchange, by round (the latest two): its proposals decide
+        #: the plan of a later round.
+        self._plan_jobs: dict[int, _Job] = {}
+        #: The exchange whose proposals decide the round that has ended but not yet begun (its
+        #: sends wait for it to land); None when the round in force has begun.
+        self._pending: _Job | None = None
         self._inflight: dict[int, _Job] = {}  # apply step -> job
         #: Jobs past their apply step that had not landed, oldest first: applied as they land.
         self._late: collections.deque[_Job] = collections.deque()
@@ -256,8 +263,12 @@ class OuterSync:
         job = self._inflight.pop(self.step_count, None)
         if job is not None:
             note = self._finish(job)
+        if self._pending is not None:
+            self._begin_round()
+            plan, at = self.plan, self.step_count - self._round_start
         between = plan.sync_every // plan.fragments
-        if at > 0 and at % between == 0 and at // between <= plan.fragments:
+        if (self._pending is None and at > 0 and at % between == 0
+                and at // between <= plan.fragments):
             self._send(at // between - 1, plan)
             job = self._inflight.pop(self.step_count, None)  # overlap 0: applied at once
             if job is not None:
@@ -291,18 +302,43 @@ class OuterSync:
             self.sent_bytes += message.numel()
             self._inflight[self.step_count + plan.overlap] = job
             self._exchanger.jobs.put(job)
+            if fragment == 0:
+                self._plan_jobs[self._round] = job
         if fragment == plan.fragments - 1:
-            # The round's last send: the next round begins, with the plan agreed so far. A new
-            # cut of the parameters waits until nothing of the old one is in flight. While an
-            # exchange is late the plan in force holds: the other sites may have applied its
-            # proposals or not yet (a disagreement shows in the next header: a resync).
+            # The round's last send: the next round's plan is in the proposals of this round's
+            # first exchange (with one fragment a round, the previous round's); it begins once
+            # that exchange has landed here.
+            source = self._round - (1 if plan.fragments == 1 else 0)
             self._round += 1
-            self._round_start = self.step_count
-            if self._next_plan != plan and not self._late:
-                self._round_start = max([self.step_count, *self._inflight])
-                if self._next_plan.fragments != plan.fragments:
-                    self._feedback.clear()
-                self.plan = self._next_plan
+            self._pending = self._plan_jobs.pop(source, None)
+            self._plan_jobs = {r: j for r, j in self._plan_jobs.items() if r >= source}
+            if self._pending is None:  # skipped (the exchange was down): the plan holds
+                self._round_start = self.step_count
+            else:
+                self._begin_round()
+
+    def _begin_round(self) -> None:
+        """Begins the round that ended waiting for its plan's exchange, if that exchange landed
+        (its proposals' agreement), failed or ran out of time (the plan in force holds: a
+        failure is followed by a resync, which sets the plan). A new plan waits until nothing
+        sent under the old one is in flight (a new cut of the parameters, or apply steps that
+        would collide)."""
+        job, ex = self._pending, self._exchanger
+        assert job is not None and ex is not None
+        if job.done.is_set():
+            new = agree_plans(job.proposals).check(self.outer.numel()) if job.ok else self.plan
+        elif (job.abandoned or not ex.up
+              or time.monotonic() - job.sent_at >= self.deadline_s):
+            new = self.plan
+        else:
+            return
+        self._pending = None
+        self._round_start = self.step_count
+        if new != self.plan:
+            self._round_start = max([self.step_count, *self._inflight])
+            if new.fragments != self.plan.fragments:
+                self._feedback.clear()
+            self.plan = new
 
     def _proposal(self, plan: RoundPlan) -> RoundPlan:
         """The plan source's proposal, checked; the plan in force when it has none or a bad
@@ -393,7 +429,6 @@ class OuterSync:
             self._record(job.stats)
             return None
         self.applied += 1
-        self._next_plan = agree_plans(job.proposals).check(self.outer.numel())
         return ("apply", job.lo, job.hi, None, job.stats, job.values)
 
     def _wait_for_link(self, note: _Note | None) -> _Note | None:
@@ -488,7 +523,9 @@ class OuterSync:
         self._late.clear()
         self._feedback.clear()
         self._round, self._round_start, self._since_sync = 0, self.step_count, 0
-        self.plan = self._next_plan = plan
+        self._plan_jobs.clear()
+        self._pending = None
+        self.plan = plan
         log.info("resync: epoch %d, %d fragment updates, plan %s", a, b, plan)
 
     def _record(self, stats: RoundStats) -> None:

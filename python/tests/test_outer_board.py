@@ -4,6 +4,7 @@ running the same plan in every round, with identical replicas after every outer 
 
 from __future__ import annotations
 
+import signal
 import struct
 import subprocess
 import sys
@@ -14,7 +15,14 @@ from typing import Any, Callable
 
 import pytest
 from conftest import Feeder
-from test_outer import applied_digests, finish, start
+from test_outer import (
+    applied_digests,
+    finish,
+    logged_steps,
+    only_common_exchanges_applied,
+    start,
+    wait_for_steps,
+)
 from test_train_lm import SCRIPT, TINY, free_port
 
 from linkpilot.board import MAGIC, SIZE, BoardError, BoardFormatError, KnobBoard
@@ -156,5 +164,44 @@ def test_sites_whose_boards_disagree_and_change_mid_round_run_the_same_plans(
     # H, fragments and overlap, the stronger codec); after the change, the new agreement.
     assert (4, 1, 0, "int8") in used and (6, 3, 1, "int4") in used, used
     assert (12, 4, 2, "int4") in used, used
+    assert applied_digests(runs[0]) == applied_digests(runs[1])
+    assert runs[0][-1]["outer"] == runs[1][-1]["outer"]
+
+
+def test_a_plan_changed_while_exchanges_are_late_is_adopted_alike_without_a_resync(
+        tmp_path: Path, board_feeder: Callable[..., Feeder]) -> None:
+    """Site 1 stops for 3 s (past the patience, inside the deadline) and both boards ask for
+    longer rounds meanwhile: site 0 has exchanges late, site 1 none once it is back. Both adopt
+    the new plan at the same round, from the exchange that carries it, and nobody resyncs (a
+    site that held its plan while it had late exchanges disagreed with one that had none)."""
+    boards = [tmp_path / "knobs0", tmp_path / "knobs1"]
+    feeders = [board_feeder(b, heartbeat_ms=500) for b in boards]
+    for f in feeders:
+        f.publish([wan(sync_every=4, fragments=2, overlap=1, outer_compression="int8")])
+    procs, outs = start(tmp_path, 2, "--steps", "120", "--plan", "4,2,1,int8", "--sleep",
+                        "0.05", "--deadline", "20", "--patience", "0.5", "--max-drift", "1000",
+                        rank_args=[["--board", str(b)] for b in boards])
+    wait_for_steps(procs[0], outs[0], 20)
+    procs[1].send_signal(signal.SIGSTOP)
+    before = logged_steps(outs[0])
+    for f in feeders:
+        f.publish([wan(sync_every=8, fragments=2, overlap=2, outer_compression="int4")])
+    time.sleep(3.0)
+    during = logged_steps(outs[0]) - before
+    procs[1].send_signal(signal.SIGCONT)
+    runs = finish(tmp_path, procs, outs)
+    assert during >= 20, during
+    exchanges = [[x for v in lines if "exchanges" in v for x in v["exchanges"]] for lines in runs]
+    assert max(x["late_steps"] for x in exchanges[0]) >= 5
+    assert {x["epoch"] for ex in exchanges for x in ex} == {0}, "a resync"
+    plans: list[dict[tuple[int, int], tuple[Any, ...]]] = [defaultdict(tuple) for _ in runs]
+    for r, ex in enumerate(exchanges):
+        for x in ex:
+            plans[r][(x["epoch"], x["round"])] = tuple(x["plan"])
+    both = only_common_exchanges_applied(exchanges)
+    rounds = {k[:2] for k in both}
+    assert {k: v for k, v in plans[0].items() if k in rounds} == {
+        k: v for k, v in plans[1].items() if k in rounds}
+    assert (8, 2, 2, "int4") in plans[0].values(), plans[0]
     assert applied_digests(runs[0]) == applied_digests(runs[1])
     assert runs[0][-1]["outer"] == runs[1][-1]["outer"]
