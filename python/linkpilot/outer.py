@@ -466,9 +466,12 @@ class OuterSync:
             time.sleep(0.05)
 
     def _hand_over(self, note: _Note | None) -> _Note | None:
-        """The leader's note, and the values it brings, to every rank of the site."""
+        """The leader's note, and the values it brings, to every rank of the site; with it the
+        plan in force (the other ranks report it: only the leader follows the rounds)."""
         assert self._handover is not None
-        head = torch.zeros(12, dtype=torch.int64)
+        head = torch.zeros(16, dtype=torch.int64)
+        if self.leader:
+            head[12:16] = _header(0, 0, 0, 0, self.plan, self.plan)[4:8]
         if self.leader and note is not None:
             kind, a, b, plan, stats, _ = note
             head[:3] = torch.tensor([1 if kind == "apply" else 2, a, b])
@@ -480,6 +483,8 @@ class OuterSync:
                 head[3:7] = _header(0, 0, 0, 0, plan, plan)[4:8]
         src = dist.get_global_rank(self._handover, 0)
         dist.broadcast(head, src=src, group=self._handover)
+        if not self.leader:
+            self.plan = _plan_of(head[12:16].tolist())
         kind_code, a, b = (int(x) for x in head[:3])
         if kind_code == 0:
             return None

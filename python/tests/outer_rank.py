@@ -95,6 +95,8 @@ def main() -> None:
             "step": step, "rank": a.rank, "exchanges": list(recorded), "t": time.time(),
             "compute_s": synced - began, "sync_s": time.monotonic() - synced}
         line["outer_epoch"] = sync.epoch
+        p = sync.plan
+        line["plan"] = [p.sync_every, p.fragments, p.overlap, p.codec]
         print(json.dumps(line), flush=True)
         if step in pauses:
             print(json.dumps({"idle": step, "rank": a.rank}), flush=True)

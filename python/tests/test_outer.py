@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from test_train_lm import free_port
@@ -63,6 +63,25 @@ def wait_for_steps(proc: subprocess.Popen[bytes], out: Path, n: int) -> None:
     while logged_steps(out) < n:
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.05)
+
+
+def stop_a_site(procs: list[subprocess.Popen[bytes]], outs: list[Path],
+                stopped: list[subprocess.Popen[bytes]], seconds: float,
+                meanwhile: Callable[[], None] | None = None) -> int:
+    """Once rank 0 logged 20 steps, stops the ``stopped`` ranks (a site: a dead link, as the
+    others see it) for ``seconds``, calling ``meanwhile`` right after the stop; returns the
+    steps rank 0 logged while they were stopped."""
+    wait_for_steps(procs[0], outs[0], 20)
+    for p in stopped:
+        p.send_signal(signal.SIGSTOP)
+    before = logged_steps(outs[0])
+    if meanwhile is not None:
+        meanwhile()
+    time.sleep(seconds)
+    during = logged_steps(outs[0]) - before
+    for p in stopped:
+        p.send_signal(signal.SIGCONT)
+    return during
 
 
 def applied_digests(lines: list[dict[str, Any]]) -> dict[tuple[int, int, int], str]:
@@ -123,18 +142,8 @@ def test_a_site_stopped_past_the_deadline_is_ridden_through(tmp_path: Path,
                         *(["--sites", sites] if sites else []))
     stopped = procs[world // 2:]  # the second site, all of its ranks
 
-    def steps(r: int) -> int:
-        return logged_steps(outs[r])
-
-    wait_for_steps(procs[0], outs[0], 20)
     # The second site stops (a dead link, as the first sees it) for longer than the deadline.
-    for p in stopped:
-        p.send_signal(signal.SIGSTOP)
-    before = steps(0)
-    time.sleep(4.0)
-    during = steps(0) - before
-    for p in stopped:
-        p.send_signal(signal.SIGCONT)
+    during = stop_a_site(procs, outs, stopped, 4.0)
     runs = finish(tmp_path, procs, outs)
     # Site 0 kept taking inner steps (0.05 s of sleep each and the model's compute).
     assert during >= 20, during
@@ -162,12 +171,7 @@ def test_an_exchange_slower_than_the_patience_is_applied_late_and_no_step_waits(
     # The second site stops for 3 s: less than the deadline, more than the patience.
     procs, outs = start(tmp_path, 2, "--steps", "140", "--plan", "4,2,1,int8", "--sleep",
                         "0.05", "--deadline", "20", "--patience", "1", "--max-drift", "1000")
-    wait_for_steps(procs[0], outs[0], 20)
-    procs[1].send_signal(signal.SIGSTOP)
-    before = logged_steps(outs[0])
-    time.sleep(3.0)
-    during = logged_steps(outs[0]) - before
-    procs[1].send_signal(signal.SIGCONT)
+    during = stop_a_site(procs, outs, procs[1:], 3.0)
     runs = finish(tmp_path, procs, outs)
     # Site 0 waited 1 s once, then stepped on (0.05 s of sleep and the model's compute a step).
     # (It cannot tell a stopped site from a dead link.)
@@ -201,15 +205,7 @@ def test_past_the_drift_bound_a_site_waits_and_an_ended_site_is_not_waited_for(
                         "1.5", "--max-drift", "8", rank_args=[["--steps", "160"],
                                                               ["--steps", "100"]])
 
-    def steps(r: int) -> int:
-        return logged_steps(outs[r])
-
-    wait_for_steps(procs[0], outs[0], 20)
-    procs[1].send_signal(signal.SIGSTOP)
-    before = steps(0)
-    time.sleep(4.0)
-    during = steps(0) - before
-    procs[1].send_signal(signal.SIGCONT)
+    during = stop_a_site(procs, outs, procs[1:], 4.0)
     runs = finish(tmp_path, procs, outs)
     # At most the drift bound since the last applied fragment (one at most in flight).
     assert during <= 8 + 1, f"{during} steps while site 1 was stopped"

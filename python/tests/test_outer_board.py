@@ -4,7 +4,6 @@ running the same plan in every round, with identical replicas after every outer 
 
 from __future__ import annotations
 
-import signal
 import struct
 import subprocess
 import sys
@@ -18,10 +17,9 @@ from conftest import Feeder
 from test_outer import (
     applied_digests,
     finish,
-    logged_steps,
     only_common_exchanges_applied,
     start,
-    wait_for_steps,
+    stop_a_site,
 )
 from test_train_lm import SCRIPT, TINY, free_port
 
@@ -133,14 +131,17 @@ def test_boards_it_cannot_follow_are_refused_before_training(
     assert '"step"' not in out.stdout
 
 
+@pytest.mark.parametrize("sites", [None, "0,1/2,3"])
 def test_sites_whose_boards_disagree_and_change_mid_round_run_the_same_plans(
-        tmp_path: Path, board_feeder: Callable[..., Feeder]) -> None:
+        tmp_path: Path, board_feeder: Callable[..., Feeder], sites: str | None) -> None:
     boards = [tmp_path / "knobs0", tmp_path / "knobs1"]
     feeders = [board_feeder(b, heartbeat_ms=500) for b in boards]
     feeders[0].publish([wan(sync_every=4, fragments=2, overlap=1, outer_compression="int8")])
     feeders[1].publish([wan(sync_every=6, fragments=3, overlap=0, outer_compression="int4")])
-    procs, outs = start(tmp_path, 2, "--steps", "90", "--plan", "4,1,0,int8", "--sleep", "0.03",
-                        rank_args=[["--board", str(b)] for b in boards])
+    per_site = 2 if sites else 1
+    procs, outs = start(tmp_path, 2 * per_site, "--steps", "90", "--plan", "4,1,0,int8",
+                        "--sleep", "0.03", *(["--sites", sites] if sites else []),
+                        rank_args=[["--board", str(b)] for b in boards for _ in range(per_site)])
 
     def steps(r: int) -> int:
         return sum('"step"' in line for line in outs[r].read_text().splitlines())
@@ -152,7 +153,12 @@ def test_sites_whose_boards_disagree_and_change_mid_round_run_the_same_plans(
     # Mid-run and mid-round: site 0's link turns bad (int4, longer rounds), site 1's recovers.
     feeders[0].publish([wan(sync_every=12, fragments=4, overlap=2, outer_compression="int4")])
     feeders[1].publish([wan(sync_every=4, fragments=2, overlap=1, outer_compression="int8")])
-    runs = finish(tmp_path, procs, outs)
+    every_rank = finish(tmp_path, procs, outs)
+    # A site's ranks report the plan in force at every step, as its leader does.
+    for leader, other in zip(every_rank[::per_site], every_rank[per_site - 1::per_site]):
+        in_force = [[v["plan"] for v in lines if "step" in v] for lines in (leader, other)]
+        assert in_force[0] == in_force[1]
+    runs = every_rank[::per_site]
     plans: list[dict[tuple[int, int], tuple[Any, ...]]] = [defaultdict(tuple) for _ in runs]
     for r, lines in enumerate(runs):
         for v in lines:
@@ -181,14 +187,12 @@ def test_a_plan_changed_while_exchanges_are_late_is_adopted_alike_without_a_resy
     procs, outs = start(tmp_path, 2, "--steps", "120", "--plan", "4,2,1,int8", "--sleep",
                         "0.05", "--deadline", "20", "--patience", "0.5", "--max-drift", "1000",
                         rank_args=[["--board", str(b)] for b in boards])
-    wait_for_steps(procs[0], outs[0], 20)
-    procs[1].send_signal(signal.SIGSTOP)
-    before = logged_steps(outs[0])
-    for f in feeders:
-        f.publish([wan(sync_every=8, fragments=2, overlap=2, outer_compression="int4")])
-    time.sleep(3.0)
-    during = logged_steps(outs[0]) - before
-    procs[1].send_signal(signal.SIGCONT)
+
+    def longer_rounds() -> None:
+        for f in feeders:
+            f.publish([wan(sync_every=8, fragments=2, overlap=2, outer_compression="int4")])
+
+    during = stop_a_site(procs, outs, procs[1:], 3.0, longer_rounds)
     runs = finish(tmp_path, procs, outs)
     assert during >= 20, during
     exchanges = [[x for v in lines if "exchanges" in v for x in v["exchanges"]] for lines in runs]
