@@ -45,6 +45,22 @@ fn programs() -> Vec<(u64, String)> {
         .collect()
 }
 
+/// How many times the kernel skipped the programs named `name` because a BPF program was
+/// already running on that CPU (`recursion_misses` in `bpftool prog show`; it prints none when
+/// there were none): a tracepoint that fires in a softirq while one of ours runs in process
+/// context is not seen by ours.
+pub fn recursion_misses(name: &str) -> u64 {
+    let progs: Value =
+        serde_json::from_str(&sh(&["bpftool", "prog", "show", "--json"])).expect("JSON");
+    progs
+        .as_array()
+        .expect("bpftool prog show --json is an array")
+        .iter()
+        .filter(|p| p["name"].as_str() == Some(name))
+        .filter_map(|p| p["recursion_misses"].as_u64())
+        .sum()
+}
+
 /// [`links`] of the programs in `progs` (ids from [`ours_loaded`]).
 pub fn links_of(progs: &[(u64, String)]) -> Vec<(String, String)> {
     let links: Value =

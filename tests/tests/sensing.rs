@@ -188,16 +188,24 @@ fn retransmissions_per_peer_equal_nstat_under_loss() {
     server.wait().expect("iperf3 server");
     thread::sleep(Duration::from_millis(500));
     let after = linkpilot_tests::oracle::nstat_in(&hk.netns, &names);
+    let missed = linkpilot_tests::oracle::recursion_misses("lp_tcp_retrans");
     let last = watcher.stop_with(Signal::SIGINT);
     let s = last.iter().find(|s| s.iface == "eth0").expect("sample");
     let (segs, failed) = (after[0] - before[0], after[1] - before[1]);
+    let seen = peer(s, "us").retrans_segs;
     eprintln!(
-        "nstat TcpRetransSegs {segs} (failed {failed}); linkpilot peer us {}",
-        peer(s, "us").retrans_segs
+        "nstat TcpRetransSegs {segs} (failed {failed}); linkpilot peer us {seen}; \
+         the kernel skipped the program {missed} time(s)"
     );
     assert!(segs > 10, "1% loss caused too few retransmissions: {segs}");
-    assert_eq!(peer(s, "us").retrans_segs, segs - failed);
-    assert_eq!(s.totals.retrans_segs, segs - failed);
+    assert_eq!(s.totals.retrans_segs, seen);
+    if missed == 0 {
+        assert_eq!(seen, segs - failed);
+    } else {
+        // Runs the kernel skipped (another BPF program on that CPU) are retransmissions the
+        // program never saw: fewer, never more (the kernel's count covers every namespace).
+        assert!(seen <= segs - failed, "{seen} seen, {segs} - {failed}, {missed} skipped");
+    }
 }
 
 #[test]
