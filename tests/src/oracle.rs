@@ -33,13 +33,17 @@ pub fn links() -> Vec<(String, String)> {
     links_of(&programs())
 }
 
+/// What `bpftool <object> show --json` lists (its array).
+fn bpftool_show(object: &str) -> Vec<Value> {
+    match serde_json::from_str(&sh(&["bpftool", object, "show", "--json"])).expect("JSON") {
+        Value::Array(v) => v,
+        other => panic!("bpftool {object} show --json is not an array: {other}"),
+    }
+}
+
 /// Every loaded BPF program as (id, name; "?" when it has none), from `bpftool prog show`.
 fn programs() -> Vec<(u64, String)> {
-    let progs: Value =
-        serde_json::from_str(&sh(&["bpftool", "prog", "show", "--json"])).expect("JSON");
-    progs
-        .as_array()
-        .expect("bpftool prog show --json is an array")
+    bpftool_show("prog")
         .iter()
         .filter_map(|p| Some((p["id"].as_u64()?, p["name"].as_str().unwrap_or("?").to_owned())))
         .collect()
@@ -50,11 +54,7 @@ fn programs() -> Vec<(u64, String)> {
 /// there were none): a tracepoint that fires in a softirq while one of ours runs in process
 /// context is not seen by ours.
 pub fn recursion_misses(name: &str) -> u64 {
-    let progs: Value =
-        serde_json::from_str(&sh(&["bpftool", "prog", "show", "--json"])).expect("JSON");
-    progs
-        .as_array()
-        .expect("bpftool prog show --json is an array")
+    bpftool_show("prog")
         .iter()
         .filter(|p| p["name"].as_str() == Some(name))
         .filter_map(|p| p["recursion_misses"].as_u64())
@@ -63,11 +63,7 @@ pub fn recursion_misses(name: &str) -> u64 {
 
 /// [`links`] of the programs in `progs` (ids from [`ours_loaded`]).
 pub fn links_of(progs: &[(u64, String)]) -> Vec<(String, String)> {
-    let links: Value =
-        serde_json::from_str(&sh(&["bpftool", "link", "show", "--json"])).expect("JSON");
-    links
-        .as_array()
-        .expect("bpftool link show --json is an array")
+    bpftool_show("link")
         .iter()
         .filter_map(|l| {
             let (_, name) = progs.iter().find(|(id, _)| l["prog_id"].as_u64() == Some(*id))?;
