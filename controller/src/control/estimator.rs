@@ -41,9 +41,10 @@ pub struct Signals {
     pub goodput_bps: f64,
     /// Largest goodput EWMA over the window: the delivery rate the link has shown it can carry.
     pub delivery_bps: f64,
-    /// Largest goodput of a single tick over the window: what bursty traffic (a job that syncs
-    /// every H steps) shows the link carries, where its EWMA shows the average, which would
-    /// shrink as the bursts grow rarer.
+    /// Largest goodput of a single tick over the window of ticks that carried data (at least
+    /// `min_packet_rate` packets and some payload; idle ticks neither enter nor age it): what
+    /// bursty traffic (a job that syncs every H steps) shows the link carries, where its EWMA
+    /// shows the average, which would shrink as the bursts grow rarer.
     pub burst_bps: f64,
     /// Goodput as a share of the link's nominal capacity.
     pub goodput_fraction: f64,
@@ -204,7 +205,12 @@ impl Estimator {
         s.goodput_fraction = s.goodput_bps / self.link.capacity_bps;
         self.delivery.push(now, s.goodput_bps, dur(self.cfg.window));
         s.delivery_bps = self.delivery.get().unwrap_or(0.0);
-        self.burst.push(now, a.goodput_bps, dur(self.cfg.window));
+        // Only a tick that carried data enters the burst window, and only such a tick ages it:
+        // a job that syncs less often than the window leaves the link idle between bursts, and
+        // an idle link is not a slow one (read as one, it made rounds longer, hence rarer).
+        if a.goodput_bps > 0.0 && a.rx_pps + a.tx_pps >= min {
+            self.burst.push(now, a.goodput_bps, dur(self.cfg.window));
+        }
         s.burst_bps = self.burst.get().unwrap_or(0.0);
         let window = dur(self.cfg.window);
         let aged = |seen: Option<Duration>| seen.is_none_or(|t| now.saturating_sub(t) > window);
@@ -413,8 +419,8 @@ mod tests {
     }
 
     /// A job that syncs every few seconds: one busy tick among idle ones. The EWMA's maximum
-    /// stays at a fraction of the burst's rate; `burst_bps` is the burst's own, and holds for
-    /// the window.
+    /// stays at a fraction of the burst's rate; `burst_bps` is the burst's own, holds through
+    /// idle ticks however long, and is aged by ticks that carry data.
     #[test]
     fn a_burst_shows_its_own_rate_where_the_ewma_shows_the_average() {
         let mut e = Fed::new();
@@ -431,8 +437,17 @@ mod tests {
         }
         assert_eq!(last.burst_bps, 5e8);
         assert!(last.delivery_bps <= 2.5e8, "{}", last.delivery_bps);
-        // 11 s after the burst it left the window.
-        assert_eq!(e.update(&idle(12)).burst_bps, 0.0);
+        // Idle for longer than the window: a link that carried nothing did not get slower.
+        assert_eq!(e.update(&idle(30)).burst_bps, 5e8);
+        // A trickle (a few packets of payload a second) neither, though it carries bytes.
+        let mut trickle = idle(31);
+        (trickle.peers[0].goodput_bps, trickle.peers[0].rx_pps, trickle.peers[0].tx_pps) =
+            (8.0, 2.0, 2.0);
+        assert_eq!(e.update(&trickle).burst_bps, 5e8);
+        // The next burst, slower, 31 s after the first: the first left the window.
+        let mut slower = snap(32, 180.0, 0.0);
+        slower.peers[0].goodput_bps = 1e8;
+        assert_eq!(e.update(&slower).burst_bps, 1e8);
     }
 
     /// A dead link: RTO retransmissions go out, nothing comes back; `unanswered` counts the time

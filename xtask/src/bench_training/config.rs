@@ -172,6 +172,14 @@ pub fn all() -> Vec<Config> {
     let mut v = vec![
         base("untuned", Hook::Ddp, None),
         Config { placement: Placement::Colocated, ..base("colocated", Hook::Ddp, None) },
+        // The -2x configurations' ceiling: their four ranks' compute shares this machine's
+        // cores as theirs does.
+        Config {
+            per_site: 2,
+            batch: BATCH / 2,
+            placement: Placement::Colocated,
+            ..base("colocated-2x", Hook::Ddp, None)
+        },
         base("static", Hook::Board, Some(Policy::shipped("static-handtuned.toml"))),
         base("adaptive", Hook::Board, Some(Policy::shipped("hk-us.toml"))),
         Config {
@@ -280,7 +288,9 @@ impl Config {
         };
         let place = match self.placement {
             Placement::Wan => format!("{} rank(s) per site", self.per_site),
-            Placement::Colocated => "both ranks on one host over loopback (no WAN)".to_owned(),
+            Placement::Colocated => {
+                format!("all {} ranks on one host over loopback (no WAN)", 2 * self.per_site)
+            }
         };
         format!("{place}, batch {} per rank; {hosts}; {hook}", self.batch)
     }
@@ -319,7 +329,8 @@ impl Config {
         if self.policy.is_some() {
             a.extend(["--env-file".into(), env_file.display().to_string()]);
         }
-        if self.per_site > 1 {
+        // Sites matter to the cross-site hooks only: plain DDP is one group either way.
+        if self.per_site > 1 && self.hook != Hook::Ddp {
             let sites: Vec<String> = (0..2)
                 .map(|s| {
                     let n = usize::from(self.per_site);

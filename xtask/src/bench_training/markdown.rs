@@ -47,7 +47,11 @@ fn utilization(c: &Value, target: &str) -> String {
         return "-".into();
     }
     let pct = |k: &str| u[k].as_f64().map_or("-".into(), |x| format!("{:.0}", x * 100.0));
-    format!("{}% [{}-{}]", pct("median"), pct("min"), pct("max"))
+    let of = match c["ceiling"].as_str() {
+        Some(n) if n != super::report::CEILING => format!(" of {n}"),
+        _ => String::new(),
+    };
+    format!("{}% [{}-{}]{of}", pct("median"), pct("min"), pct("max"))
 }
 
 pub fn markdown(s: &Value) -> String {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Map, Value};
 
 use super::{
-    config,
+    config::{self, Placement},
     runs::Run,
     stats::{slope_at, Speedup, Spread},
 };
@@ -19,6 +19,18 @@ pub const TARGET_AT: f64 = 0.75;
 /// The baselines a target is taken from, in the order reported.
 const BASELINES: &[&str] = &["untuned", "static"];
 pub const CEILING: &str = "colocated";
+
+/// A configuration's ceiling: the co-located run with as many ranks per site (they share this
+/// machine's cores alike), where one was run; else [`CEILING`].
+fn ceiling_of(runs: &[Run], name: &str) -> String {
+    let per_site = config::all().into_iter().find(|c| c.name == name).map_or(1, |c| c.per_site);
+    let own = config::all()
+        .into_iter()
+        .find(|c| c.placement == Placement::Colocated && c.per_site == per_site)
+        .map(|c| c.name)
+        .filter(|n| runs.iter().any(|r| &r.config == n));
+    own.unwrap_or_else(|| CEILING.to_owned())
+}
 /// Step counts at which loss per step is compared.
 const AT_STEPS: &[f64] = &[100.0, 200.0, 300.0];
 
@@ -50,10 +62,11 @@ pub fn summarize(scenario: &str, runs: &[Run], failures: &[Value]) -> Value {
     let names = config_order(runs);
     let targets: BTreeMap<&str, f64> =
         BASELINES.iter().filter_map(|b| target(runs, b).map(|t| (*b, t))).collect();
-    let ceiling_rate = phase_rates(&runs_of(runs, CEILING));
     let mut configs = Vec::new();
     for name in &names {
         let mine = runs_of(runs, name);
+        let ceiling_name = ceiling_of(runs, name);
+        let ceiling_rate = phase_rates(&runs_of(runs, &ceiling_name));
         let mut per_target = Map::new();
         for (b, loss) in &targets {
             let (time, reached) = times_to(&mine, *loss);
@@ -63,7 +76,7 @@ pub fn summarize(scenario: &str, runs: &[Run], failures: &[Value]) -> Value {
                 let (t, n) = times_to(&of, *loss);
                 t.filter(|_| n == of.len())
             };
-            let (base, ceiling) = (whole(b), whole(CEILING));
+            let (base, ceiling) = (whole(b), whole(&ceiling_name));
             // All repeats must reach a target for a speedup: a run that never got there took
             // longer than the day, which no ratio can state.
             let complete = reached == mine.len();
@@ -125,6 +138,7 @@ pub fn summarize(scenario: &str, runs: &[Run], failures: &[Value]) -> Value {
             "setup": known.as_ref().map(|c| c.describe()),
             "oracle_candidate": known.as_ref().is_some_and(|c| c.oracle_candidate),
             "runs": mine.len(),
+            "ceiling": ceiling_name,
             "failed_runs": failures.iter().filter(|f| f["config"] == name.as_str()).cloned().collect::<Vec<_>>(),
             "steps": spread_json(Spread::of(mine.iter().map(|r| r.steps().count() as f64))),
             "final_eval_loss": spread_json(Spread::of(mine.iter().filter_map(|r| r.final_loss()))),
@@ -426,5 +440,35 @@ mod tests {
         assert!((calm["share_of_colocated"].as_f64().unwrap() - 0.5).abs() < 0.02, "{calm}");
         // The oracle: int4 (1.4 steps/s, 1.5x the loss per second of int8 at fewer steps).
         assert_eq!(s["oracle"][0]["config"], "fixed-int4");
+    }
+
+    /// Two ranks per site are judged against four ranks co-located where those ran (they
+    /// share the cores alike), against two where they did not, and the report says which.
+    #[test]
+    fn two_ranks_per_site_have_their_own_ceiling() {
+        let mut runs = Vec::new();
+        for r in 0..3 {
+            runs.push(run("static", r, 0.010, 1.0));
+            runs.push(run("colocated", r, 0.040, 4.0));
+            runs.push(run("adaptive-outer-2x", r, 0.015, 1.5));
+        }
+        let u = |s: &Value| {
+            let c =
+                s["configs"].as_array().unwrap().iter().find(|c| c["name"] == "adaptive-outer-2x");
+            let c = c.unwrap().clone();
+            (
+                c["ceiling"].clone(),
+                c["targets"]["static"]["utilization"]["median"].as_f64().unwrap(),
+            )
+        };
+        let (ceiling, share) = u(&summarize("training-day", &runs, &[]));
+        assert_eq!(ceiling, "colocated");
+        assert!((share - 1.5 / 4.0).abs() < 0.01, "{share}");
+        for r in 0..3 {
+            runs.push(run("colocated-2x", r, 0.020, 2.0));
+        }
+        let (ceiling, share) = u(&summarize("training-day", &runs, &[]));
+        assert_eq!(ceiling, "colocated-2x");
+        assert!((share - 0.75).abs() < 0.01, "{share}");
     }
 }

@@ -298,7 +298,7 @@ fn start_rank(
     };
     let world = match c.placement {
         Placement::Wan => hosts.len(),
-        Placement::Colocated => 2,
+        Placement::Colocated => 2 * usize::from(c.per_site),
     };
     let tag = host_tag(host);
     let script = workspace_root().join("python/benchmarks/train_lm.py");
