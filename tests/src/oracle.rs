@@ -128,3 +128,9 @@ pub fn map_named(ids: &[u64], name: &str) -> Option<u64> {
         (ids.contains(&id) && m["name"] == name).then_some(id)
     })
 }
+
+/// A file's SHA-256 as coreutils' `sha256sum` prints it.
+pub fn sha256sum(path: &std::path::Path) -> String {
+    let out = sh(&["sha256sum", &path.display().to_string()]);
+    out.split_whitespace().next().unwrap_or_else(|| panic!("sha256sum printed nothing")).to_owned()
+}

@@ -17,6 +17,7 @@ use linkpilot_tests::{
     daemon::{status_json, wait_for, Daemon},
     faults::{self, end, iperf3, policy, stop, HostBefore},
     netns::Pair,
+    oracle,
 };
 
 /// Seconds of replacing: `LINKPILOT_FAULT_SECONDS` (default 3).
@@ -115,6 +116,10 @@ fn a_policy_replaced_100_times_a_second_never_runs_an_invalid_version() {
         status_json(&dir)["reloads_rejected"].as_u64() > rejected
     });
     assert_eq!(state(&dir), "v100000");
+    // Status names the running version by its digest: the last valid one's, as sha256sum has it.
+    let copy = dir.join("policy.last");
+    std::fs::write(&copy, &last).expect("write");
+    assert_eq!(status_json(&dir)["policy_sha256"], oracle::sha256sum(&copy).as_str());
     assert!(d.child.try_wait().expect("wait").is_none(), "{}", d.log());
     end(procs);
     host.assert_one_set_attached(d.child.id());

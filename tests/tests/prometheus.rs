@@ -17,7 +17,7 @@ use linkpilot_lab::lab::Site;
 use linkpilot_tests::{
     configmap::ConfigMapDir,
     daemon::{iperf3_server, lab_with, scrape, wait_for, Daemon},
-    grafana,
+    grafana, oracle,
     prometheus::{Prometheus, SCRAPE_INTERVAL_S},
     tuner::TrainingProcess,
 };
@@ -168,6 +168,10 @@ fn prometheus_scrapes_the_daemon_and_every_dashboard_query_returns_data() {
         || !promql("linkpilot_knob_dscp{link=\"wan\"} == 12").is_empty(),
     );
     assert_eq!(prom.value("linkpilot_policy_reloads_total{result=\"applied\"}"), 1.0);
+    // Which version runs: one series, the digest of the file the node was given.
+    let running = oracle::sha256sum(&config.dir.join("policy.toml"));
+    let info = format!("linkpilot_policy_info{{sha256=\"{running}\"}}");
+    assert_eq!((prom.value(&info), prom.value("count(linkpilot_policy_info)")), (1.0, 1.0));
     let log = d.log();
     assert!(log.contains("policy.toml changed: reloading"), "{log}");
     // An invalid one: rejected, the running policy kept, and the alert fires.
@@ -179,6 +183,7 @@ fn prometheus_scrapes_the_daemon_and_every_dashboard_query_returns_data() {
         })
     });
     assert_eq!(prom.value("linkpilot_knob_dscp{link=\"wan\"}"), 12.0, "the running policy stays");
+    assert_eq!((prom.value(&info), prom.value("count(linkpilot_policy_info)")), (1.0, 1.0));
 
     // A training process with the NCCL tuner plugin, so that the tuner's series exist.
     let _training =

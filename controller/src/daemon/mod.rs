@@ -31,7 +31,7 @@ use tracing::{error, info, warn};
 
 use crate::{
     board::tuner_stats::{self, TunerProcess},
-    control::{Core, Policy},
+    control::{policy::sha256_hex, Core, Policy},
     kernel::checks,
     kernel::iface::{self, Iface},
     kernel::peers::PeerIds,
@@ -124,6 +124,8 @@ struct Daemon {
     metrics: Metrics,
     status: status::Shared,
     watch: PolicyWatch,
+    /// The running policy's digest (metrics and status: which version a node runs).
+    policy_sha256: String,
     decision_log: Option<linelog::LineLog>,
     record: Option<linelog::LineLog>,
     started: Instant,
@@ -163,6 +165,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let policy_bytes = fs::read(&o.policy)
         .with_context(|| format!("reading the policy {}", o.policy.display()))?;
     let policy = load_policy(&o.policy, &policy_bytes)?;
+    let policy_sha256 = sha256_hex(&policy_bytes);
     // Checks before side effects: interfaces, privileges, tracepoints.
     let names = interfaces(&policy);
     let ifaces = names.iter().map(|n| Iface::resolve(n)).collect::<Result<Vec<_>, _>>()?;
@@ -227,6 +230,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         sensors: Sensors::new(Duration::from_nanos(policy.estimator.window.0)),
         core: Core::new(policy),
         watch: PolicyWatch::new(&o.policy, policy_bytes),
+        policy_sha256,
         o,
         ifaces,
         peers,
@@ -252,6 +256,8 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     for i in &d.ifaces {
         d.metrics.interface_present(&i.name, 1);
     }
+    d.metrics.policy(&d.policy_sha256);
+    info!("policy {} sha256 {}", d.o.policy.display(), d.policy_sha256);
 
     let mut ticker = tokio::time::interval(tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -410,8 +416,8 @@ impl Daemon {
         };
         let loaded = bytes
             .with_context(|| format!("reading the policy {}", self.o.policy.display()))
-            .and_then(|b| load_policy(&self.o.policy, &b));
-        let policy = match loaded {
+            .and_then(|b| Ok((load_policy(&self.o.policy, &b)?, sha256_hex(&b))));
+        let (policy, sha256) = match loaded {
             Ok(p) => p,
             Err(e) => return rejected(self, format!("{e:#}")),
         };
@@ -455,7 +461,9 @@ impl Daemon {
         self.core.reload(policy);
         self.forget_series();
         Metrics::count(&self.metrics.reloads, "result", "applied");
-        info!("policy reloaded from {}", self.o.policy.display());
+        self.metrics.policy(&sha256);
+        info!("policy reloaded from {} (sha256 {sha256})", self.o.policy.display());
+        self.policy_sha256 = sha256;
         tick
     }
 }

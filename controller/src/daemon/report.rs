@@ -67,6 +67,7 @@ impl Daemon {
             pid: std::process::id(),
             uptime_s: self.started.elapsed().as_secs_f64(),
             policy: self.o.policy.display().to_string(),
+            policy_sha256: self.policy_sha256.clone(),
             dry_run: self.o.dry_run,
             interfaces: self.ifaces.iter().map(|i| i.name.clone()).collect(),
             interfaces_missing: self.missing.clone(),

@@ -37,6 +37,9 @@ pub struct Status {
     pub pid: u32,
     pub uptime_s: f64,
     pub policy: String,
+    /// SHA-256 of the running policy's bytes (hex, as sha256sum prints it).
+    #[serde(default)]
+    pub policy_sha256: String,
     pub dry_run: bool,
     pub interfaces: Vec<String>,
     /// Watched interfaces that are gone: watched again once they are back.
@@ -218,12 +221,14 @@ fn ms(v: Option<f64>) -> String {
 /// The table `linkpilot status` prints.
 pub fn render(s: &Status) -> String {
     let mut out = format!(
-        "linkpilot {} pid {} up {:.0}s{}  policy {}  tick {:.0}ms ({} run, last {:.2}ms)\n",
+        "linkpilot {} pid {} up {:.0}s{}  policy {} (sha256 {})  tick {:.0}ms ({} run, last \
+         {:.2}ms)\n",
         s.version,
         s.pid,
         s.uptime_s,
         if s.dry_run { " DRY RUN" } else { "" },
         s.policy,
+        s.policy_sha256.get(..12).unwrap_or("-"),
         s.tick_ms,
         s.ticks,
         s.last_tick_work_ms,

@@ -17,8 +17,8 @@ mod sections;
 pub fn check_files(files: &[std::path::PathBuf]) -> bool {
     let mut ok = true;
     for f in files {
-        match crate::control::Policy::load(f) {
-            Ok(_) => println!("{}: OK", f.display()),
+        match crate::control::Policy::load_with_digest(f) {
+            Ok((_, sha256)) => println!("{}: OK (sha256 {sha256})", f.display()),
             Err(e) => {
                 ok = false;
                 println!("{e}");
@@ -341,17 +341,28 @@ impl Policy {
 
     /// Reads and parses a policy file.
     pub fn load(path: &std::path::Path) -> Result<Policy, PolicyErrors> {
-        let file = path.display().to_string();
-        let src = std::fs::read_to_string(path).map_err(|e| {
-            PolicyErrors(vec![PolicyError {
-                file: file.clone(),
-                line: 0,
-                column: 0,
-                message: format!("cannot read the policy: {e}"),
-            }])
-        })?;
-        Self::parse(&src, &file)
+        Self::load_with_digest(path).map(|(p, _)| p)
     }
+
+    /// Reads and parses a policy file, with the [`sha256_hex`] of the bytes it was parsed from.
+    pub fn load_with_digest(path: &std::path::Path) -> Result<(Policy, String), PolicyErrors> {
+        let file = path.display().to_string();
+        let unreadable = |message: String| {
+            PolicyErrors(vec![PolicyError { file: file.clone(), line: 0, column: 0, message }])
+        };
+        let bytes =
+            std::fs::read(path).map_err(|e| unreadable(format!("cannot read the policy: {e}")))?;
+        let src = std::str::from_utf8(&bytes)
+            .map_err(|e| unreadable(format!("the policy is not UTF-8 text: {e}")))?;
+        Ok((Self::parse(src, &file)?, sha256_hex(&bytes)))
+    }
+}
+
+/// The hex SHA-256 of a policy file's bytes, as `sha256sum` prints it: the version a node runs
+/// (the daemon's metrics and status, `linkpilot policy check`).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 pub(super) fn secs(n: Nanos) -> u32 {

@@ -79,6 +79,7 @@ pub struct Metrics {
     pub datapath_lost: Family<Labels, Counter>,
     pub interface_reattached: Family<Labels, Counter>,
     interface_present: Family<Labels, Gauge>,
+    policy_info: Family<Labels, Gauge>,
     pub log_write_errors: Family<Labels, Counter>,
     actuator_pending: Family<Labels, Gauge>,
     actuator_released: Family<Labels, Gauge>,
@@ -225,6 +226,12 @@ impl Metrics {
         for k in crate::daemon::losses::KINDS {
             let _ = datapath_lost.get_or_create(&labels(&[("kind", k)]));
         }
+        let policy_info = family(
+            r,
+            "policy_info",
+            "1 for the running policy, labelled with the SHA-256 of its file's bytes (the \
+             output of sha256sum): which version each node runs, through a rollout",
+        );
         let interface_present = family(
             r,
             "interface_present",
@@ -299,6 +306,7 @@ impl Metrics {
             datapath_lost,
             interface_reattached,
             interface_present,
+            policy_info,
             log_write_errors,
             actuator_pending,
             actuator_released,
@@ -526,6 +534,12 @@ impl Metrics {
         let l = labels(&[("interface", iface)]);
         self.interface_present.get_or_create(&l).set(present);
         let _ = self.interface_reattached.get_or_create(&l);
+    }
+
+    /// The running policy's digest: one series, the previous one's gone.
+    pub fn policy(&self, sha256: &str) {
+        self.policy_info.clear();
+        self.policy_info.get_or_create(&labels(&[("sha256", sha256)])).set(1);
     }
 
     pub fn count(family: &Family<Labels, Counter>, key: &str, value: &str) {

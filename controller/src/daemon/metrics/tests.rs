@@ -111,3 +111,21 @@ fn srtt_holds_between_flow_table_readings() {
     m.snapshot(&peer(None), true);
     assert_eq!(srtt(&m), None);
 }
+
+#[test]
+fn the_policy_digest_is_one_series_that_follows_reloads() {
+    let m = Metrics::new(false);
+    let digest = |bytes: &[u8]| crate::control::policy::sha256_hex(bytes);
+    // sha256sum of an empty file, as coreutils prints it.
+    assert_eq!(digest(b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    m.policy(&digest(b"v1"));
+    m.policy(&digest(b"v2"));
+    let text = m.render();
+    let info: Vec<&str> =
+        text.lines().filter(|l| l.starts_with("linkpilot_policy_info{")).collect();
+    assert_eq!(
+        info,
+        [format!("linkpilot_policy_info{{sha256=\"{}\"}} 1", digest(b"v2"))],
+        "{text}"
+    );
+}
