@@ -182,6 +182,27 @@ enum PolicyAction {
         #[arg(required = true)]
         files: Vec<std::path::PathBuf>,
     },
+    /// Print a commented starting policy for one link, sized from its capacity and RTT:
+    /// `linkpilot policy init --interface eth2 --peer us=10.2.0.0/16 --capacity 40Gbit/s
+    /// --rtt 180ms > policy.toml`.
+    Init {
+        /// The link's name.
+        #[arg(long, default_value = "wan")]
+        link: String,
+        /// The interface the link leaves by ("@default-route": the default route's).
+        #[arg(long)]
+        interface: String,
+        /// The far side: NAME=CIDR[,CIDR...] (repeat for several); none: every destination on
+        /// the interface counts.
+        #[arg(long = "peer", value_parser = linkpilot::control::policy::init::parse_peer)]
+        peers: Vec<(String, Vec<String>)>,
+        /// The link's nominal rate, e.g. 40Gbit/s.
+        #[arg(long)]
+        capacity: linkpilot_common::units::BitRate,
+        /// Its round-trip time when idle, e.g. 180ms.
+        #[arg(long)]
+        rtt: linkpilot_common::units::Nanos,
+    },
 }
 
 fn main() -> ExitCode {
@@ -231,6 +252,21 @@ fn main() -> ExitCode {
         Command::Policy { action: PolicyAction::Check { files } } => {
             let all_ok = linkpilot::control::policy::check_files(&files);
             return if all_ok { ExitCode::SUCCESS } else { ExitCode::from(1) };
+        }
+        Command::Policy {
+            action: PolicyAction::Init { link, interface, peers, capacity, rtt },
+        } => {
+            use linkpilot::control::policy::init::{render, InitAnswers};
+            return match render(&InitAnswers { link, interface, peers, capacity, rtt }) {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::from(1)
+                }
+            };
         }
         Command::Replay { trace, policy, plot, json } => {
             linkpilot::control::replay::run_file(&trace, &policy, plot.as_deref(), json)

@@ -158,3 +158,85 @@ fn run_with_a_bad_policy_names_it_and_starts_nothing() {
     assert!(err.contains("run-bad.toml:4:12: invalid rate \"fast\""), "{err}");
     assert!(!board.exists(), "nothing was created");
 }
+
+#[test]
+fn policy_init_writes_a_policy_that_policy_check_passes() {
+    let (code, out, err) = linkpilot(&[
+        "policy",
+        "init",
+        "--link",
+        "hk-us",
+        "--interface",
+        "eth2",
+        "--peer",
+        "us=10.2.0.0/16,2001:db8:2::/64",
+        "--capacity",
+        "40Gbit/s",
+        "--rtt",
+        "180ms",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let file = temp("init.toml", &out);
+    let (code, checked, err) = linkpilot(&["policy", "check", &file.display().to_string()]);
+    assert_eq!(code, 0, "{checked}{err}\n{out}");
+    // Bad answers: what is wrong, nothing printed as a policy.
+    let (code, out, err) = linkpilot(&[
+        "policy",
+        "init",
+        "--interface",
+        "eth2",
+        "--capacity",
+        "40Gbit",
+        "--rtt",
+        "1s",
+    ]);
+    assert_ne!(code, 0);
+    assert!(out.is_empty() && err.contains("40Gbit"), "{out}{err}");
+    let (code, out, err) = linkpilot(&[
+        "policy",
+        "init",
+        "--interface",
+        "eth2",
+        "--peer",
+        "us=10.0.0.300/8",
+        "--capacity",
+        "1Gbit/s",
+        "--rtt",
+        "10ms",
+    ]);
+    assert_eq!((code, out.is_empty()), (1, true), "{out}");
+    assert!(err.contains("10.0.0.300/8"), "{err}");
+}
+
+#[test]
+fn an_interface_this_host_lacks_is_a_warning_not_an_error() {
+    let (_, policy, _) = linkpilot(&[
+        "policy",
+        "init",
+        "--interface",
+        "lpnosuch0",
+        "--capacity",
+        "1Gbit/s",
+        "--rtt",
+        "10ms",
+    ]);
+    let file = temp("missing-iface.toml", &policy);
+    let (code, out, err) = linkpilot(&["policy", "check", &file.display().to_string()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(": OK (sha256 "), "{out}");
+    assert!(err.contains("warning: link \"wan\": no interface lpnosuch0 on this host"), "{err}");
+    // One this host has: no warning.
+    let (_, policy, _) = linkpilot(&[
+        "policy",
+        "init",
+        "--interface",
+        "lo",
+        "--capacity",
+        "1Gbit/s",
+        "--rtt",
+        "1ms",
+    ]);
+    let file = temp("lo.toml", &policy);
+    let (code, out, err) = linkpilot(&["policy", "check", &file.display().to_string()]);
+    assert_eq!((code, err.as_str()), (0, ""), "{out}");
+}

@@ -11,6 +11,7 @@ use super::knobs::Compression;
 
 mod check;
 mod file;
+pub mod init;
 mod sections;
 
 /// `linkpilot policy check`: prints OK or the errors of each file; whether all were OK.
@@ -18,7 +19,12 @@ pub fn check_files(files: &[std::path::PathBuf]) -> bool {
     let mut ok = true;
     for f in files {
         match crate::control::Policy::load_with_digest(f) {
-            Ok((_, sha256)) => println!("{}: OK (sha256 {sha256})", f.display()),
+            Ok((policy, sha256)) => {
+                println!("{}: OK (sha256 {sha256})", f.display());
+                for w in missing_interfaces(&policy) {
+                    eprintln!("{}: warning: {w}", f.display());
+                }
+            }
             Err(e) => {
                 ok = false;
                 println!("{e}");
@@ -26,6 +32,24 @@ pub fn check_files(files: &[std::path::PathBuf]) -> bool {
         }
     }
     ok
+}
+
+/// Interfaces the policy names that this host lacks: a warning, not an error, since a policy
+/// is often checked away from the nodes it is for (`linkpilot run` refuses to start without
+/// them).
+fn missing_interfaces(p: &Policy) -> Vec<String> {
+    let net = std::path::Path::new("/sys/class/net");
+    p.links
+        .iter()
+        .flat_map(|l| l.interfaces.iter().map(move |i| (l, i)))
+        .filter(|(_, i)| *i != crate::kernel::iface::DEFAULT_ROUTE && !net.join(i).exists())
+        .map(|(l, i)| {
+            format!(
+                "link {:?}: no interface {i} on this host (`linkpilot run` needs it where it runs)",
+                l.name
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]
