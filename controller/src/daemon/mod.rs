@@ -361,6 +361,11 @@ impl Daemon {
         let ports = &self.ports;
         let tick = Duration::from_nanos(self.core.policy().tick.0);
         let mut readings = Readings { kernel_ns, ..Readings::default() };
+        // Counters first, at the tick's start, so that every rate covers one tick's interval:
+        // read after a full flow table (up to 63 ms), they made the next interval that much
+        // shorter, and a bursty sender's short interval could hold none of its bursts (0 bit/s).
+        self.probes.read_rows(&self.ifaces, &self.rows, ports, &mut readings)?;
+        let read_at = self.started.elapsed();
         if flow_read_due(self.flows_read, tick) {
             let t = Instant::now();
             readings.flows = self.probes.flows()?;
@@ -369,11 +374,10 @@ impl Daemon {
         } else {
             readings.flows_skipped = true;
         }
-        self.probes.read_rows(&self.ifaces, &self.rows, ports, &mut readings)?;
         let present = (!readings.flows_skipped).then_some(readings.flows.len());
         self.losses.update(&self.probes.losses()?, present, &self.metrics.datapath_lost);
         let flows = self.flows_seen;
-        let snap = self.sensors.tick(self.started.elapsed(), &readings);
+        let snap = self.sensors.tick(read_at, &readings);
         if self.record.is_some() {
             linelog::append(&mut self.record, &serde_json::to_string(&snap)?, &self.metrics);
         }
