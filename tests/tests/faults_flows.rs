@@ -127,7 +127,7 @@ fn a_full_flow_table_under_churn_keeps_the_daemon_deciding_and_measuring() {
             let churn = s.spawn(|| conns.churn(rate, secs));
             while !churn.is_finished() {
                 samples.push(sample_of(&dir, &pair.a.name));
-                std::thread::sleep(Duration::from_millis(250));
+                std::thread::sleep(Duration::from_millis(100));
             }
             churned = Some(churn.join().expect("the churn thread"));
         })
@@ -138,6 +138,9 @@ fn a_full_flow_table_under_churn_keeps_the_daemon_deciding_and_measuring() {
     let rss_churned = rss(pid);
     end(procs);
     let carrying = samples.iter().filter(|s| s.tx_bps > 10e6).count();
+    let mut rates: Vec<f64> = samples.iter().map(|s| s.tx_bps / 1e6).collect();
+    rates.sort_by(f64::total_cmp);
+    eprintln!("iperf3's rate as the daemon read it, Mbit/s, sorted: {rates:.1?}");
     let work = samples.iter().map(|s| s.work_ms).fold(0.0, f64::max);
     eprintln!(
         "churn: {replaced} connections replaced in {took:.1?} ({:.0}/s), {ticks} ticks; \
