@@ -22,14 +22,13 @@ pub const CEILING: &str = "colocated";
 
 /// A configuration's ceiling: the co-located run with as many ranks per site (they share this
 /// machine's cores alike), where one was run; else [`CEILING`].
-fn ceiling_of(runs: &[Run], name: &str) -> String {
-    let per_site = config::all().into_iter().find(|c| c.name == name).map_or(1, |c| c.per_site);
-    let own = config::all()
-        .into_iter()
+fn ceiling_of(all: &[config::Config], runs: &[Run], name: &str) -> String {
+    let per_site = all.iter().find(|c| c.name == name).map_or(1, |c| c.per_site);
+    all.iter()
         .find(|c| c.placement == Placement::Colocated && c.per_site == per_site)
-        .map(|c| c.name)
-        .filter(|n| runs.iter().any(|r| &r.config == n));
-    own.unwrap_or_else(|| CEILING.to_owned())
+        .map(|c| c.name.clone())
+        .filter(|n| runs.iter().any(|r| &r.config == n))
+        .unwrap_or_else(|| CEILING.to_owned())
 }
 /// Step counts at which loss per step is compared.
 const AT_STEPS: &[f64] = &[100.0, 200.0, 300.0];
@@ -62,10 +61,11 @@ pub fn summarize(scenario: &str, runs: &[Run], failures: &[Value]) -> Value {
     let names = config_order(runs);
     let targets: BTreeMap<&str, f64> =
         BASELINES.iter().filter_map(|b| target(runs, b).map(|t| (*b, t))).collect();
+    let all = config::all();
     let mut configs = Vec::new();
     for name in &names {
         let mine = runs_of(runs, name);
-        let ceiling_name = ceiling_of(runs, name);
+        let ceiling_name = ceiling_of(&all, runs, name);
         let ceiling_rate = phase_rates(&runs_of(runs, &ceiling_name));
         let mut per_target = Map::new();
         for (b, loss) in &targets {

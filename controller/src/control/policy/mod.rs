@@ -386,7 +386,7 @@ impl Policy {
 /// (the daemon's metrics and status, `linkpilot policy check`).
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest as _;
-    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    format!("{:x}", sha2::Sha256::digest(bytes))
 }
 
 pub(super) fn secs(n: Nanos) -> u32 {
