@@ -35,6 +35,7 @@ from torch._C._distributed_c10d import GradBucket  # DDP's own type; not re-expo
 
 from linkpilot.board import BoardError, KnobBoard, LinkKnobs
 from linkpilot.codecs import CODEC_NAMES, Codec, ErrorFeedback, get_codec
+from linkpilot.jobreport import JobReport, StepClock
 from linkpilot.tuner import TunerGate, TunerRule
 
 log = logging.getLogger("linkpilot.ddp")
@@ -161,6 +162,8 @@ class LinkpilotHook:
     on_step: called with each step's stats when the next step begins (its futures are done).
     tuner: the NCCL tuner plugin's gate, where every step's agreed NCCL rule is adopted
         ("auto": the plugin NCCL_TUNER_PLUGIN names, when it is linkpilot's; None: none).
+    job_report: where each step's time, exposed communication wait and wire bytes are published
+        for the daemon ("auto": its job-report directory, when it exists; None: nowhere).
     """
 
     def __init__(
@@ -176,6 +179,7 @@ class LinkpilotHook:
         on_step: Callable[[StepStats], None] | None = None,
         history: int = 1000,
         tuner: TunerGate | Literal["auto"] | None = "auto",
+        job_report: JobReport | Literal["auto"] | None = "auto",
     ) -> None:
         self.board = board if isinstance(board, KnobBoard) else KnobBoard(board)
         self.link = link
@@ -205,10 +209,17 @@ class LinkpilotHook:
         # step adopts (or withdraws) whatever was agreed.
         self._adopted: TunerRule | None | object = _NOTHING_YET
         self._board_problem = ""
+        self.job_report = (JobReport.auto(rank=self.rank, world=self.world, kind="ddp", link=link)
+                           if job_report == "auto" else job_report)
+        self._clock = StepClock()
 
     # -- per step -----------------------------------------------------------------------------
 
     def _begin_step(self) -> None:
+        timed = self._clock.begin()
+        if self._done is not None and timed is not None and self.job_report is not None:
+            self.job_report.step(step_s=timed[0], wait_s=timed[1],
+                                 wire_bytes=self._done.wire_bytes, codec=self._done.codec)
         if self._done is not None and self.on_step is not None:
             self.on_step(self._done)  # complete now: its decode times came with its futures
         self._done = None
@@ -304,6 +315,7 @@ class LinkpilotHook:
         if self._current is None:
             self._begin_step()
         assert self._current is not None
+        self._clock.call()
         buf = bucket.buffer()
         codec = self._codec_for(buf.numel())
         feedback = self._feedback_for(bucket)
@@ -331,6 +343,7 @@ class LinkpilotHook:
             started = time.perf_counter()
             out = exchange.finish(fut.value(), buf.numel())
             stats.decode_s = time.perf_counter() - started
+            self._clock.done()
             return out.to(buf.dtype)
 
         return work.then(done)
@@ -382,6 +395,7 @@ class LinkpilotHook:
         shards = [torch.empty_like(reduced) for _ in range(sites.per_site)]
         dist.all_gather(shards, reduced, group=sites.site_group)
         p.result.set_result(torch.cat(shards)[: p.numel].to(p.buf.dtype))
+        self._clock.done()
 
     def _agreed_next(self, proposals: Sequence[Proposal]) -> None:
         """Called at every collective's completion with the same proposals on every rank; the

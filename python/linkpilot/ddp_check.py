@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         opt.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
+        if state.job_report is not None:
+            state.job_report.set_loss(float(loss))
         if args.step_sleep:
             # The step's collectives are done here: say so, so that a harness can read the
             # link's counters while the link is quiet.
@@ -120,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     dist.barrier()  # the last step's futures are done: report it
     if state.history:
         report(state.history[-1])
+    if state.job_report is not None:
+        state.job_report.publish(force=True)  # os._exit below: the file stays, unlocked
     out.write(json.dumps({"done": True, "steps": state.step, "digest": digest(net),
                           "loss": float(loss)}) + "\n")
     out.flush()

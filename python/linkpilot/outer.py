@@ -49,7 +49,7 @@ import itertools
 import logging
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 import torch
 import torch.distributed as dist
@@ -57,6 +57,7 @@ from torch import nn
 from torch._C._distributed_c10d import Store
 
 from linkpilot.codecs import ErrorFeedback, get_codec
+from linkpilot.jobreport import JobReport
 from linkpilot.outer_exchange import _RESYNC, _Exchanger, _Job, _Resync
 from linkpilot.outer_plan import (
     PlanInputs,
@@ -103,6 +104,7 @@ class OuterSync:
         max_drift: int | None = None,
         on_round: Callable[[RoundStats], None] | None = None,
         store: Store | None = None,
+        job_report: JobReport | Literal["auto"] | None = "auto",
     ) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
         numel = sum(p.numel() for p in self.params)
@@ -186,6 +188,12 @@ class OuterSync:
         # Compute time between step calls (their own waiting taken out), the latest few.
         self._intervals: list[float] = []
         self._returned_at: float | None = None
+        #: Each step's time, exposed wait (this class's own) and bytes, for the daemon ("auto":
+        #: its job-report directory when it exists).
+        self.job_report = (JobReport.auto(rank=rank, world=world, kind="outer")
+                           if job_report == "auto" else job_report)
+        self.failed_exchanges = 0
+        self._reported = (0, 0)  # sent bytes and failed exchanges already reported
         if self.leader:
             leaders = [s[0] for s in sites]
             self._exchanger = _Exchanger(self, store or dist.distributed_c10d._get_default_store(),
@@ -227,12 +235,26 @@ class OuterSync:
         if self._exchanger is not None and self._exchanger.error is not None:
             raise RuntimeError("the cross-site exchange thread stopped") from self._exchanger.error
         called = time.monotonic()
-        if self._returned_at is not None:
-            self._intervals = [*self._intervals[-(_MEASURED - 1):], called - self._returned_at]
+        last_returned = self._returned_at
+        if last_returned is not None:
+            self._intervals = [*self._intervals[-(_MEASURED - 1):], called - last_returned]
         try:
             self._step()
         finally:
             self._returned_at = time.monotonic()
+        if self.job_report is not None and last_returned is not None:
+            self._report(self._returned_at - last_returned, self._returned_at - called)
+
+    def _report(self, step_s: float, wait_s: float) -> None:
+        """The step since the previous call returned: its wall time (the inner step and this
+        call) and this call's own wait; bytes and failures since the last report."""
+        assert self.job_report is not None
+        failed = self.failed_exchanges
+        sent, was_failed = self._reported
+        self._reported = (self.sent_bytes, failed)
+        self.job_report.step(step_s=step_s, wait_s=wait_s, wire_bytes=self.sent_bytes - sent,
+                             codec=self.plan.codec, sync_every=self.plan.sync_every,
+                             failed=max(0, failed - was_failed))
 
     @property
     def compute_s(self) -> float:
@@ -535,6 +557,7 @@ class OuterSync:
 
     def _record(self, stats: RoundStats) -> None:
         self.history.append(stats)
+        self.failed_exchanges += stats.outcome == "failed"
         if self.on_round is not None:
             self.on_round(stats)
 
@@ -568,3 +591,5 @@ class OuterSync:
             self._apply(note)
         if self._exchanger is not None:
             self._exchanger.stop()
+        if self.job_report is not None:
+            self.job_report.close()

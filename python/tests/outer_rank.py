@@ -102,9 +102,17 @@ def main() -> None:
             print(json.dumps({"idle": step, "rank": a.rank}), flush=True)
             time.sleep(a.pause_s)
     recorded.clear()
+    # The job report as the daemon would read it (written now: rewrites come at most every
+    # 0.25 s), before close() removes it.
+    if sync.job_report is not None:
+        sync.job_report.publish(force=True)
+    report = sync.job_report and json.loads(open(sync.job_report.path, "rb").read())
+    sent = sync.sent_bytes
     sync.close()  # may finish the exchange in flight: its record goes with the done line
+    gone = sync.job_report is not None and not os.path.exists(sync.job_report.path)
     print(json.dumps({"done": True, "rank": a.rank, "digest": digest(sync._flatten()),
-                      "outer": digest(sync.outer), "exchanges": list(recorded)}), flush=True)
+                      "outer": digest(sync.outer), "exchanges": list(recorded),
+                      "report": report, "report_removed": gone, "sent_bytes": sent}), flush=True)
     dist.barrier()
     sys.stdout.flush()
     os._exit(0)

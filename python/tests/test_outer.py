@@ -110,7 +110,10 @@ def only_common_exchanges_applied(exchanges: list[list[dict[str, Any]]]
 # "1,0/3,2": a site's ranks in any order (its leader is its smallest rank).
 @pytest.mark.parametrize("sites", [None, "1,0/3,2"])
 def test_every_replica_holds_the_same_fragment_after_its_outer_step(
-        tmp_path: Path, sites: str | None) -> None:
+        tmp_path: Path, sites: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "jobs").mkdir()
+    monkeypatch.setenv("LINKPILOT_JOBS", str(tmp_path / "jobs"))
+    monkeypatch.setenv("LINKPILOT_JOB", "outer-test")
     world = 4 if sites else 2
     # Apply steps wait for their exchange (patience = the deadline), so the schedule is fixed:
     # each round's plan exchange (its first) has been applied before the round ends.
@@ -131,6 +134,14 @@ def test_every_replica_holds_the_same_fragment_after_its_outer_step(
     if sites:
         assert done[0]["digest"] == done[1]["digest"] and done[2]["digest"] == done[3]["digest"]
         assert done[0]["digest"] != done[2]["digest"]
+    # Every rank's job report: the 29 steps after the first (a step is its interval between two
+    # calls), the bytes its leader handed to the exchange, the plan in force; removed on close.
+    for d in done:
+        r = d["report"]
+        assert (r["job"], r["kind"], r["world"], r["steps"]) == ("outer-test", "outer", world, 29)
+        assert (r["codec"], r["sync_every"], r["wire_bytes"]) == ("int8", 6, d["sent_bytes"])
+        assert 0 <= r["wait_s"] <= r["step_s"] and d["report_removed"]
+    assert sum(d["sent_bytes"] > 0 for d in done) == len(leaders)
 
 
 @pytest.mark.parametrize("sites", [None, "0,1/2,3"])

@@ -101,6 +101,7 @@ impl Daemon {
             ("--status-socket", "status.sock"),
             ("--lock", "lock"),
             ("--tuner-stats", "tuner"),
+            ("--job-reports", "jobs"),
         ] {
             if !extra.contains(&flag) {
                 cmd.arg(flag).arg(dir.join(file));

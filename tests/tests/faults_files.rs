@@ -128,6 +128,7 @@ fn run_paths(run_dir: &Path) -> Vec<String> {
         ("--roce-tc-state", "roce-tc.json"),
         ("--lock", "linkpilot.lock"),
         ("--tuner-stats", "tuner"),
+        ("--job-reports", "jobs"),
     ] {
         args.push(flag.to_owned());
         args.push(run_dir.join(file).display().to_string());

@@ -73,6 +73,24 @@ fn rdma_fixtures(dir: &Path) -> Vec<String> {
     vec!["--rdma-root".into(), arg(&sysfs), "--rdma-cm-root".into(), arg(&dir.join("rdma_cm"))]
 }
 
+/// Steps of a synchronizer job every 0.2 s through `linkpilot.jobreport`, into the directory
+/// its argument names.
+const JOB_WRITER: &str = r#"
+import sys, time
+from linkpilot.jobreport import JobReport
+r = JobReport(sys.argv[1], rank=0, world=2, kind="outer", job="prom")
+while True:
+    r.step(step_s=0.2, wait_s=0.05, wire_bytes=100_000, codec="int8", sync_every=16)
+    r.set_loss(2.5)
+    time.sleep(0.2)
+"#;
+
+fn python() -> std::path::PathBuf {
+    std::env::var_os("LINKPILOT_PYTHON")
+        .map(Into::into)
+        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python").into())
+}
+
 /// A child killed when the test ends, also when it fails.
 struct Killed(Child);
 
@@ -190,6 +208,18 @@ fn prometheus_scrapes_the_daemon_and_every_dashboard_query_returns_data() {
         TrainingProcess::start(&dir.join("training"), &dir.join("knobs"), &dir.join("tuner"));
     wait_for("the tuner's choices, as Prometheus sees them", Duration::from_secs(10), || {
         !promql("linkpilot_nccl_tuner_choices").is_empty()
+    });
+
+    // A training process publishing a job report through the training side's own writer (a
+    // synchronizer job: with a loss and a sync interval), so that the jobs' series exist.
+    let _job = Killed(
+        Command::new(python())
+            .args(["-c", JOB_WRITER, dir.join("jobs").to_str().expect("utf-8")])
+            .spawn()
+            .expect("the job-report writer"),
+    );
+    wait_for("the job's rates, as Prometheus sees them", Duration::from_secs(20), || {
+        !promql("linkpilot_job_steps_per_second{training_job=\"prom\"}").is_empty()
     });
 
     // Enough samples for every rate and increase window of the dashboard.

@@ -161,8 +161,12 @@ fn victims(dir: &Path) -> (PathBuf, PathBuf) {
     let victim_dir = dir.join("victim-dir");
     std::fs::create_dir(&victim_dir).expect("victim dir");
     std::fs::write(victim_dir.join("4194305"), "precious\n").expect("victim dir's file");
+    // Named as a training process's file (tuner counters, job report) of a dead process.
+    std::fs::write(victim_dir.join(DEAD), "precious\n").expect("victim dir's file");
     (victim, victim_dir)
 }
+
+const DEAD: &str = "4194305-0123456789abcdef";
 
 fn plant(link: &Path, target: &Path) {
     std::fs::create_dir_all(link.parent().expect("dir")).expect("dir");
@@ -178,13 +182,16 @@ fn no_file_the_daemon_writes_is_written_through_a_planted_symlink() {
     let run_dir = dir.join("run");
     let (victim, victim_dir) = victims(&dir);
     let (before, before_dir) = (fingerprint(&victim), fingerprint(&victim_dir.join("4194305")));
+    let before_dead = fingerprint(&victim_dir.join(DEAD));
     let ecn = sysctl(&ns, "net.ipv4.tcp_ecn");
 
-    // Files written whole are replaced (a rename over the link); the tuner directory, which
-    // the daemon would make world-writable and clean, is refused and left alone.
+    // Files written whole are replaced (a rename over the link); the tuner and job-report
+    // directories, which the daemon would make world-writable and clean, are refused and left
+    // alone.
     plant(&run_dir.join("knobs"), &victim);
     plant(&run_dir.join("nccl.env"), &victim);
     plant(&run_dir.join("tuner"), &victim_dir);
+    plant(&run_dir.join("jobs"), &victim_dir);
     let mut d = Daemon::start_with(&ns, &run_dir, PAIR_POLICY, &["--metrics-addr", "off"]);
     wait_for("the first decision on the board", Duration::from_secs(20), || {
         BoardReader::open(&run_dir.join("knobs"))
@@ -201,8 +208,14 @@ fn no_file_the_daemon_writes_is_written_through_a_planted_symlink() {
     }
     let log = d.log();
     assert!(log.contains("tuner is a symbolic link; refusing to use it"), "{log}");
+    assert!(log.contains("jobs is a symbolic link; refusing to use it"), "{log}");
+    // Past a directory scan (once a second).
+    std::thread::sleep(Duration::from_millis(1500));
     stop(&mut d);
-    assert!(std::fs::symlink_metadata(run_dir.join("tuner")).expect("tuner").is_symlink());
+    for name in ["tuner", "jobs"] {
+        assert!(std::fs::symlink_metadata(run_dir.join(name)).expect(name).is_symlink());
+    }
+    assert_eq!(fingerprint(&victim_dir.join(DEAD)), before_dead, "not cleaned");
     assert_eq!(fingerprint(&victim), before);
     assert_eq!(fingerprint(&victim_dir.join("4194305")), before_dir, "not cleaned");
     let mode = std::fs::metadata(&victim_dir).expect("victim dir").mode();

@@ -15,7 +15,10 @@ use linkpilot_lab::{
     lab::{Host, Lab, LabConfig, Site},
     scenario::{Direction, Scenario},
 };
-use linkpilot_tests::linkpilot_bin;
+use linkpilot_tests::{
+    daemon::{sample, scrape, status_json, wait_for, Daemon},
+    linkpilot_bin,
+};
 use serde_json::Value;
 
 /// Steps before measuring (DDP rebuilds its buckets after the first; step 0 uses the safe codec
@@ -87,6 +90,7 @@ fn rank(
     world: usize,
     board: &Feeder,
     extra: &[&str],
+    env: &[(&str, &str)],
 ) -> Rank {
     let mut child = Command::new("nsenter")
         .arg(format!("--net=/run/netns/{}", host.netns))
@@ -98,6 +102,7 @@ fn rank(
         .args(["--board", board.path.to_str().expect("utf-8")])
         .args(["--large-bucket-bytes", "0", "--bucket-mb", "1", "--step-sleep", "1.2"])
         .args(extra)
+        .envs(env.iter().copied())
         .env("PYTHONUNBUFFERED", "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -168,7 +173,7 @@ fn train(lab: &Lab, codec: &str, per_site: usize, sites: Option<&str>) -> Run {
         .iter()
         .zip(&feeders)
         .enumerate()
-        .map(|(r, (h, f))| rank(h, &hosts[0], r, world, f, &extra))
+        .map(|(r, (h, f))| rank(h, &hosts[0], r, world, f, &extra, &[]))
         .collect();
     let mut samples = Vec::new();
     let mut rank0 = Vec::new();
@@ -246,4 +251,102 @@ fn two_ranks_per_site_send_no_more_across_than_one() {
     let flat = train(&lab, "int8", 2, None);
     eprintln!("2 ranks per site (flat): {flat:?}");
     assert!(flat.lab_per_step > one.lab_per_step * 1.3, "{flat:?}");
+}
+
+/// The daemon on HK with the steady link's policy (its nominal 200 Mbit/s).
+const JOB_POLICY: &str = r#"
+[daemon]
+tick = "100ms"
+[[link]]
+name = "wan"
+interfaces = ["eth0"]
+capacity = "200Mbit/s"
+[[link.peer]]
+name = "us"
+cidrs = ["198.18.2.0/24"]
+[[state]]
+name = "healthy"
+[state.knobs]
+compression = "int8"
+dscp = 26
+roce_traffic_class = 106
+"#;
+
+/// Two real ranks across the 180 ms link, HK's publishing a job report: HK's daemon shows the
+/// job in status and metrics with the bytes per step the rank's own step lines give, a step no
+/// shorter than its 1.2 s of compute, an exposed wait of at least the link's round trip (the
+/// lab's delay), and forgets the job once the rank is gone.
+#[test]
+fn a_job_report_feeds_status_and_metrics() {
+    let lab = steady_lab("tjobs", 1);
+    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    let dir = std::env::temp_dir().join(format!("lp-train-jobs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let daemon = Daemon::start(&hk.netns, &dir, JOB_POLICY);
+    let jobs = dir.join("jobs");
+    wait_for("the job-report directory", Duration::from_secs(20), || jobs.is_dir());
+    let feeders = [Feeder::new("jobs-hk", "int8"), Feeder::new("jobs-us", "int8")];
+    let env = [("LINKPILOT_JOBS", jobs.to_str().expect("utf-8")), ("LINKPILOT_JOB", "lab-job")];
+    // US's rank reports to a directory its host's daemon would read; not HK's.
+    let elsewhere = dir.join("us-jobs");
+    std::fs::create_dir_all(&elsewhere).expect("dir");
+    let us_env = [("LINKPILOT_JOBS", elsewhere.to_str().expect("utf-8"))];
+    // 16 steps: the window (10 s) then holds only steps after the first, whose buckets DDP
+    // rebuilds (their bytes differ).
+    let extra = ["--safe-codec", "int8", "--steps", "16"];
+    let mut ranks = [
+        rank(&hk, &hk, 0, 2, &feeders[0], &extra, &env),
+        rank(&us, &hk, 1, 2, &feeders[1], &extra, &us_env),
+    ];
+    let mut job = Value::Null;
+    wait_for("11 steps reported", Duration::from_secs(120), || {
+        job = status_json(&dir)["jobs"][0].clone();
+        job["steps"].as_u64().is_some_and(|s| s >= 11)
+    });
+    eprintln!("status: {job}");
+    let metrics = scrape(&hk.netns);
+    let mut lines = Vec::new();
+    for (i, r) in ranks.iter_mut().enumerate() {
+        let seen = r.until("done", Duration::from_secs(120));
+        if i == 0 {
+            lines = seen;
+        }
+        assert!(r.child.wait().expect("rank exit").success());
+    }
+    // What the rank's own step lines say each step after the first sent: one figure.
+    let sent: std::collections::BTreeSet<u64> = lines
+        .iter()
+        .filter(|v| v["step"].as_u64().is_some_and(|s| s >= 1))
+        .map(|v| v["wire_bytes"].as_u64().expect("wire_bytes"))
+        .collect();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    let sent = *sent.first().expect("sent");
+    assert_eq!((job["job"].as_str(), job["kind"].as_str()), (Some("lab-job"), Some("ddp")));
+    assert_eq!((job["world"].as_u64(), job["ranks"].clone()), (Some(2), serde_json::json!([0])));
+    assert_eq!(job["wire_bytes_per_step"].as_f64(), Some(sent as f64), "{job}");
+    let step_s = job["step_s"].as_f64().expect("step_s");
+    let wait_s = job["wait_s"].as_f64().expect("wait_s");
+    assert!(step_s >= 1.2, "a step is at least its 1.2 s of compute: {step_s}");
+    assert!((0.18..step_s).contains(&wait_s), "the exchange costs a round trip: {wait_s}");
+    let share = job["comm_share"].as_f64().expect("comm_share");
+    assert!((share - wait_s / step_s).abs() < 1e-9, "{job}");
+    assert_eq!(job["link"].as_str(), Some("wan"));
+    assert_eq!(sample(&metrics, "linkpilot_job_ranks{training_job=\"lab-job\"}"), Some(1.0));
+    assert!(
+        sample(&metrics, "linkpilot_job_rank_steps_total{training_job=\"lab-job\"}")
+            .is_some_and(|s| s >= 1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "linkpilot_job_codec{training_job=\"lab-job\",codec=\"int8\"}"),
+        Some(1.0)
+    );
+    // The rank left without removing its file (os._exit): unlocked, so the daemon removes it.
+    wait_for("the job gone from status", Duration::from_secs(10), || {
+        status_json(&dir)["jobs"].as_array().is_some_and(Vec::is_empty)
+    });
+    assert_eq!(std::fs::read_dir(&jobs).expect("jobs").count(), 0);
+    assert!(!scrape(&hk.netns).contains("training_job=\"lab-job\""));
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
 }

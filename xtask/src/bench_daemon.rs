@@ -172,6 +172,7 @@ pub fn run(flows: u32, secs: u64) -> anyhow::Result<()> {
             .args(["--status-socket", &p("status.sock").display().to_string()])
             .args(["--lock", &p("lock").display().to_string()])
             .args(["--tuner-stats", &p("tuner").display().to_string()])
+            .args(["--job-reports", &p("jobs").display().to_string()])
             .stdout(Stdio::null())
             .stderr(fs::File::create(p("daemon.log"))?)
             .spawn()

@@ -82,6 +82,7 @@ pub fn run(seconds: Option<u64>) -> anyhow::Result<()> {
             .args(["--roce-tc-state", &p("roce-tc-originals.json")])
             .args(["--decision-log", &p("decisions.jsonl"), "--record", &p("trace.jsonl")])
             .args(["--status-socket", &p("status.sock"), "--tuner-stats", &p("tuner")])
+            .args(["--job-reports", &p("jobs")])
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(fs::File::create(out.join("daemon.log"))?)

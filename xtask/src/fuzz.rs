@@ -22,6 +22,7 @@ pub const RUST_TARGETS: &[&str] = &[
     "packet",
     "tuner_decision",
     "tuner_stats",
+    "job_report",
     "status_request",
 ];
 pub const PYTHON_TARGETS: &[&str] = &["envfile"];

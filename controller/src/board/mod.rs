@@ -3,7 +3,9 @@
 //! seqlock in the header, so a reader copying the board while the daemon writes sees the old
 //! or the new values, never a mix.
 
+pub mod drop_dir;
 pub mod feed;
+pub mod job_reports;
 pub mod tuner_stats;
 
 use std::{

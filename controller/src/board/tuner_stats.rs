@@ -3,22 +3,10 @@
 //! the plugin loaded, and what each one's NCCL was asked for, per collective and size class,
 //! from which adopted decision.
 //!
-//! The directory is world-writable (sticky, like /tmp: training processes of any user create
-//! their file), so nothing in it is trusted: only regular files named `<pid>-<16 hex digits>`,
-//! read with `read` (never mapped) and exactly the layout's size, at most [`MAX_FILES`] of them.
-//! A file is a live process's while that process holds its `flock`: that works across PID
-//! namespaces, where the pid in the name means nothing here. The plugin rewrites its file once
-//! a second, so a read is taken twice and kept only when both agree.
+//! The directory is a [`drop_dir`]: nothing in it is trusted; the plugin rewrites its file once
+//! a second.
 
-use std::{
-    fs,
-    io::{self, Read, Seek},
-    os::unix::{
-        fs::{OpenOptionsExt, PermissionsExt},
-        io::AsRawFd,
-    },
-    path::Path,
-};
+use std::{io, path::Path};
 
 use linkpilot_common::{
     board::nccl,
@@ -29,10 +17,10 @@ use linkpilot_common::{
 };
 use serde::{Deserialize, Serialize};
 
+use super::drop_dir::{self, Held};
+
 /// Where the plugin writes unless `LINKPILOT_TUNER_STATS` says otherwise.
 pub const DEFAULT_DIR: &str = "/run/linkpilot/tuner";
-/// Files read at most per scan.
-pub const MAX_FILES: usize = 256;
 
 /// One training process with the plugin loaded.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -88,42 +76,12 @@ pub enum Counted {
     Dead,
 }
 
-/// Reads tried before a file that changes under every read is skipped for this scan.
-const READ_TRIES: usize = 3;
-
 /// One counter file, or why it is not one.
 pub fn read_file(path: &Path) -> Result<Counted, String> {
-    let mut f = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| e.to_string())?;
-    let meta = f.metadata().map_err(|e| e.to_string())?;
-    if !meta.is_file() {
-        return Err("not a regular file".into());
+    match drop_dir::read_file(path, TUNER_SIZE, "counter file")? {
+        Held::Live(bytes) => parse(&bytes).map(Counted::Live),
+        Held::Dead => Ok(Counted::Dead),
     }
-    // Taken only if no process holds it: then the file is a dead one's. Released at once.
-    // SAFETY: flock on a descriptor this function owns.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-        // SAFETY: as above.
-        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
-        return Ok(Counted::Dead);
-    }
-    if meta.len() != TUNER_SIZE as u64 {
-        return Err(format!("not a counter file ({} bytes, one has {TUNER_SIZE})", meta.len()));
-    }
-    let mut last = vec![0u8; TUNER_SIZE];
-    f.read_exact(&mut last).map_err(|e| e.to_string())?;
-    for _ in 0..READ_TRIES {
-        let mut again = vec![0u8; TUNER_SIZE];
-        f.rewind().map_err(|e| e.to_string())?;
-        f.read_exact(&mut again).map_err(|e| e.to_string())?;
-        if again == last {
-            return parse(&last).map(Counted::Live);
-        }
-        last = again;
-    }
-    Err("rewritten during every read".into())
 }
 
 /// A counter file's bytes (anyone's: checked, never trusted), or why they are not one.
@@ -192,72 +150,36 @@ pub fn parse(bytes: &[u8]) -> Result<TunerProcess, String> {
     })
 }
 
-/// The pid a counter file's name gives: `<pid>-<16 hex digits>`.
-fn named_pid(name: &str) -> Option<u32> {
-    let (pid, tag) = name.split_once('-')?;
-    (tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()))
-        .then(|| pid.parse().ok())
-        .flatten()
-}
-
-/// The processes of `dir` with the plugin loaded, by pid. Files of processes that are gone (a
-/// crash: a clean exit removes its own) are removed when `clean` is set (the daemon owns the
-/// directory); unreadable or foreign files are skipped.
+/// The processes of `dir` with the plugin loaded, by pid. Files of processes that are gone are
+/// removed when `clean` is set (the daemon owns the directory); unreadable or foreign files
+/// (one whose pid is not its name's) are skipped.
 pub fn scan(dir: &Path, clean: bool) -> Vec<TunerProcess> {
-    // Not through a symlink: files of dead processes are removed, as root.
-    if real_dir(dir).is_err() {
-        return Vec::new();
-    }
-    let Ok(entries) = fs::read_dir(dir) else { return Vec::new() };
-    let mut out = Vec::new();
-    for entry in entries.flatten().take(MAX_FILES) {
-        let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(named_pid) else { continue };
-        match read_file(&entry.path()) {
-            Ok(Counted::Live(p)) if p.pid == pid => out.push(p),
-            Ok(Counted::Dead) if clean && entry.file_type().is_ok_and(|t| t.is_file()) => {
-                let _ = fs::remove_file(entry.path());
-            }
-            _ => {}
-        }
-    }
+    let parse = |pid, bytes: &[u8]| {
+        parse(bytes).and_then(|p| {
+            (p.pid == pid).then_some(p).ok_or_else(|| "another process's name".to_owned())
+        })
+    };
+    let mut out: Vec<TunerProcess> =
+        drop_dir::scan(dir, clean, TUNER_SIZE, "counter file", parse, |_, _| {})
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect();
     out.sort_by_key(|p| p.pid);
     out
 }
 
-/// Creates the directory for the plugin's files: world-writable and sticky (as /tmp), so
-/// training processes of every user can create (and only remove) their own. A directory that
-/// exists already keeps its owner's permissions; anything else there (a symlink, a file) is
-/// refused, and [`scan`] will not read it.
+/// Creates the directory for the plugin's files (see [`drop_dir::create_dir`]).
 pub fn create_dir(dir: &Path) -> io::Result<()> {
-    if let Some(parent) = dir.parent() {
-        fs::create_dir_all(parent)?;
-    }
-    match fs::create_dir(dir) {
-        // Through a descriptor of the directory just made, not its name.
-        Ok(()) => fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
-            .open(dir)?
-            .set_permissions(fs::Permissions::from_mode(0o1777)),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => real_dir(dir),
-        Err(e) => Err(e),
-    }
-}
-
-/// `dir` is a directory itself, not a symlink to one.
-fn real_dir(dir: &Path) -> io::Result<()> {
-    let t = fs::symlink_metadata(dir)?.file_type();
-    if t.is_dir() {
-        return Ok(());
-    }
-    let what = if t.is_symlink() { "a symbolic link" } else { "not a directory" };
-    Err(io::Error::other(format!("{} is {what}; refusing to use it", dir.display())))
+    drop_dir::create_dir(dir)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
+    use std::{
+        fs,
+        os::unix::{fs::PermissionsExt, io::AsRawFd},
+        path::PathBuf,
+    };
 
     use super::*;
     use linkpilot_common::tuner::TunerHeader;

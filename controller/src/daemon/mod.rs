@@ -6,6 +6,7 @@
 mod actuate;
 mod health;
 mod ifaces;
+pub mod jobs;
 pub(crate) mod ledger;
 mod linelog;
 mod losses;
@@ -30,7 +31,10 @@ use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info, warn};
 
 use crate::{
-    board::tuner_stats::{self, TunerProcess},
+    board::{
+        job_reports,
+        tuner_stats::{self, TunerProcess},
+    },
     control::{policy::sha256_hex, Core, Policy},
     kernel::checks,
     kernel::iface::{self, Iface},
@@ -143,6 +147,10 @@ struct Daemon {
     /// The tuner plugin's counters of each training process, and when they were last read.
     tuner: Vec<TunerProcess>,
     tuner_read: Option<Instant>,
+    /// The training jobs' reports, as of the latest read (with the tuner's, once a second).
+    jobs: jobs::Jobs,
+    job_status: Vec<jobs::JobStatus>,
+    job_refused: Vec<String>,
     health: SensingHealth,
     /// Watched interfaces that are gone now (ifaces.rs).
     missing: Vec<String>,
@@ -220,6 +228,9 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                 o.tuner_stats.display()
             );
         }
+        if let Err(e) = job_reports::create_dir(&o.job_reports) {
+            warn!("{}: {e}; training jobs cannot report", o.job_reports.display());
+        }
     }
     let status: status::Shared = Arc::new(Mutex::new(Status::default()));
     let status_server = tokio::spawn(status::serve(status_listener, status.clone()));
@@ -249,6 +260,9 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         ports_found: None,
         tuner: Vec::new(),
         tuner_read: None,
+        jobs: jobs::Jobs::default(),
+        job_status: Vec::new(),
+        job_refused: Vec::new(),
         health: SensingHealth::new(Duration::from_secs(o_give_up)),
         missing: Vec::new(),
         losses: losses::LossReport::default(),

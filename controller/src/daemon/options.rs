@@ -27,6 +27,10 @@ pub struct RunOptions {
     /// and sticky); status and metrics show them.
     #[arg(long, default_value = crate::board::tuner_stats::DEFAULT_DIR)]
     pub tuner_stats: PathBuf,
+    /// Where training processes publish what the network costs their steps (created
+    /// world-writable and sticky); status and metrics show it per job.
+    #[arg(long, default_value = crate::board::job_reports::DEFAULT_DIR)]
+    pub job_reports: PathBuf,
     /// Where the sysctls are read and written: the host's /proc/sys, or the place it is mounted
     /// in a container (whose own /proc/sys is read-only).
     #[arg(long, default_value = crate::actuate::sysctl::PROC_SYS)]

@@ -9,11 +9,22 @@ use super::{
     status::{LinkStatus, PeerStatus, Status},
     Daemon,
 };
-use crate::{board::tuner_stats, sense::sensors::Snapshot};
+use crate::{
+    board::{job_reports, tuner_stats},
+    sense::sensors::Snapshot,
+};
 
 impl Daemon {
     /// Metrics and the status API after a tick (`flows_read`: the flow table was read in it).
     pub(super) fn report(&mut self, snap: &Snapshot, flows: u64, flows_read: bool, work: Duration) {
+        // Training processes' tuner counters and job reports: a directory listing and a read
+        // per process, at most once a second.
+        if self.tuner_read.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            self.tuner_read = Some(Instant::now());
+            self.tuner = tuner_stats::scan(&self.o.tuner_stats, !self.o.dry_run);
+            self.metrics.tuner(&self.tuner);
+            self.read_jobs();
+        }
         let m = &self.metrics;
         let states: Vec<String> =
             self.core.policy().states.iter().map(|s| s.name.clone()).collect();
@@ -38,13 +49,6 @@ impl Daemon {
             });
         }
         m.snapshot(snap, flows_read);
-        // Training processes' tuner counters: a directory listing and a read per process, at
-        // most once a second.
-        if self.tuner_read.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-            self.tuner_read = Some(Instant::now());
-            self.tuner = tuner_stats::scan(&self.o.tuner_stats, !self.o.dry_run);
-            m.tuner(&self.tuner);
-        }
         let (sysctls, roce) = (self.act.sysctls.as_ref(), self.act.roce.as_ref());
         let released = [
             ("sysctl", sysctls.map_or(0, |s| s.released().len())),
@@ -88,6 +92,8 @@ impl Daemon {
             actuators: self.act.ledger.entries().to_vec(),
             links,
             nccl_tuner: self.tuner.clone(),
+            jobs: self.job_status.clone(),
+            job_reports_refused: self.job_refused.clone(),
             peers: snap
                 .peers
                 .iter()
@@ -104,6 +110,27 @@ impl Daemon {
                 })
                 .collect(),
         };
+    }
+
+    /// The training jobs' reports: read, differenced, shown in the metrics.
+    fn read_jobs(&mut self) {
+        let mut malformed = Vec::new();
+        let reports = job_reports::scan(&self.o.job_reports, !self.o.dry_run, |file, why| {
+            malformed.push((why, file.to_owned()));
+        });
+        let links = &self.core.policy().links;
+        let link_bps = |name: Option<&str>| {
+            let l = match name {
+                Some(n) => links.iter().find(|l| l.name == n),
+                None => links.first(),
+            }?;
+            Some((l.name.clone(), l.capacity_bps))
+        };
+        let mut reading = self.jobs.update(Instant::now(), reports, link_bps);
+        reading.refused.extend(malformed);
+        self.metrics.jobs.update(&reading);
+        self.job_refused = reading.refused.iter().map(|(why, f)| format!("{f}: {why}")).collect();
+        self.job_status = reading.jobs;
     }
 
     /// Removes the metric series of links, states and peers the running policy no longer has.

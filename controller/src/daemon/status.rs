@@ -20,6 +20,7 @@ use tokio::{
 use tracing::{debug, warn};
 
 use super::{
+    jobs::{self, JobStatus},
     ledger::ActuatorStatus,
     status_request::{reply, MAX_REQUEST, REFUSED},
 };
@@ -76,6 +77,12 @@ pub struct Status {
     /// Training processes with the NCCL tuner plugin loaded: what they adopted and asked NCCL for.
     #[serde(default)]
     pub nccl_tuner: Vec<TunerProcess>,
+    /// Training jobs' reports: what the network costs their steps.
+    #[serde(default)]
+    pub jobs: Vec<JobStatus>,
+    /// Report files the latest read refused: "file: why".
+    #[serde(default)]
+    pub job_reports_refused: Vec<String>,
     pub peers: Vec<PeerStatus>,
 }
 
@@ -308,6 +315,7 @@ pub fn render(s: &Status) -> String {
         }
     }
     out += &render_tuner(&s.nccl_tuner);
+    out += &jobs::render(&s.jobs, &s.job_reports_refused);
     out += &format!(
         "\n{:<12} {:<12} {:>9} {:>9} {:>11} {:>11} {:>7} {:>8} {:>6}\n",
         "INTERFACE", "PEER", "SRTT", "P99", "RX", "TX", "CE", "RETX/s", "FLOWS"

@@ -261,6 +261,7 @@ fn start_daemon(
         .args(["--roce-tc-state", &p("roce-tc-originals.json")])
         .args(["--decision-log", &p("decisions.jsonl"), "--status-socket", &p("status.sock")])
         .args(["--metrics-addr", "off", "--tuner-stats", &p("tuner")])
+        .args(["--job-reports", &p("jobs")])
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(fs::File::create(p("daemon.log"))?)

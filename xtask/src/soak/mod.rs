@@ -123,6 +123,7 @@ fn start_daemon(
             .args(["--sysctl-state", &p("sysctl-originals.json"), "--lock", &p("lock")])
             .args(["--roce-tc-state", &p("roce-tc-originals.json")])
             .args(["--status-socket", &p("status.sock"), "--tuner-stats", &p("tuner")])
+            .args(["--job-reports", &p("jobs")])
             .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())

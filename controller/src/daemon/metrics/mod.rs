@@ -23,6 +23,8 @@ use crate::{
     sense::sensors::Snapshot,
 };
 
+mod jobs;
+
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
 
 type Labels = Vec<(String, String)>;
@@ -88,6 +90,7 @@ pub struct Metrics {
     tuner_processes: Gauge,
     tuner_calls: Family<Labels, Gauge>,
     tuner_choices: Family<Labels, Gauge>,
+    pub jobs: jobs::JobMetrics,
     shown: Arc<Mutex<Shown>>,
 }
 
@@ -276,6 +279,7 @@ impl Metrics {
             "(process, size class) pairs whose latest choice for a collective is this algorithm \
              and protocol (nccl: NCCL's own)",
         );
+        let jobs = jobs::JobMetrics::register(r);
         let build = Family::<Labels, Gauge>::default();
         r.register("build_info", "The running version", build.clone());
         build.get_or_create(&labels(&[("version", env!("CARGO_PKG_VERSION"))])).set(1);
@@ -315,6 +319,7 @@ impl Metrics {
             tuner_processes,
             tuner_calls,
             tuner_choices,
+            jobs,
             shown: Arc::default(),
         }
     }

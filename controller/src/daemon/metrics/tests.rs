@@ -129,3 +129,41 @@ fn the_policy_digest_is_one_series_that_follows_reloads() {
         "{text}"
     );
 }
+
+/// A job's codec series follows its codec; a job whose processes are gone loses its series,
+/// and the refusal counters exist at 0 before any refusal.
+#[test]
+fn job_series_follow_the_jobs_and_go_with_them() {
+    use crate::daemon::jobs::{Added, JobStatus, Reading};
+    let m = Metrics::new(false);
+    let job = |codec: &str| JobStatus {
+        job: "lm".into(),
+        codec: codec.into(),
+        ranks: vec![0, 1],
+        comm_share: Some(0.25),
+        ..JobStatus::default()
+    };
+    let added = [("lm".to_owned(), Added { steps: 4, wire_bytes: 1000, ..Added::default() })];
+    let mut reading =
+        Reading { jobs: vec![job("int8")], added: added.into_iter().collect(), refused: vec![] };
+    m.jobs.update(&reading);
+    reading.jobs = vec![job("int4")];
+    reading.refused = vec![("implausible: a total went down".into(), "1-0123456789abcdef".into())];
+    m.jobs.update(&reading);
+    let text = m.render();
+    for want in [
+        "linkpilot_job_codec{training_job=\"lm\",codec=\"int4\"} 1",
+        "linkpilot_job_rank_steps_total{training_job=\"lm\"} 8",
+        "linkpilot_job_wire_bytes_total{training_job=\"lm\"} 2000",
+        "linkpilot_job_comm_share{training_job=\"lm\"} 0.25",
+        "linkpilot_job_ranks{training_job=\"lm\"} 2",
+        "linkpilot_job_reports_refused_total{reason=\"implausible\"} 1",
+        "linkpilot_job_reports_refused_total{reason=\"malformed\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l == want), "no {want} in:\n{text}");
+    }
+    assert!(!text.contains("codec=\"int8\""), "{text}");
+    m.jobs.update(&Reading::default());
+    let text = m.render();
+    assert!(!text.contains("training_job="), "{text}");
+}
