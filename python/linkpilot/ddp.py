@@ -36,6 +36,7 @@ from torch._C._distributed_c10d import GradBucket  # DDP's own type; not re-expo
 from linkpilot.board import BoardError, KnobBoard, LinkKnobs
 from linkpilot.codecs import CODEC_NAMES, Codec, ErrorFeedback, get_codec
 from linkpilot.jobreport import JobReport, StepClock
+from linkpilot.pgtimeout import _member, group_timeout, set_group_timeout
 from linkpilot.tuner import TunerGate, TunerRule
 
 log = logging.getLogger("linkpilot.ddp")
@@ -272,7 +273,7 @@ class LinkpilotHook:
         want = max(self._job_timeout, datetime.timedelta(seconds=watchdog_s))
         if want != self._timeout:
             for group in self._groups():
-                dist.set_timeout(want, group)
+                set_group_timeout(want, group)
             log.info("collective timeout %s -> %s", self._timeout, want)
             self._timeout = want
 
@@ -464,21 +465,6 @@ class _Exchange:
 
 def _ints(t: torch.Tensor) -> list[int]:
     return [int(v) for v in t.to(torch.float32).round().tolist()]
-
-
-def _member(group: object) -> dist.ProcessGroup:
-    """A group this rank belongs to (torch types the others as None or a sentinel)."""
-    if not isinstance(group, dist.ProcessGroup):
-        raise ValueError(f"this rank is not in the process group ({group!r})")
-    return group
-
-
-def group_timeout(group: dist.ProcessGroup | None = None) -> datetime.timedelta:
-    """The timeout torch applies to the group's collectives (its CPU backend's option)."""
-    group = _member(group if group is not None else dist.group.WORLD)
-    backend = group._get_backend(torch.device("cpu"))
-    timeout: datetime.timedelta = backend.options._timeout
-    return timeout
 
 
 class _Sites:

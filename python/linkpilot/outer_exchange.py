@@ -17,6 +17,7 @@ from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Store
 
 from linkpilot.codecs import get_codec
 from linkpilot.outer_plan import _HEADER, _PLAN_AT, RoundPlan, RoundStats, _header, _plan_of
+from linkpilot.pgtimeout import set_backend_timeout
 
 if TYPE_CHECKING:
     from linkpilot.outer import OuterSync
@@ -94,7 +95,7 @@ class _Exchanger:
         # collective to the deadline.
         pg = ProcessGroupGloo(prefix, self.rank, self.size,
                               datetime.timedelta(seconds=max(_CONNECT_S, self.sync.deadline_s)))
-        pg.set_timeout(datetime.timedelta(seconds=self.sync.deadline_s))
+        set_backend_timeout(pg, datetime.timedelta(seconds=self.sync.deadline_s))
         return pg
 
     def stop(self) -> None:
