@@ -160,6 +160,9 @@ class LinkpilotHook:
         ones get ``small_codec`` or the board's, whichever is lighter.
     safe_codec: what a rank proposes when its board is missing or stale; also step 0's codec.
     sites: ranks per site (e.g. [[0, 1], [2, 3]]), all of one size, covering the world.
+    cross_backend: with ``sites``, the backend of the cross-site groups when it is not the job's
+        (e.g. "gloo" across sites, NCCL over RoCE inside them); payloads cross on the CPU when
+        that backend has none for their device.
     on_step: called with each step's stats when the next step begins (its futures are done).
     tuner: the NCCL tuner plugin's gate, where every step's agreed NCCL rule is adopted
         ("auto": the plugin NCCL_TUNER_PLUGIN names, when it is linkpilot's; None: none).
@@ -176,6 +179,7 @@ class LinkpilotHook:
         small_codec: str = "fp16",
         safe_codec: str = "none",
         sites: Sequence[Sequence[int]] | None = None,
+        cross_backend: str | None = None,
         process_group: dist.ProcessGroup | None = None,
         on_step: Callable[[StepStats], None] | None = None,
         history: int = 1000,
@@ -202,7 +206,7 @@ class LinkpilotHook:
         self._pending: list[_Pending] = []
         self._job_timeout = group_timeout(self.group)
         self._timeout = self._job_timeout
-        self._sites = _Sites(sites, self.world, self.rank) if sites else None
+        self._sites = _Sites(sites, self.world, self.rank, cross_backend) if sites else None
         self.tuner = TunerGate.from_env() if tuner == "auto" else tuner
         if self.tuner is not None and not self.tuner.usable():
             self.tuner = None
@@ -373,6 +377,8 @@ class LinkpilotHook:
         payload = feedback.encode(codec, shard.contiguous())
         stats.encode_s = time.perf_counter() - started
         stats.wire_bytes = codec.wire_bytes(shard_len)
+        if payload.device.type not in sites.cross_devices:
+            payload = payload.cpu()
         work = exchange.issue(payload, site_proposal)
         result: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         self._pending.append(_Pending(work, exchange, shard_len, flat.numel(), buf, result, stats))
@@ -391,7 +397,7 @@ class LinkpilotHook:
         assert sites is not None
         gathered = p.work.wait()
         started = time.perf_counter()
-        reduced = p.exchange.finish(gathered, p.shard_len)
+        reduced = p.exchange.finish(gathered, p.shard_len).to(p.buf.device)
         p.stats.decode_s = time.perf_counter() - started
         shards = [torch.empty_like(reduced) for _ in range(sites.per_site)]
         dist.all_gather(shards, reduced, group=sites.site_group)
@@ -471,7 +477,8 @@ class _Sites:
     """Process groups of the two-level exchange: one per site, and one per position in a site
     across sites. Every rank creates every group, in the same order (torch requires it)."""
 
-    def __init__(self, sites: Sequence[Sequence[int]], world: int, rank: int) -> None:
+    def __init__(self, sites: Sequence[Sequence[int]], world: int, rank: int,
+                 cross_backend: str | None = None) -> None:
         sites = [list(s) for s in sites]
         sizes = {len(s) for s in sites}
         ranks = sorted(r for s in sites for r in s)
@@ -481,9 +488,13 @@ class _Sites:
         self.n_sites = len(sites)
         # new_group is collective: every rank makes every group, then keeps its own two.
         site_groups = [dist.new_group(s) for s in sites]
-        cross_groups = [dist.new_group([s[i] for s in sites]) for i in range(self.per_site)]
+        cross_groups = [dist.new_group([s[i] for s in sites], backend=cross_backend)
+                        for i in range(self.per_site)]
         site = next(i for i, s in enumerate(sites) if rank in s)
         self.site_ranks = sites[site]
         self.position = sites[site].index(rank)
         self.site_group = _member(site_groups[site])
         self.cross_group = _member(cross_groups[self.position])
+        #: Device types the cross-site backend serves (others cross on the CPU).
+        self.cross_devices = {d.type for d in getattr(self.cross_group, "_device_types", [])
+                              } or {"cpu"}

@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--board", help="knob board (default: LINKPILOT_BOARD or /run/linkpilot/knobs)")
     ap.add_argument("--link", help="board link to follow (default: the worst)")
     ap.add_argument("--sites", help="ranks per site, e.g. 0,1/2,3")
+    ap.add_argument("--cross-backend", help="backend of the cross-site groups (default: the job's)")
     ap.add_argument("--safe-codec", default="none")
     ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--depth", type=int, default=4)
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         out.flush()
 
     state = LinkpilotHook(args.board, link=args.link, sites=parse_sites(args.sites),
+                          cross_backend=args.cross_backend,
                           safe_codec=args.safe_codec, large_bucket_bytes=args.large_bucket_bytes,
                           on_step=report)
     ddp.register_comm_hook(state, hook)
@@ -124,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         report(state.history[-1])
     if state.job_report is not None:
         state.job_report.publish(force=True)  # os._exit below: the file stays, unlocked
+    cross = state._sites and dist.get_backend(state._sites.cross_group)
     out.write(json.dumps({"done": True, "steps": state.step, "digest": digest(net),
+                          "cross_backend": cross,
                           "loss": float(loss)}) + "\n")
     out.flush()
     dist.destroy_process_group()

@@ -79,7 +79,14 @@ def load_env_file(
         raise EnvFileError(p, e.strerror or str(e)) from None
     variables = parse_env(text, p)
     for key, value in variables.items():
-        if override or key not in environ:
+        was = environ.get(key)
+        if was is not None and was != value:
+            # The job set it itself: say which one wins, so a tuned value is not lost silently.
+            if override:
+                _log.warning("%s: %s=%s replaces the job's %s", p, key, value, was)
+            else:
+                _log.warning("%s: the job's %s=%s kept (the daemon's: %s)", p, key, was, value)
+        if override or was is None:
             environ[key] = value
     return variables
 
@@ -88,18 +95,21 @@ def init_process_group(
     *args: Any,
     env_file: str | os.PathLike[str] | None = None,
     required: bool = False,
+    override: bool = True,
     **kwargs: Any,
 ) -> None:
     """``torch.distributed.init_process_group`` after loading the daemon's env file into
     ``os.environ`` (NCCL reads its variables when communicators are created).
 
-    A missing file raises :class:`EnvFileMissing` if ``required``, else logs a warning; a
+    A variable the job set already is replaced (``override``, the default) or kept, with a
+    warning either way when the values differ. A missing file raises :class:`EnvFileMissing`
+    if ``required``, else logs a warning; a
     garbage file always raises :class:`EnvFileError`. When ``LINKPILOT_COLLECTIVE_TIMEOUT_S`` is set, the group's
     timeout is at least that many seconds: it is the timeout when none is given, and a given
     one is raised to it, never lowered.
     """
     try:
-        load_env_file(env_file)
+        load_env_file(env_file, override=override)
     except EnvFileMissing as e:
         if required:
             raise

@@ -26,9 +26,13 @@ def _member(group: object) -> dist.ProcessGroup:
 
 
 def group_timeout(group: dist.ProcessGroup | None = None) -> datetime.timedelta:
-    """The timeout torch applies to the group's collectives (its CPU backend's option)."""
+    """The timeout torch applies to the group's collectives: its backend's option, the CPU
+    backend's where it has one (gloo, "cpu:gloo,cuda:nccl"), else its first device's (an
+    NCCL-only group has no CPU backend)."""
     group = _member(group if group is not None else dist.group.WORLD)
-    backend = group._get_backend(torch.device("cpu"))
+    types = [d.type for d in getattr(group, "_device_types", [])] or ["cpu"]
+    device = "cpu" if "cpu" in types else types[0]
+    backend = group._get_backend(torch.device(device))
     timeout: datetime.timedelta = backend.options._timeout
     return timeout
 

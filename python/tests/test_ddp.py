@@ -192,10 +192,13 @@ def test_timeout_follows_the_watchdog_never_below_the_jobs(tmp_path: Path) -> No
     assert min(v["timeout_s"] for lines in ranks for v in steps(lines)) >= 120
 
 
-@pytest.mark.parametrize("codec", ["none", "int8"])
-def test_sites_send_a_shard_per_rank_across(tmp_path: Path, codec: str) -> None:
+@pytest.mark.parametrize("codec,cross", [("none", None), ("int8", None), ("int8", "gloo")])
+def test_sites_send_a_shard_per_rank_across(tmp_path: Path, codec: str, cross: str | None
+                                            ) -> None:
     """Ranks 0,1 and 2,3 share a site: each rank sends 1/2 of each bucket across, encoded, and
-    the replicas still agree bit for bit."""
+    the replicas still agree bit for bit; the cross-site groups on their own backend when given
+    one (a job on CPU has only gloo: this checks the groups are made with it, not a device
+    change)."""
     from linkpilot.codecs import get_codec
 
     boards = [tmp_path / f"r{r}.knobs" for r in range(4)]
@@ -203,12 +206,15 @@ def test_sites_send_a_shard_per_rank_across(tmp_path: Path, codec: str) -> None:
     for f in feeders:
         f.publish(wan(codec))
     try:
-        with job(boards, "--steps", "4", "--safe-codec", codec, "--sites", "0,1/2,3") as j:
+        more = ["--cross-backend", cross] if cross else []
+        with job(boards, "--steps", "4", "--safe-codec", codec, "--sites", "0,1/2,3",
+                 *more) as j:
             ranks = j.finish()
     finally:
         for f in feeders:
             f.close()
     assert len(digests(ranks)) == 1, digests(ranks)
+    assert {lines[-1]["cross_backend"] for lines in ranks} == {"gloo"}
     for lines in ranks:
         for s in steps(lines):
             for _, numel, name, wire in s["buckets"]:

@@ -29,9 +29,14 @@ def daemon_env_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_the_daemons_file_loads(daemon_env_file: Path) -> None:
-    environ = {"NCCL_IB_TIMEOUT": "18", "UNRELATED": "x"}
+def test_the_daemons_file_loads(daemon_env_file: Path, caplog: pytest.LogCaptureFixture
+                                ) -> None:
+    environ = {"NCCL_IB_TIMEOUT": "18", "NCCL_IB_TC": "106", "UNRELATED": "x"}
     got = load_env_file(daemon_env_file, environ=environ)
+    # A value the job set itself and the file changes is named; an equal one is not.
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{daemon_env_file}: NCCL_IB_TIMEOUT=22 replaces the job's 18"]
+    caplog.clear()
     assert got == {
         "NCCL_IB_TIMEOUT": "22", "NCCL_IB_RETRY_CNT": "7", "NCCL_IB_TC": "106",
         "NCCL_BUFFSIZE": "8388608", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
@@ -42,6 +47,8 @@ def test_the_daemons_file_loads(daemon_env_file: Path) -> None:
     kept = {"NCCL_IB_TIMEOUT": "18"}
     load_env_file(daemon_env_file, environ=kept, override=False)
     assert kept["NCCL_IB_TIMEOUT"] == "18" and kept["NCCL_IB_TC"] == "106"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{daemon_env_file}: the job's NCCL_IB_TIMEOUT=18 kept (the daemon's: 22)"]
 
 
 def test_the_rust_parsers_rules(tmp_path: Path) -> None:

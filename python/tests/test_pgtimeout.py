@@ -1,5 +1,7 @@
-"""Group timeouts through the public call and through the private one older torch has: a real
-one-rank gloo group in a process of its own, its timeout read back from the backend."""
+"""Group timeouts through the public call and through the private one older torch has, on a
+real one-rank gloo group in a process of its own, its timeout read back from the backend; and
+on a group shaped as NCCL-only ones are (no CPU backend: gloo registered for "cuda" alone),
+where the hook must still start."""
 
 from __future__ import annotations
 
@@ -31,3 +33,26 @@ def test_the_timeout_changes_through_either_call(tmp_path: object) -> None:
                              text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert out.stdout.split() == ["1234.0", "77.0"], (how, out.stdout, out.stderr)
+
+
+NCCL_SHAPED = r"""
+import datetime, sys
+import torch.distributed as dist
+from linkpilot.ddp import LinkpilotHook
+from linkpilot.pgtimeout import group_timeout
+
+dist.init_process_group("cuda:gloo", init_method=sys.argv[1], rank=0, world_size=1,
+                        timeout=datetime.timedelta(seconds=60))
+assert [d.type for d in dist.group.WORLD._device_types] == ["cuda"]
+hook = LinkpilotHook(sys.argv[2], tuner=None, job_report=None)
+print(group_timeout().total_seconds(), hook.timeout.total_seconds())
+hook._raise_timeout(900)
+print(group_timeout().total_seconds())
+"""
+
+
+def test_a_group_without_a_cpu_backend_has_its_timeout_read_and_raised(tmp_path: object) -> None:
+    out = subprocess.run([sys.executable, "-c", NCCL_SHAPED, f"file://{tmp_path}/store",
+                          f"{tmp_path}/no-board"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["60.0", "60.0", "900.0"], (out.stdout, out.stderr)
