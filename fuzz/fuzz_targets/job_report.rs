@@ -26,7 +26,7 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(bytes.len(), REPORT_SIZE);
         let now = t0 + Duration::from_secs(i as u64);
         let reading = jobs.update(now, vec![("1-0123456789abcdef".into(), r)], |_| {
-            Some(("wan".into(), 1e9))
+            Some(("wan".into(), Some(1e9)))
         });
         serde_json::to_string(&reading.jobs).expect("jobs serialise for the status API");
     }

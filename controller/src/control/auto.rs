@@ -8,6 +8,7 @@ use super::{
     estimator::Signals,
     knobs::{bytes, Knobs, SyncKnobs},
     policy::{Policy, Setting},
+    probe::Rate,
 };
 
 /// Auto knobs whose changes are paced by the minimum dwell (timeouts may rise at once).
@@ -35,11 +36,30 @@ fn limited(prev: u64, target: u64, step: f64, min: u64, max: u64) -> u64 {
     target.clamp(lo.min(hi), hi.max(lo)).clamp(min, max)
 }
 
+/// The rate a chunk is sized from: what the link delivers now (at most the capacity), else the
+/// capacity; with "auto", the link's measured rate, else none yet.
+fn chunk_rate(rate: Rate, s: &Signals) -> Option<f64> {
+    let delivered = (s.delivery_bps > 0.0).then_some(s.delivery_bps);
+    match rate {
+        Rate::Nominal(c) => Some(delivered.map_or(c, |d| d.min(c))),
+        _ => delivered,
+    }
+}
+
+/// The RTT socket buffers are sized on: the p99 with a nominal capacity, the baseline with a
+/// measured rate.
+fn buffer_rtt(rate: Rate, s: &Signals) -> Option<(&'static str, f64)> {
+    match rate {
+        Rate::Nominal(_) => s.rtt_p99_ms.map(|v| ("p99", v)),
+        _ => s.baseline_ms.map(|v| ("baseline", v)),
+    }
+}
+
 /// What the state and the signals ask for, within bounds (step limits apply against `prev`).
 pub(super) fn knobs_for(
     p: &Policy,
-    // This link's nominal capacity.
-    capacity: f64,
+    // The rate the BDP-derived knobs are sized from: the policy's capacity, or measured.
+    rate: Rate,
     state: usize,
     s: &Signals,
     prev: Option<&Knobs>,
@@ -50,11 +70,8 @@ pub(super) fn knobs_for(
     let k = &p.states[state].knobs;
     let chunk = match k.chunk {
         Setting::Fixed(c) => c,
-        Setting::Auto => match s.baseline_ms {
-            None => prev.map_or(b.chunk_initial, |k| k.chunk_bytes),
-            Some(base) => {
-                let rate =
-                    if s.delivery_bps > 0.0 { s.delivery_bps.min(capacity) } else { capacity };
+        Setting::Auto => match (s.baseline_ms, chunk_rate(rate, s)) {
+            (Some(base), Some(rate)) => {
                 let bdp = rate / 8.0 * base / 1e3;
                 let target = pow2_round(bdp / f64::from(b.chunk_in_flight));
                 let prev = prev.map_or(b.chunk_initial, |k| k.chunk_bytes);
@@ -69,14 +86,16 @@ pub(super) fn knobs_for(
                 }
                 v
             }
+            _ => prev.map_or(b.chunk_initial, |k| k.chunk_bytes),
         },
     };
     let tcp_buffer_bytes = match k.tcp_buffers {
         Setting::Fixed(v) => v,
-        Setting::Auto => match s.rtt_p99_ms {
-            None => prev.map_or(b.buffers_min, |k| k.tcp_buffer_bytes),
-            Some(p99) => {
-                let want = b.buffers_bdp_factor * capacity / 8.0 * p99 / 1e3;
+        // A measured rate is sized on the RTT baseline: the p99 grows with the queue the buffers
+        // build, and would grow them further.
+        Setting::Auto => match (buffer_rtt(rate, s), rate.bps()) {
+            (Some((rtt_name, p99)), Some(bps)) => {
+                let want = b.buffers_bdp_factor * bps / 8.0 * p99 / 1e3;
                 let prev = prev.map_or(b.buffers_min, |k| k.tcp_buffer_bytes);
                 let v = limited(
                     prev,
@@ -87,13 +106,15 @@ pub(super) fn knobs_for(
                 );
                 if let Some(w) = why.as_mut() {
                     w.push(format!(
-                        "tcp_buffers: {} x capacity x RTT p99 {p99:.1} ms = {}",
+                        "tcp_buffers: {} x {} x RTT {rtt_name} {p99:.1} ms = {}",
                         b.buffers_bdp_factor,
+                        rate.describe(),
                         bytes(want as u64)
                     ));
                 }
                 v
             }
+            _ => prev.map_or(b.buffers_min, |k| k.tcp_buffer_bytes),
         },
     };
     // Timeouts follow the RTT p99; with none measured (an idle link), the peak window's, and

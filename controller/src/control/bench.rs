@@ -17,7 +17,7 @@ fn policy(links: usize, peers: usize) -> Policy {
         .map(|l| Link {
             name: format!("link{l}"),
             interfaces: vec![format!("eth{l}")],
-            capacity_bps: 10e9,
+            capacity_bps: Some(10e9),
             peers: (0..peers).map(|i| (format!("p{i}"), vec![])).collect(),
         })
         .collect();

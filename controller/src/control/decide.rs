@@ -11,6 +11,7 @@ use super::{
     estimator::{Aggregate, Estimator, Signals},
     knobs::Knobs,
     policy::{higher_is_worse, Policy, Thresholds},
+    probe::{Inputs, RateProbe},
 };
 use crate::sense::sensors::Snapshot;
 
@@ -42,6 +43,8 @@ struct LinkControl {
     signals: Signals,
     /// Set by a policy reload: the next tick decides (and says why) even if nothing moved.
     reloaded: bool,
+    /// With `capacity = "auto"`: the measured rate's probe.
+    probe: RateProbe,
 }
 
 impl LinkControl {
@@ -56,6 +59,7 @@ impl LinkControl {
             knob_changed: [None; 4],
             signals: Signals::default(),
             reloaded: false,
+            probe: RateProbe::default(),
         }
     }
 }
@@ -335,8 +339,17 @@ impl Core {
             lc.exit_since = None;
         }
         let prev_knobs = lc.knobs;
-        let capacity = lc.estimator.link().capacity_bps;
-        let target = knobs_for(p, capacity, lc.state, &s, prev_knobs.as_ref(), None);
+        let probe = Inputs {
+            now,
+            signals: &s,
+            buffers: prev_knobs.map_or(p.bounds.buffers_min, |k| k.tcp_buffer_bytes),
+            buffers_max: p.bounds.buffers_max,
+            bdp_factor: p.bounds.buffers_bdp_factor,
+            calm: lc.state == 0,
+            window: Duration::from_nanos(p.estimator.window.0),
+        };
+        let rate = lc.probe.rate(lc.estimator.link().capacity_bps, &probe);
+        let target = knobs_for(p, rate, lc.state, &s, prev_knobs.as_ref(), None);
         let knobs = match lc.knobs {
             None => target,
             Some(prev) => pace(prev, target, state_changed, now, dwell, &mut lc.knob_changed),
@@ -351,7 +364,7 @@ impl Core {
         if !first && !state_changed && !reloaded && changes.is_empty() {
             return None;
         }
-        knobs_for(p, capacity, lc.state, &s, prev_knobs.as_ref(), Some(&mut reasons));
+        knobs_for(p, rate, lc.state, &s, prev_knobs.as_ref(), Some(&mut reasons));
         if first {
             reasons.insert(0, format!("start in {}", p.states[lc.state].name));
         }

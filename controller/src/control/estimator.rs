@@ -46,6 +46,10 @@ pub struct Signals {
     /// bursty traffic (a job that syncs every H steps) shows the link carries, where its EWMA
     /// shows the average, which would shrink as the bursts grow rarer.
     pub burst_bps: f64,
+    /// Largest EWMA of the bits received over the window: what a receiving host sees the link
+    /// carry (its goodput counts only what it sends).
+    #[serde(default)]
+    pub received_bps: f64,
     /// Goodput as a share of the link's nominal capacity.
     pub goodput_fraction: f64,
     /// Whether the link carried traffic this tick (goodput conditions need it).
@@ -124,9 +128,11 @@ pub struct Estimator {
     tx_pps: Ewma,
     cnp: Ewma,
     goodput: Ewma,
+    rx_bps: Ewma,
     /// Negated RTT minima: a windowed max of -min is the windowed min.
     baseline: WindowedMax,
     delivery: WindowedMax,
+    received: WindowedMax,
     burst: WindowedMax,
     peak_p99: WindowedMax,
     /// The first tick that retransmitted after the link last received anything.
@@ -156,8 +162,10 @@ impl Estimator {
             tx_pps: e(),
             cnp: e(),
             goodput: e(),
+            rx_bps: e(),
             baseline: WindowedMax::default(),
             delivery: WindowedMax::default(),
+            received: WindowedMax::default(),
             burst: WindowedMax::default(),
             peak_p99: WindowedMax::default(),
             unanswered_since: None,
@@ -202,9 +210,13 @@ impl Estimator {
         s.retrans = share(re, tx);
         s.cnp_per_s = self.cnp.update(a.cnp_per_s, dt);
         s.goodput_bps = self.goodput.update(a.goodput_bps, dt);
-        s.goodput_fraction = s.goodput_bps / self.link.capacity_bps;
+        // With capacity "auto" there is no nominal rate to compare with (and no goodput_below).
+        s.goodput_fraction = self.link.capacity_bps.map_or(0.0, |c| s.goodput_bps / c);
         self.delivery.push(now, s.goodput_bps, dur(self.cfg.window));
         s.delivery_bps = self.delivery.get().unwrap_or(0.0);
+        let rx = self.rx_bps.update(a.rx_bps, dt);
+        self.received.push(now, rx, dur(self.cfg.window));
+        s.received_bps = self.received.get().unwrap_or(0.0);
         // Only a tick that carried data enters the burst window, and only such a tick ages it:
         // a job that syncs less often than the window leaves the link idle between bursts, and
         // an idle link is not a slow one (read as one, it made rounds longer, hence rarer).
@@ -267,6 +279,7 @@ pub struct Aggregate {
     pub retrans_per_s: f64,
     pub cnp_per_s: f64,
     pub goodput_bps: f64,
+    pub rx_bps: f64,
     pub srtt_sum: f64,
     pub srtt_weight: f64,
     pub min_ms: Option<f64>,
@@ -291,6 +304,7 @@ impl Aggregate {
         self.retrans_per_s += p.retrans_per_s;
         self.cnp_per_s += p.cnp_per_s;
         self.goodput_bps += p.goodput_bps;
+        self.rx_bps += p.rx_bps;
         if let Some(srtt) = p.rtt.srtt_ms {
             let w = p.flows.max(1) as f64;
             self.srtt_sum += srtt * w;

@@ -9,6 +9,7 @@ pub mod estimator;
 pub mod knobs;
 pub mod plot;
 pub mod policy;
+pub mod probe;
 pub mod replay;
 
 pub use decide::{Core, Decision};

@@ -499,3 +499,37 @@ fn no_two_state_changes_within_the_minimum_dwell() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(checked.get() >= 100, "only {} pairs of state changes checked", checked.get());
 }
+
+/// `capacity` left out ("auto") on a 300 Mbit/s link behind 180 ms whose flows send at most
+/// half their buffers per RTT: the buffers are probed up while the rate follows, and settle
+/// within a few bandwidth-delay products, where the nominal 40 Gbit/s a policy might say
+/// takes them to the 1 GiB bound (what overran the lab's queue).
+#[test]
+fn auto_capacity_sizes_buffers_from_the_measured_rate() {
+    let (link, rtt) = (300e6_f64, 180.0);
+    let bdp = link / 8.0 * rtt / 1e3;
+    let closed_loop = |policy: Policy| {
+        let mut core = Core::new(policy);
+        let mut buffers: u64 = 8 << 20;
+        let mut decisions = Vec::new();
+        for t in 0..6000u64 {
+            let mut s = snap(t * 100, rtt, rtt + 2.0, 0.0, 0.0);
+            s.peers[0].goodput_bps = link.min(buffers as f64 / 2.0 * 8.0 / (rtt / 1e3));
+            for d in core.step(&s) {
+                buffers = d.knobs.tcp_buffer_bytes;
+                decisions.push(d);
+            }
+        }
+        (buffers, decisions)
+    };
+    let auto = POLICY.replace("capacity = \"1Gbit/s\"\n", "");
+    let (buffers, ds) = closed_loop(Policy::parse(&auto, "auto").unwrap());
+    let reasons: String = ds.iter().map(|d| d.reason.as_str()).collect::<Vec<_>>().join("\n");
+    assert!(reasons.contains("probing") && reasons.contains("measured"), "{reasons}");
+    assert!((2.0 * bdp..=8.0 * bdp).contains(&(buffers as f64)), "{buffers} vs BDP {bdp}");
+    let most = ds.iter().map(|d| d.knobs.tcp_buffer_bytes).max().unwrap();
+    assert!(most as f64 <= 8.0 * bdp, "{most}");
+    let nominal = POLICY.replace("capacity = \"1Gbit/s\"", "capacity = \"40Gbit/s\"");
+    let (buffers, _) = closed_loop(Policy::parse(&nominal, "nominal").unwrap());
+    assert_eq!(buffers, 1 << 30);
+}

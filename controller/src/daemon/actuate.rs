@@ -259,10 +259,15 @@ impl Actuators {
                     s.and_then(|s| s.baseline_ms),
                 );
                 let capacity =
-                    policy.links.iter().find(|p| p.name == *link).map_or(0.0, |p| p.capacity_bps);
+                    policy.links.iter().find(|p| p.name == *link).and_then(|p| p.capacity_bps);
                 // The busiest tick, not the EWMA: a job syncing every H steps sends in bursts,
                 // and an average rate would make "auto" H grow without end.
-                set_sync_facts(&mut l, &policy.bounds, s.map_or(0.0, |s| s.burst_bps), capacity);
+                set_sync_facts(
+                    &mut l,
+                    &policy.bounds,
+                    s.map_or(0.0, |s| s.burst_bps),
+                    capacity.unwrap_or(0.0),
+                );
                 l
             })
             .collect();

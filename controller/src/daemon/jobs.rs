@@ -127,7 +127,7 @@ impl Jobs {
         &mut self,
         now: Instant,
         reports: Vec<(String, JobReport)>,
-        link_bps: impl Fn(Option<&str>) -> Option<(String, f64)>,
+        link_bps: impl Fn(Option<&str>) -> Option<(String, Option<f64>)>,
     ) -> Reading {
         let mut out = Reading::default();
         let mut live = BTreeMap::new();
@@ -163,7 +163,7 @@ impl Jobs {
 
     fn summarize(
         &self,
-        link_bps: impl Fn(Option<&str>) -> Option<(String, f64)>,
+        link_bps: impl Fn(Option<&str>) -> Option<(String, Option<f64>)>,
     ) -> Vec<JobStatus> {
         let mut jobs: BTreeMap<&str, Vec<&VecDeque<(Instant, JobReport)>>> = BTreeMap::new();
         for h in self.seen.values() {
@@ -205,8 +205,10 @@ impl Jobs {
                     comm_share: (d.step_s > 0.0).then(|| d.wait_s / d.step_s),
                     wire_bytes_per_step: per_step(d.wire_bytes as f64 * n),
                     achieved_bps: achieved,
-                    link_share: achieved.zip(link.as_ref()).map(|(a, (_, c))| a / c),
-                    link_bps: link.as_ref().map(|(_, c)| *c),
+                    link_share: achieved
+                        .zip(link.as_ref().and_then(|(_, c)| *c))
+                        .map(|(a, c)| a / c),
+                    link_bps: link.as_ref().and_then(|(_, c)| *c),
                     link: link.map(|(l, _)| l),
                     codec: first.codec.clone(),
                     sync_every: first.sync_every,
@@ -299,8 +301,8 @@ mod tests {
         }
     }
 
-    fn wan(_: Option<&str>) -> Option<(String, f64)> {
-        Some(("wan".into(), 200e6))
+    fn wan(_: Option<&str>) -> Option<(String, Option<f64>)> {
+        Some(("wan".into(), Some(200e6)))
     }
 
     /// Two ranks, a step every 0.5 s (0.2 s of it waiting), 1 MB a step each: the window's

@@ -120,7 +120,10 @@ pub(super) fn check(raw: RawPolicy, e: &mut Errors) -> Policy {
         links.push(Link {
             name: l.name.clone(),
             interfaces: l.interfaces.clone(),
-            capacity_bps: l.capacity.0,
+            capacity_bps: match l.capacity {
+                Setting::Fixed(c) => Some(c.0),
+                Setting::Auto => None,
+            },
             peers,
         });
     }
@@ -158,6 +161,21 @@ pub(super) fn check(raw: RawPolicy, e: &mut Errors) -> Policy {
         );
     }
     let states = check_states(&raw.states, &bounds, e);
+    // goodput_below is a share of the nominal capacity, which "auto" does not have.
+    let by_goodput =
+        states.iter().find(|s| s.enter.goodput_below.is_some() || s.exit.goodput_below.is_some());
+    for (l, raw) in links.iter().zip(&raw.links) {
+        if let (None, Some(st)) = (l.capacity_bps, by_goodput) {
+            e.at(
+                raw.span(),
+                format!(
+                    "link {:?} has capacity \"auto\" (no capacity given), but state {:?} uses \
+                     goodput_below, a share of the nominal capacity: give the link's capacity",
+                    l.name, st.name
+                ),
+            );
+        }
+    }
     let nccl = check_nccl(&raw.nccl, &states, e);
     let host = check_host(&raw.host, e);
     let env = check_env(&raw.env, e);

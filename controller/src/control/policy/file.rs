@@ -282,7 +282,8 @@ impl Default for RawWatchdog {
 pub(super) struct RawLink {
     pub(super) name: String,
     pub(super) interfaces: Vec<String>,
-    pub(super) capacity: BitRate,
+    #[serde(default = "auto")]
+    pub(super) capacity: Setting<BitRate>,
     #[serde(rename = "peer", default)]
     pub(super) peers: Vec<RawPeer>,
 }

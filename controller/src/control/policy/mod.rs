@@ -206,7 +206,8 @@ pub struct Bounds {
 pub struct Link {
     pub name: String,
     pub interfaces: Vec<String>,
-    pub capacity_bps: f64,
+    /// The nominal capacity; None: "auto", the BDP-derived knobs follow the measured rate.
+    pub capacity_bps: Option<f64>,
     pub peers: Vec<(String, Vec<IpNet>)>,
 }
 

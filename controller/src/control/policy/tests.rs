@@ -334,3 +334,32 @@ fn synchronization_knobs_are_checked_against_their_bounds() {
         assert_eq!(with_sync(bounds, sync), want, "{bounds} / {sync}");
     }
 }
+
+/// A link without a capacity is "auto" (so is `capacity = "auto"`); goodput_below, a share of
+/// the nominal capacity, is then refused with the link and the state named.
+#[test]
+fn capacity_may_be_auto_but_not_with_goodput_below() {
+    let with = |capacity: &str, extra: &str| {
+        format!(
+            "[[link]]\nname = \"wan\"\ninterfaces = [\"eth0\"]\n{capacity}\n\n\
+             [[state]]\nname = \"healthy\"\n[state.knobs]\ncompression = \"none\"\ndscp = 26\n\
+             roce_traffic_class = 106\n{extra}"
+        )
+    };
+    for capacity in ["", "capacity = \"auto\""] {
+        let p = Policy::parse(&with(capacity, ""), "p.toml").unwrap();
+        assert_eq!(p.links[0].capacity_bps, None);
+    }
+    let p = Policy::parse(&with("capacity = \"1Gbit/s\"", ""), "p.toml").unwrap();
+    assert_eq!(p.links[0].capacity_bps, Some(1e9));
+    let slow = "[[state]]\nname = \"slow\"\nenter = { goodput_below = \"10%\" }\n\
+                [state.knobs]\ncompression = \"int8\"\ndscp = 26\nroce_traffic_class = 106\n";
+    let e = Policy::parse(&with("", slow), "p.toml").unwrap_err().to_string();
+    assert!(
+        e.contains("link \"wan\" has capacity \"auto\" (no capacity given), but state \"slow\" uses goodput_below"),
+        "{e}"
+    );
+    assert!(Policy::parse(&with("capacity = \"1Gbit/s\"", slow), "p.toml").is_ok());
+    let e = Policy::parse(&with("capacity = \"fast\"", ""), "p.toml").unwrap_err().to_string();
+    assert!(e.contains("or \"auto\""), "{e}");
+}
