@@ -67,6 +67,14 @@ pub fn linkpilot_bin() -> PathBuf {
     path
 }
 
+/// The Python with torch and the `linkpilot` package: `LINKPILOT_PYTHON` or the workspace's
+/// `.venv` (made by `cargo xtask setup`).
+pub fn python() -> PathBuf {
+    std::env::var_os("LINKPILOT_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python"))
+    })
+}
+
 /// The `linkpilot-lab` binary: `LINKPILOT_LAB_BIN` or the debug build of this workspace.
 pub fn lab_bin() -> PathBuf {
     let path = std::env::var_os("LINKPILOT_LAB_BIN").map(PathBuf::from).unwrap_or_else(|| {

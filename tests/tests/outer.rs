@@ -5,7 +5,6 @@
 //! per round; the ranks' step times judge the overlap and the ride through the outage.
 
 use std::{
-    path::PathBuf,
     process::{Child, Command, Stdio},
     sync::mpsc,
     thread,
@@ -16,6 +15,7 @@ use linkpilot_lab::{
     lab::{Host, Lab, LabConfig, Site},
     scenario::{Direction, Scenario},
 };
+use linkpilot_tests::python;
 use serde_json::Value;
 
 const DOWN_S: f64 = 15.0;
@@ -37,12 +37,6 @@ const STEPS: u64 = 820;
 const PAUSES: [u64; 2] = [40, 160];
 /// The link is cut when rank 0 has reported this step.
 const CUT_AT: u64 = 360;
-
-fn python() -> PathBuf {
-    std::env::var_os("LINKPILOT_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python"))
-    })
-}
 
 struct Rank {
     child: Child,

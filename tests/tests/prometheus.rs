@@ -19,6 +19,7 @@ use linkpilot_tests::{
     daemon::{iperf3_server, lab_with, scrape, wait_for, Daemon},
     grafana, oracle,
     prometheus::{Prometheus, SCRAPE_INTERVAL_S},
+    python,
     tuner::TrainingProcess,
 };
 use nix::{sys::signal::Signal, unistd::Pid};
@@ -84,12 +85,6 @@ while True:
     r.set_loss(2.5)
     time.sleep(0.2)
 "#;
-
-fn python() -> std::path::PathBuf {
-    std::env::var_os("LINKPILOT_PYTHON")
-        .map(Into::into)
-        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python").into())
-}
 
 /// A child killed when the test ends, also when it fails.
 struct Killed(Child);

@@ -17,7 +17,7 @@ use linkpilot_lab::{
 };
 use linkpilot_tests::{
     daemon::{sample, scrape, status_json, wait_for, Daemon},
-    linkpilot_bin,
+    linkpilot_bin, python,
 };
 use serde_json::Value;
 
@@ -25,12 +25,6 @@ use serde_json::Value;
 /// while the ranks agree), then steps measured.
 const WARMUP: u64 = 2;
 const MEASURED: u64 = 3;
-
-fn python() -> PathBuf {
-    std::env::var_os("LINKPILOT_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python"))
-    })
-}
 
 fn steady_lab(name: &str, hosts_per_site: u8) -> Lab {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../lab/scenarios/steady-180ms.toml");

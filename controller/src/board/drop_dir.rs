@@ -72,7 +72,7 @@ pub fn named_pid(name: &str) -> Option<u32> {
         .flatten()
 }
 
-/// Every live file of `dir` whose bytes `parse` accepts, with its name and pid; `refused` is
+/// Every live file of `dir` whose bytes `parse` accepts, with its name (in directory order); `refused` is
 /// told why each other file was not taken. Files of processes that are gone (a crash: a clean
 /// exit removes its own) are removed when `clean` is set (the daemon owns the directory).
 pub fn scan<T>(
@@ -106,7 +106,6 @@ pub fn scan<T>(
             Err(e) => refused(name, e),
         }
     }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
     out
 }
 

@@ -109,6 +109,17 @@ fn implausible(ta: Instant, a: &JobReport, tb: Instant, b: &JobReport) -> Option
     None
 }
 
+impl std::ops::AddAssign for Added {
+    fn add_assign(&mut self, x: Added) {
+        self.steps += x.steps;
+        self.step_s += x.step_s;
+        self.compute_s += x.compute_s;
+        self.wait_s += x.wait_s;
+        self.wire_bytes += x.wire_bytes;
+        self.failed += x.failed;
+    }
+}
+
 fn added(a: &JobReport, b: &JobReport) -> Added {
     Added {
         steps: b.steps - a.steps,
@@ -138,14 +149,7 @@ impl Jobs {
                     out.refused.push((format!("implausible: {why}"), file.clone()));
                     history.clear();
                 } else {
-                    let a = added(last, &r);
-                    let sum = out.added.entry(r.job.clone()).or_default();
-                    sum.steps += a.steps;
-                    sum.step_s += a.step_s;
-                    sum.compute_s += a.compute_s;
-                    sum.wait_s += a.wait_s;
-                    sum.wire_bytes += a.wire_bytes;
-                    sum.failed += a.failed;
+                    *out.added.entry(r.job.clone()).or_default() += added(last, &r);
                 }
             }
             history.push_back((now, r));
@@ -180,13 +184,8 @@ impl Jobs {
                 let (mut d, mut span) = (Added::default(), 0f64);
                 for h in &procs {
                     let ((ta, a), (tb, b)) = (&h[0], &h[h.len() - 1]);
-                    let x = added(a, b);
                     span = span.max(tb.duration_since(*ta).as_secs_f64());
-                    d.steps += x.steps;
-                    d.step_s += x.step_s;
-                    d.compute_s += x.compute_s;
-                    d.wait_s += x.wait_s;
-                    d.wire_bytes += x.wire_bytes;
+                    d += added(a, b);
                 }
                 let n = procs.len() as f64;
                 let per_step = |v: f64| (d.steps > 0).then(|| v / d.steps as f64);
