@@ -217,7 +217,11 @@ fn prometheus_scrapes_the_daemon_and_every_dashboard_query_returns_data() {
         !promql("linkpilot_job_steps_per_second{training_job=\"prom\"}").is_empty()
     });
 
-    // Enough samples for every rate and increase window of the dashboard.
+    // Enough samples for every rate and increase window of the dashboard, of the job's series
+    // too (they start with the job, later than the others).
+    wait_for("5 scrapes of the job's counters", Duration::from_secs(20), || {
+        !promql("count_over_time(linkpilot_job_wire_bytes_total[1m]) >= 5").is_empty()
+    });
     wait_for("10 scrapes", Duration::from_secs(20), || {
         !promql("count_over_time(linkpilot_ticks_total[1m]) >= 10").is_empty()
     });

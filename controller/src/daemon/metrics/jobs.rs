@@ -97,14 +97,15 @@ impl JobMetrics {
         for j in reading.jobs.iter().filter(|j| now.contains(j.job.as_str())) {
             let l = labels(&[("training_job", &j.job)]);
             self.ranks.get_or_create(&l).set(j.ranks.len() as i64);
-            if let Some(a) = reading.added.get(&j.job) {
-                self.rank_steps.get_or_create(&l).inc_by(a.steps);
-                for ((_, f), v) in self.seconds.iter().zip([a.step_s, a.compute_s, a.wait_s]) {
-                    f.get_or_create(&l).inc_by(v);
-                }
-                self.wire_bytes.get_or_create(&l).inc_by(a.wire_bytes);
-                self.failed.get_or_create(&l).inc_by(a.failed);
+            // Every counter from a job's first read, at 0 until a second read adds to it: a
+            // rate needs two samples of a series, and a series born late has one less.
+            let a = reading.added.get(&j.job).cloned().unwrap_or_default();
+            self.rank_steps.get_or_create(&l).inc_by(a.steps);
+            for ((_, f), v) in self.seconds.iter().zip([a.step_s, a.compute_s, a.wait_s]) {
+                f.get_or_create(&l).inc_by(v);
             }
+            self.wire_bytes.get_or_create(&l).inc_by(a.wire_bytes);
+            self.failed.get_or_create(&l).inc_by(a.failed);
             let values = [
                 j.comm_share,
                 j.steps_per_s,
