@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.step_sleep:
             # The step's collectives are done here: say so, so that a harness can read the
             # link's counters while the link is quiet.
-            out.write(json.dumps({"idle": state.step - 1}) + "\n")
+            out.write(json.dumps({"idle": state.step - 1, "t": time.monotonic()}) + "\n")
             out.flush()
             time.sleep(args.step_sleep)
         last = state.history[-1]

@@ -7,6 +7,7 @@
 pub mod configmap;
 pub mod connections;
 pub mod daemon;
+pub mod ddp_rank;
 pub mod faults;
 pub mod grafana;
 pub mod netns;

@@ -2,14 +2,7 @@
 //! linkpilot hook following boards written by `linkpilot board feed`: the lab's own byte
 //! counters judge the WAN bytes per step that each codec promises.
 
-use std::{
-    io::{BufRead as _, BufReader, Write as _},
-    path::PathBuf,
-    process::{Child, Command, Stdio},
-    sync::mpsc,
-    thread,
-    time::Duration,
-};
+use std::{thread, time::Duration};
 
 use linkpilot_lab::{
     lab::{Host, Lab, LabConfig, Site},
@@ -17,7 +10,7 @@ use linkpilot_lab::{
 };
 use linkpilot_tests::{
     daemon::{sample, scrape, status_json, wait_for, Daemon},
-    linkpilot_bin, python,
+    ddp_rank::{rank, Feeder, Rank},
 };
 use serde_json::Value;
 
@@ -25,6 +18,7 @@ use serde_json::Value;
 /// while the ranks agree), then steps measured.
 const WARMUP: u64 = 2;
 const MEASURED: u64 = 3;
+const STEPS: u64 = WARMUP + MEASURED + 1;
 
 fn steady_lab(name: &str, hosts_per_site: u8) -> Lab {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../lab/scenarios/steady-180ms.toml");
@@ -32,113 +26,6 @@ fn steady_lab(name: &str, hosts_per_site: u8) -> Lab {
     let scenario = Scenario::parse(&text, path, None).expect("scenario");
     let config = LabConfig { name: name.into(), hosts_per_site, ..LabConfig::default() };
     Lab::start(config, scenario).expect("lab")
-}
-
-/// A board written by the daemon's own writer, saying `codec` on link "wan".
-struct Feeder {
-    child: Child,
-    path: PathBuf,
-}
-
-impl Feeder {
-    fn new(tag: &str, codec: &str) -> Self {
-        let path =
-            std::env::temp_dir().join(format!("lp-train-{}-{tag}.knobs", std::process::id()));
-        let mut child = Command::new(linkpilot_bin())
-            .args(["board", "feed", "--board", path.to_str().expect("utf-8")])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("linkpilot board feed");
-        let line = format!(
-            "{{\"links\":[{{\"name\":\"wan\",\"state\":\"test\",\"state_index\":1,\
-             \"compression\":\"{codec}\",\"watchdog_s\":300,\"decision_id\":1}}]}}\n"
-        );
-        child.stdin.as_mut().expect("stdin").write_all(line.as_bytes()).expect("feed");
-        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut published = String::new();
-        out.read_line(&mut published).expect("published");
-        assert!(published.starts_with("published"), "board feed said {published:?}");
-        Self { child, path }
-    }
-}
-
-impl Drop for Feeder {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-struct Rank {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    stderr: thread::JoinHandle<String>,
-}
-
-fn rank(
-    host: &Host,
-    master: &Host,
-    r: usize,
-    world: usize,
-    board: &Feeder,
-    extra: &[&str],
-    env: &[(&str, &str)],
-) -> Rank {
-    let mut child = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", host.netns))
-        .arg(python())
-        .args(["-m", "linkpilot.ddp_check", "--iface", "eth0", "--steps"])
-        .arg((WARMUP + MEASURED + 1).to_string())
-        .args(["--rank", &r.to_string(), "--world", &world.to_string()])
-        .args(["--master", &format!("{}:29500", master.ipv4)])
-        .args(["--board", board.path.to_str().expect("utf-8")])
-        .args(["--large-bucket-bytes", "0", "--bucket-mb", "1", "--step-sleep", "1.2"])
-        .args(extra)
-        .envs(env.iter().copied())
-        .env("PYTHONUNBUFFERED", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting a rank");
-    let (lines, stderr) = linkpilot_tests::pipe_output(&mut child);
-    Rank { child, lines, stderr }
-}
-
-impl Rank {
-    /// Lines up to the next one that has `key` (returned last); panics with the rank's log if
-    /// it does not come in time or the rank exits first.
-    fn until(&mut self, key: &str, limit: Duration) -> Vec<Value> {
-        let mut seen = Vec::new();
-        loop {
-            match self.lines.recv_timeout(limit) {
-                Ok(line) => {
-                    let v: Value = serde_json::from_str(&line).unwrap_or(Value::String(line));
-                    let found = v.get(key).is_some();
-                    seen.push(v);
-                    if found {
-                        return seen;
-                    }
-                }
-                Err(e) => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    let log = std::mem::replace(&mut self.stderr, thread::spawn(String::new))
-                        .join()
-                        .unwrap_or_default();
-                    panic!("rank printed no {key:?} within {limit:?} ({e}); its log:\n{log}");
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Rank {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn wan_bytes(lab: &Lab) -> u64 {
@@ -167,7 +54,7 @@ fn train(lab: &Lab, codec: &str, per_site: usize, sites: Option<&str>) -> Run {
         .iter()
         .zip(&feeders)
         .enumerate()
-        .map(|(r, (h, f))| rank(h, &hosts[0], r, world, f, &extra, &[]))
+        .map(|(r, (h, f))| rank(h, &hosts[0], r, world, &f.path, STEPS, &extra, &[]))
         .collect();
     let mut samples = Vec::new();
     let mut rank0 = Vec::new();
@@ -289,8 +176,8 @@ fn a_job_report_feeds_status_and_metrics() {
     // rebuilds (their bytes differ).
     let extra = ["--safe-codec", "int8", "--steps", "16"];
     let mut ranks = [
-        rank(&hk, &hk, 0, 2, &feeders[0], &extra, &env),
-        rank(&us, &hk, 1, 2, &feeders[1], &extra, &us_env),
+        rank(&hk, &hk, 0, 2, &feeders[0].path, STEPS, &extra, &env),
+        rank(&us, &hk, 1, 2, &feeders[1].path, STEPS, &extra, &us_env),
     ];
     let mut job = Value::Null;
     wait_for("11 steps reported", Duration::from_secs(120), || {

@@ -48,7 +48,7 @@ fn snapshot(links: usize, peers: usize, tick: u64) -> Snapshot {
             })
         })
         .collect();
-    Snapshot { at_ms: tick * 100, interval_ms: 100, peers: rows, links: vec![] }
+    Snapshot { at_ms: tick * 100, interval_ms: 100, peers: rows, links: vec![], jobs: None }
 }
 
 /// Measures and prints.

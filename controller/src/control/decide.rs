@@ -10,10 +10,11 @@ use super::{
     auto::{knobs_for, pace},
     estimator::{Aggregate, Estimator, Signals},
     knobs::Knobs,
+    outcome::{Judge, Kind},
     policy::{higher_is_worse, Policy, Thresholds},
     probe::{Inputs, RateProbe},
 };
-use crate::sense::sensors::Snapshot;
+use crate::sense::sensors::{JobProgress, Snapshot};
 
 /// One change of a link's state or knobs, with why.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -45,6 +46,35 @@ struct LinkControl {
     reloaded: bool,
     /// With `capacity = "auto"`: the measured rate's probe.
     probe: RateProbe,
+    /// State changes judged by the jobs' progress.
+    judge: Judge,
+}
+
+/// A state change judged by the jobs' progress (a revert is also a [`Decision`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub at_ms: u64,
+    pub link: String,
+    pub from: String,
+    pub to: String,
+    /// "kept", "reverted" or "unjudged".
+    pub verdict: String,
+    /// The jobs' progress before and after, steps per second of step time.
+    pub before: Option<f64>,
+    pub after: Option<f64>,
+    pub why: String,
+    /// For a revert: how long the change is held off, s.
+    pub hold_s: Option<f64>,
+}
+
+/// A change held off after reverts, as status shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HeldChange {
+    pub link: String,
+    pub from: String,
+    pub to: String,
+    pub remaining_s: f64,
+    pub reverts: u32,
 }
 
 impl LinkControl {
@@ -60,6 +90,7 @@ impl LinkControl {
             signals: Signals::default(),
             reloaded: false,
             probe: RateProbe::default(),
+            judge: Judge::default(),
         }
     }
 }
@@ -71,6 +102,11 @@ pub struct Core {
     next_id: u64,
     /// (hash of interface and peer, link index) of each row of the last snapshot.
     layout: Vec<(u64, Option<usize>)>,
+    /// The jobs' progress read with the snapshot being folded in, if it carried any.
+    jobs: Option<Vec<JobProgress>>,
+    /// Judgments since the caller last took them.
+    verdicts: Vec<Verdict>,
+    now: Duration,
 }
 
 /// The signal's value, or `None` when it is not measured (no RTT yet; goodput of an idle link).
@@ -157,7 +193,15 @@ fn secs(d: Duration) -> String {
 impl Core {
     pub fn new(policy: Policy) -> Self {
         let links = policy.links.iter().map(|l| LinkControl::new(&policy, l)).collect();
-        Self { policy, links, next_id: 1, layout: Vec::new() }
+        Self {
+            policy,
+            links,
+            next_id: 1,
+            layout: Vec::new(),
+            jobs: None,
+            verdicts: Vec::new(),
+            now: Duration::ZERO,
+        }
     }
 
     /// Switches to `policy` without forgetting what has been learnt: a link of the same name
@@ -189,6 +233,12 @@ impl Core {
                     }
                     lc.knobs = prev.knobs;
                     lc.knob_changed = prev.knob_changed;
+                    // Holds name states by position: kept only for the same ladder.
+                    let same_ladder = policy.states.iter().map(|s| &s.name).eq(old_states.iter());
+                    if same_ladder {
+                        lc.judge = prev.judge;
+                        lc.judge.changed(0, 0, Duration::ZERO, false);
+                    }
                 }
                 lc.reloaded = true;
                 lc
@@ -225,13 +275,56 @@ impl Core {
     /// Folds in one snapshot; returns the decisions it caused (at most one per link).
     pub fn step(&mut self, snap: &Snapshot) -> Vec<Decision> {
         let aggs = self.aggregate(snap);
-        self.step_aggregates(snap.at_ms, &aggs)
+        self.jobs.clone_from(&snap.jobs);
+        let out = self.step_aggregates(snap.at_ms, &aggs);
+        self.jobs = None;
+        out
+    }
+
+    /// The judgments of state changes since the last call.
+    pub fn take_verdicts(&mut self) -> Vec<Verdict> {
+        std::mem::take(&mut self.verdicts)
+    }
+
+    /// Changes held off after reverts, every link's.
+    pub fn held(&self) -> Vec<HeldChange> {
+        let names = |i: usize| self.policy.states.get(i).map_or("?", |s| s.name.as_str());
+        self.links
+            .iter()
+            .flat_map(|lc| {
+                lc.judge.holds(self.now).map(|h| HeldChange {
+                    link: lc.estimator.link().name.clone(),
+                    from: names(h.from).to_owned(),
+                    to: names(h.to).to_owned(),
+                    remaining_s: h.until.saturating_sub(self.now).as_secs_f64(),
+                    reverts: h.reverts,
+                })
+            })
+            .collect()
+    }
+
+    /// (link, from, to, judged at ms) of each change waiting for its judgment.
+    pub fn pending_judgments(&self) -> Vec<(String, String, String, u64)> {
+        let names = |i: usize| self.policy.states.get(i).map_or("?", |s| s.name.as_str());
+        self.links
+            .iter()
+            .filter_map(|lc| {
+                let (f, t, at) = lc.judge.pending(&self.policy.outcome)?;
+                Some((
+                    lc.estimator.link().name.clone(),
+                    names(f).to_owned(),
+                    names(t).to_owned(),
+                    at.as_millis() as u64,
+                ))
+            })
+            .collect()
     }
 
     /// Folds in each link's share of a snapshot taken at `at_ms` (in policy link order), for
     /// callers that already know which rows belong to which link.
     pub fn step_aggregates(&mut self, at_ms: u64, aggs: &[Aggregate]) -> Vec<Decision> {
         let now = Duration::from_millis(at_ms);
+        self.now = now;
         let mut out = Vec::new();
         for (i, agg) in aggs.iter().enumerate().take(self.links.len()) {
             if let Some(mut d) = self.step_link(i, now, agg) {
@@ -296,6 +389,13 @@ impl Core {
         let lc = &mut self.links[i];
         let s = lc.estimator.update_aggregate(now.as_millis() as u64, agg);
         lc.signals = s;
+        if let Some(jobs) = &self.jobs {
+            // A job on a link the policy lacks counts on the first (as status shows it).
+            let link_of = |j: &JobProgress| p.links.iter().position(|l| l.name == j.link);
+            let mine = jobs.iter().filter(|j| link_of(j).unwrap_or(0) == i).cloned().collect();
+            lc.judge.read(now, mine, &s, &p.outcome);
+        }
+        let judged = lc.judge.due(now, &p.outcome);
         for (j, st) in p.states.iter().enumerate().skip(1) {
             let holds = any_entered(&st.enter, &s);
             lc.enter_since[j] = if holds { Some(lc.enter_since[j].unwrap_or(now)) } else { None };
@@ -303,16 +403,49 @@ impl Core {
         let dwell_ok = lc.last_change.is_none_or(|t| now.saturating_sub(t) >= dwell);
         let mut reasons = Vec::new();
         let before = lc.state;
-        // Escalate to the worst state whose condition has held long enough, skipping levels.
-        let up = (lc.state + 1..p.states.len())
-            .rev()
-            .find(|&j| lc.enter_since[j].is_some_and(|t| now.saturating_sub(t) >= enter_after));
-        if let (Some(j), true) = (up, dwell_ok) {
+        let name = |i: usize| p.states[i].name.as_str();
+        let mut reverted = false;
+        if let Some(j) = judged {
+            let text = format!("outcome of {} -> {}: {}", name(j.from), name(j.to), j.why);
+            if j.kind == Kind::Reverted && lc.state == j.to {
+                let hold = j.hold.unwrap_or_default();
+                reasons.push(format!(
+                    "{}: {text}; reverted, {} -> {} held off for {}",
+                    name(j.from),
+                    name(j.from),
+                    name(j.to),
+                    secs(hold)
+                ));
+                lc.state = j.from;
+                reverted = true;
+            }
+            self.verdicts.push(Verdict {
+                at_ms: now.as_millis() as u64,
+                link: lc.estimator.link().name.clone(),
+                from: name(j.from).to_owned(),
+                to: name(j.to).to_owned(),
+                verdict: j.kind.name().to_owned(),
+                before: j.before,
+                after: j.after,
+                why: j.why,
+                hold_s: j.hold.map(|h| h.as_secs_f64()),
+            });
+        }
+        // Escalate to the worst state whose condition has held long enough, skipping levels
+        // (and changes held off after reverts).
+        let up = (lc.state + 1..p.states.len()).rev().find(|&j| {
+            lc.enter_since[j].is_some_and(|t| now.saturating_sub(t) >= enter_after)
+                && !lc.judge.held(lc.state, j, now)
+        });
+        let down_held = lc.state > 0 && lc.judge.held(lc.state, lc.state - 1, now);
+        if reverted {
+            // The revert is this tick's change: the ladder walks again from the next one.
+        } else if let (Some(j), true) = (up, dwell_ok) {
             let held = now.saturating_sub(lc.enter_since[j].unwrap_or(now));
             let why = entered(&p.states[j].enter, &s).join(", ");
             reasons.push(format!("{}: {why} for {}", p.states[j].name, secs(held)));
             lc.state = j;
-        } else if lc.state > 0 {
+        } else if lc.state > 0 && !down_held {
             let cur = &p.states[lc.state];
             match all_exited(&cur.exit, &s) {
                 true => {
@@ -360,6 +493,10 @@ impl Core {
             _ => Vec::new(),
         };
         let first = lc.knobs.is_none();
+        if state_changed {
+            let judge = p.outcome.judge && !reverted && !first && !changes.is_empty();
+            lc.judge.changed(before, lc.state, now, judge);
+        }
         let reloaded = std::mem::take(&mut lc.reloaded);
         if !first && !state_changed && !reloaded && changes.is_empty() {
             return None;

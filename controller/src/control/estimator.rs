@@ -386,7 +386,13 @@ mod tests {
         };
         let other =
             PeerSnapshot { peer: "other".into(), rx_pps: 1e6, ce_fraction: 1.0, ..p.clone() };
-        Snapshot { at_ms: at_s * 1000, interval_ms: 1000, peers: vec![p, other], links: vec![] }
+        Snapshot {
+            at_ms: at_s * 1000,
+            interval_ms: 1000,
+            peers: vec![p, other],
+            links: vec![],
+            jobs: None,
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod bench;
 pub mod decide;
 pub mod estimator;
 pub mod knobs;
+pub mod outcome;
 pub mod plot;
 pub mod policy;
 pub mod probe;
@@ -16,5 +17,7 @@ pub use decide::{Core, Decision};
 pub use knobs::{Compression, Knobs, SyncKnobs};
 pub use policy::{Policy, PolicyError, PolicyErrors};
 
+#[cfg(test)]
+mod outcome_tests;
 #[cfg(test)]
 mod tests;

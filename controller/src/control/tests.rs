@@ -11,7 +11,7 @@ use super::{
 use crate::sense::sensors::{PeerSnapshot, RttSnapshot, Snapshot};
 
 /// Healthy / congested (CE 1%, exit 0.2%) / severe (CE 10% or p99 400 ms); fast EWMA.
-const POLICY: &str = r#"
+pub(super) const POLICY: &str = r#"
 [estimator]
 ewma_half_life = "100ms"
 [hysteresis]
@@ -67,7 +67,7 @@ fn shipped(name: &str) -> Policy {
 }
 
 /// One tick of the link: RTT (p50 = srtt, p99 as given), CE fraction, retransmitted share.
-fn snap(at_ms: u64, rtt: f64, p99: f64, ce: f64, retrans: f64) -> Snapshot {
+pub(super) fn snap(at_ms: u64, rtt: f64, p99: f64, ce: f64, retrans: f64) -> Snapshot {
     let p = PeerSnapshot {
         link: "eth0".into(),
         peer: "us".into(),
@@ -87,7 +87,7 @@ fn snap(at_ms: u64, rtt: f64, p99: f64, ce: f64, retrans: f64) -> Snapshot {
         flows: 4,
         ..PeerSnapshot::default()
     };
-    Snapshot { at_ms, interval_ms: 100, peers: vec![p], links: vec![] }
+    Snapshot { at_ms, interval_ms: 100, peers: vec![p], ..Snapshot::default() }
 }
 
 /// Runs `f(tick)` -> snapshot for `ticks` ticks of 100 ms.

@@ -151,6 +151,10 @@ struct Daemon {
     jobs: jobs::Jobs,
     job_status: Vec<jobs::JobStatus>,
     job_refused: Vec<String>,
+    /// Each job's steps and step seconds since it was first read (what the core judges by).
+    job_totals: std::collections::BTreeMap<String, (u64, f64)>,
+    /// The latest judgment per link.
+    verdicts: Vec<crate::control::decide::Verdict>,
     health: SensingHealth,
     /// Watched interfaces that are gone now (ifaces.rs).
     missing: Vec<String>,
@@ -263,6 +267,8 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         jobs: jobs::Jobs::default(),
         job_status: Vec::new(),
         job_refused: Vec::new(),
+        job_totals: Default::default(),
+        verdicts: Vec::new(),
         health: SensingHealth::new(Duration::from_secs(o_give_up)),
         missing: Vec::new(),
         losses: losses::LossReport::default(),
@@ -372,13 +378,12 @@ impl Daemon {
         } else {
             rdma::refresh(&self.o.rdma_root, &mut self.ports);
         }
-        let ports = &self.ports;
         let tick = Duration::from_nanos(self.core.policy().tick.0);
         let mut readings = Readings { kernel_ns, ..Readings::default() };
         // Counters first, at the tick's start, so that every rate covers one tick's interval:
         // read after a full flow table (up to 63 ms), they made the next interval that much
         // shorter, and a bursty sender's short interval could hold none of its bursts (0 bit/s).
-        self.probes.read_rows(&self.ifaces, &self.rows, ports, &mut readings)?;
+        self.probes.read_rows(&self.ifaces, &self.rows, &self.ports, &mut readings)?;
         let read_at = self.started.elapsed();
         if flow_read_due(self.flows_read, tick) {
             let t = Instant::now();
@@ -391,7 +396,10 @@ impl Daemon {
         let present = (!readings.flows_skipped).then_some(readings.flows.len());
         self.losses.update(&self.probes.losses()?, present, &self.metrics.datapath_lost);
         let flows = self.flows_seen;
-        let snap = self.sensors.tick(read_at, &readings);
+        let jobs = self.read_training_side();
+        let mut snap = self.sensors.tick(read_at, &readings);
+        // Only readings with jobs: a reading without any tells the judgments nothing.
+        snap.jobs = jobs.filter(|j| !j.is_empty());
         if self.record.is_some() {
             linelog::append(&mut self.record, &serde_json::to_string(&snap)?, &self.metrics);
         }
@@ -405,6 +413,12 @@ impl Daemon {
                 None => self.last.push((d.link.clone(), d.id, d.reason.clone())),
             }
         }
+        for v in self.core.take_verdicts() {
+            info!(link = %v.link, from = %v.from, to = %v.to, verdict = %v.verdict, why = %v.why, "outcome");
+            self.metrics.outcome.verdict(&v);
+            self.verdicts.retain(|o| o.link != v.link);
+            self.verdicts.push(v);
+        }
         if !self.o.dry_run {
             // Without decisions: pending actuators retried, then the board's heartbeat.
             self.act.apply(
@@ -412,7 +426,7 @@ impl Daemon {
                 &decisions,
                 &self.peers,
                 &mut self.probes,
-                ports,
+                &self.ports,
                 &self.metrics,
             );
         }

@@ -11,21 +11,17 @@ use super::{
 };
 use crate::{
     board::{job_reports, tuner_stats},
-    sense::sensors::Snapshot,
+    sense::sensors::{JobProgress, Snapshot},
 };
 
 impl Daemon {
     /// Metrics and the status API after a tick (`flows_read`: the flow table was read in it).
     pub(super) fn report(&mut self, snap: &Snapshot, flows: u64, flows_read: bool, work: Duration) {
-        // Training processes' tuner counters and job reports: a directory listing and a read
-        // per process, at most once a second.
-        if self.tuner_read.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-            self.tuner_read = Some(Instant::now());
-            self.tuner = tuner_stats::scan(&self.o.tuner_stats, !self.o.dry_run);
-            self.metrics.tuner(&self.tuner);
-            self.read_jobs();
-        }
         let m = &self.metrics;
+        let held = self.core.held();
+        let link_names: Vec<String> =
+            self.core.policy().links.iter().map(|l| l.name.clone()).collect();
+        m.outcome.update(&link_names, &held);
         let states: Vec<String> =
             self.core.policy().states.iter().map(|s| s.name.clone()).collect();
         let signals = self.core.signals();
@@ -94,6 +90,9 @@ impl Daemon {
             nccl_tuner: self.tuner.clone(),
             jobs: self.job_status.clone(),
             job_reports_refused: self.job_refused.clone(),
+            verdicts: self.verdicts.clone(),
+            pending_judgments: self.core.pending_judgments(),
+            held,
             peers: snap
                 .peers
                 .iter()
@@ -112,8 +111,21 @@ impl Daemon {
         };
     }
 
-    /// The training jobs' reports: read, differenced, shown in the metrics.
-    fn read_jobs(&mut self) {
+    /// Training processes' tuner counters and job reports: a directory listing and a read per
+    /// process, at most once a second; the jobs' progress when they were read.
+    pub(super) fn read_training_side(&mut self) -> Option<Vec<JobProgress>> {
+        if self.tuner_read.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            return None;
+        }
+        self.tuner_read = Some(Instant::now());
+        self.tuner = tuner_stats::scan(&self.o.tuner_stats, !self.o.dry_run);
+        self.metrics.tuner(&self.tuner);
+        Some(self.read_jobs())
+    }
+
+    /// The training jobs' reports: read, differenced, shown in the metrics; each job's
+    /// progress since it was first read.
+    fn read_jobs(&mut self) -> Vec<JobProgress> {
         let mut malformed = Vec::new();
         let reports = job_reports::scan(&self.o.job_reports, !self.o.dry_run, |file, why| {
             malformed.push((why, file.to_owned()));
@@ -130,7 +142,27 @@ impl Daemon {
         reading.refused.extend(malformed);
         self.metrics.jobs.update(&reading);
         self.job_refused = reading.refused.iter().map(|(why, f)| format!("{f}: {why}")).collect();
+        self.job_totals.retain(|job, _| reading.jobs.iter().any(|j| &j.job == job));
+        let progress = reading
+            .jobs
+            .iter()
+            .map(|j| {
+                let t = self.job_totals.entry(j.job.clone()).or_default();
+                if let Some(a) = reading.added.get(&j.job) {
+                    t.0 += a.steps;
+                    t.1 += a.step_s;
+                }
+                JobProgress {
+                    job: j.job.clone(),
+                    link: j.link.clone().unwrap_or_default(),
+                    rank_steps: t.0,
+                    step_seconds: t.1,
+                    codec: j.codec.clone(),
+                }
+            })
+            .collect();
         self.job_status = reading.jobs;
+        progress
     }
 
     /// Removes the metric series of links, states and peers the running policy no longer has.

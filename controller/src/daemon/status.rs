@@ -26,7 +26,12 @@ use super::{
 };
 use crate::{
     board::tuner_stats::TunerProcess,
-    control::{estimator::Signals, knobs::bytes, Knobs},
+    control::{
+        decide::{HeldChange, Verdict},
+        estimator::Signals,
+        knobs::bytes,
+        Knobs,
+    },
 };
 
 pub const DEFAULT_SOCKET: &str = "/run/linkpilot/status.sock";
@@ -83,6 +88,15 @@ pub struct Status {
     /// Report files the latest read refused: "file: why".
     #[serde(default)]
     pub job_reports_refused: Vec<String>,
+    /// The latest judgment of a state change by the jobs' progress, per link.
+    #[serde(default)]
+    pub verdicts: Vec<Verdict>,
+    /// State changes waiting for their judgment: (link, from, to, judged at ms).
+    #[serde(default)]
+    pub pending_judgments: Vec<(String, String, String, u64)>,
+    /// State changes held off after reverts.
+    #[serde(default)]
+    pub held: Vec<HeldChange>,
     pub peers: Vec<PeerStatus>,
 }
 
@@ -313,6 +327,19 @@ pub fn render(s: &Status) -> String {
                 y.overlap
             );
         }
+    }
+    for v in &s.verdicts {
+        out +=
+            &format!("  {} outcome of {} -> {}: {}, {}\n", v.link, v.from, v.to, v.verdict, v.why);
+    }
+    for (link, from, to, at_ms) in &s.pending_judgments {
+        out += &format!("  {link} {from} -> {to} is judged at {:.1} s\n", *at_ms as f64 / 1e3);
+    }
+    for h in &s.held {
+        out += &format!(
+            "  {} {} -> {} held off for {:.0} s more (reverted {} time(s) in a row)\n",
+            h.link, h.from, h.to, h.remaining_s, h.reverts
+        );
     }
     out += &render_tuner(&s.nccl_tuner);
     out += &jobs::render(&s.jobs, &s.job_reports_refused);

@@ -126,6 +126,24 @@ pub struct Snapshot {
     /// Links with RDMA ports behind them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<LinkSnapshot>,
+    /// The training jobs' progress, on the ticks that read their reports (about once a
+    /// second): recorded so that a replay judges decisions by the outcome as the daemon did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jobs: Option<Vec<JobProgress>>,
+}
+
+/// One job's progress on this host: its processes' steps and step time summed, counted by
+/// the daemon since it first read them (never going down: a restarted rank's totals start
+/// over in its own report, not here).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobProgress {
+    pub job: String,
+    /// The policy link the job's traffic crosses.
+    pub link: String,
+    pub rank_steps: u64,
+    pub step_seconds: f64,
+    /// The codec its processes report in force.
+    pub codec: String,
 }
 
 struct PeerState {
@@ -250,6 +268,7 @@ impl Sensors {
             interval_ms: interval.as_millis() as u64,
             peers: out,
             links,
+            jobs: None,
         }
     }
 

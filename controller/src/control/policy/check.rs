@@ -6,7 +6,7 @@ use linkpilot_common::{board::BOARD_MAX_LINKS, units::Bytes, MAX_DSCP_RULES, MAX
 
 use toml::Spanned;
 
-use super::sections::{check_env, check_host, check_nccl};
+use super::sections::{check_env, check_host, check_nccl, check_outcome};
 use super::{
     file::{RawBounds, RawPolicy, RawState, Setting},
     higher_is_worse, secs, Bounds, Errors, EstimatorConfig, Hysteresis, Link, Policy, State,
@@ -179,7 +179,8 @@ pub(super) fn check(raw: RawPolicy, e: &mut Errors) -> Policy {
     let nccl = check_nccl(&raw.nccl, &states, e);
     let host = check_host(&raw.host, e);
     let env = check_env(&raw.env, e);
-    Policy { tick, estimator, hysteresis, bounds, links, states, nccl, host, env }
+    let outcome = check_outcome(&raw.outcome, e);
+    Policy { tick, estimator, hysteresis, bounds, links, states, nccl, host, env, outcome }
 }
 
 fn check_bounds(b: &RawBounds, e: &mut Errors) -> Bounds {

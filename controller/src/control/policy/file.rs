@@ -28,6 +28,8 @@ pub(super) struct RawPolicy {
     pub(super) nccl: Spanned<RawNccl>,
     #[serde(default)]
     pub(super) host: RawHost,
+    #[serde(default = "d_outcome")]
+    pub(super) outcome: Spanned<RawOutcome>,
     /// Init-time variables the env file carries as they are.
     #[serde(default)]
     pub(super) env: BTreeMap<Spanned<String>, Spanned<String>>,
@@ -85,6 +87,39 @@ pub(super) struct RawNcclRule {
     pub(super) proto: Option<String>,
     /// At most this many channels (0: NCCL's count).
     pub(super) max_channels: Option<u8>,
+}
+
+pub(super) fn d_outcome() -> Spanned<RawOutcome> {
+    unspanned(RawOutcome::default())
+}
+
+/// `[outcome]`: how a state change is judged by the jobs' progress (`control::outcome`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawOutcome {
+    pub(super) judge: bool,
+    pub(super) window: Nanos,
+    pub(super) settle: Nanos,
+    pub(super) slower_by: Fraction,
+    pub(super) min_steps: u32,
+    pub(super) hold: Nanos,
+    pub(super) hold_max: Nanos,
+    pub(super) steps_to_loss: BTreeMap<String, f64>,
+}
+
+impl Default for RawOutcome {
+    fn default() -> Self {
+        Self {
+            judge: true,
+            window: Nanos(30_000_000_000),
+            settle: Nanos(5_000_000_000),
+            slower_by: Fraction(0.1),
+            min_steps: 3,
+            hold: Nanos(60_000_000_000),
+            hold_max: Nanos(3_600_000_000_000),
+            steps_to_loss: BTreeMap::new(),
+        }
+    }
 }
 
 #[derive(Deserialize)]

@@ -117,6 +117,35 @@ pub struct Policy {
     pub host: Host,
     /// Init-time variables the env file carries as written, after the computed ones.
     pub env: BTreeMap<String, String>,
+    /// How state changes are judged by the jobs' progress.
+    pub outcome: Outcome,
+}
+
+/// The `[outcome]` section, checked: after a state change that moved knobs, the jobs'
+/// progress over `window` before it and `window` after `settle` decides whether it stays.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    pub judge: bool,
+    pub window: Nanos,
+    pub settle: Nanos,
+    /// A change is reverted when progress fell by more than this share.
+    pub slower_by: f64,
+    /// Steps (all of the link's jobs' processes together) each window needs to be judged.
+    pub min_steps: u32,
+    /// The first hold-off of a reverted change; each revert of it again doubles it.
+    pub hold: Nanos,
+    pub hold_max: Nanos,
+    /// Steps a codec needs to reach the same loss as uncompressed, relative (1 when unnamed),
+    /// by codec mode ("int8", "topk").
+    pub steps_to_loss: BTreeMap<String, f64>,
+}
+
+impl Outcome {
+    /// The steps-to-loss factor of a codec as a job reports it ("topk:0.01" is mode "topk").
+    pub fn factor(&self, codec: &str) -> f64 {
+        let mode = codec.split(':').next().unwrap_or(codec);
+        self.steps_to_loss.get(mode).copied().unwrap_or(1.0)
+    }
 }
 
 /// The `[host]` section, checked: host sysctls (single integers) the policy fixes.

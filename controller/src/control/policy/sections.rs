@@ -1,5 +1,6 @@
-//! The policy's `[host]`, `[env]` and `[nccl]` sections, checked: host sysctls within their
-//! ranges, NCCL variables the env file may carry, and the tuner plugin's rules per state.
+//! The policy's `[host]`, `[env]`, `[nccl]` and `[outcome]` sections, checked: host sysctls
+//! within their ranges, NCCL variables the env file may carry, the tuner plugin's rules per
+//! state, and how decisions are judged.
 
 use std::collections::BTreeMap;
 
@@ -7,10 +8,11 @@ use linkpilot_common::board::nccl;
 use toml::Spanned;
 
 use super::{
-    file::{RawHost, RawNccl},
-    Errors, Host, Nccl, NcclRule, State,
+    file::{RawHost, RawNccl, RawOutcome},
+    Errors, Host, Nccl, NcclRule, Outcome, State,
 };
 use crate::actuate::envfile;
+use crate::control::knobs::Compression;
 
 pub(super) fn check_host(h: &RawHost, e: &mut Errors) -> Host {
     let tcp_ecn = host_int(h.tcp_ecn.as_ref(), 0..=2, e, |n| {
@@ -178,4 +180,56 @@ pub(super) fn check_nccl(raw: &Spanned<RawNccl>, states: &[State], e: &mut Error
         })
         .collect();
     Nccl { min_bytes, rules }
+}
+
+/// `[outcome]`: windows a judgment can span (the jobs' readings are kept for two windows and
+/// the settling time), shares below 100%, and steps-to-loss factors of known codecs.
+pub(super) fn check_outcome(raw: &Spanned<RawOutcome>, e: &mut Errors) -> Outcome {
+    let (span, o) = (raw.span(), raw.get_ref());
+    let s = |n: linkpilot_common::units::Nanos| n.0 as f64 / 1e9;
+    if !(1.0..=600.0).contains(&s(o.window)) {
+        e.at(span.clone(), format!("outcome window {}s must be between 1s and 600s", s(o.window)));
+    }
+    if s(o.settle) > 600.0 {
+        e.at(span.clone(), format!("outcome settle {}s must be at most 600s", s(o.settle)));
+    }
+    if !(o.slower_by.0 > 0.0 && o.slower_by.0 < 1.0) {
+        e.at(span.clone(), "outcome slower_by must be above 0% and below 100%");
+    }
+    if o.min_steps == 0 {
+        e.at(
+            span.clone(),
+            "outcome min_steps must be at least 1: a window without steps says nothing",
+        );
+    }
+    if o.hold.0 == 0 || o.hold_max < o.hold {
+        e.at(span.clone(), "outcome hold must be above 0s and at most hold_max");
+    }
+    for (codec, f) in &o.steps_to_loss {
+        if !Compression::MODES.contains(&codec.as_str()) {
+            e.at(
+                span.clone(),
+                format!(
+                    "outcome steps_to_loss names {codec:?}; codecs are {}",
+                    Compression::MODES.join(", ")
+                ),
+            );
+        }
+        if !(f.is_finite() && (0.1..=100.0).contains(f)) {
+            e.at(
+                span.clone(),
+                format!("outcome steps_to_loss.{codec} = {f} must be between 0.1 and 100"),
+            );
+        }
+    }
+    Outcome {
+        judge: o.judge,
+        window: o.window,
+        settle: o.settle,
+        slower_by: o.slower_by.0,
+        min_steps: o.min_steps,
+        hold: o.hold,
+        hold_max: o.hold_max,
+        steps_to_loss: o.steps_to_loss.clone(),
+    }
 }

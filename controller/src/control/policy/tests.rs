@@ -363,3 +363,27 @@ fn capacity_may_be_auto_but_not_with_goodput_below() {
     let e = Policy::parse(&with("capacity = \"fast\"", ""), "p.toml").unwrap_err().to_string();
     assert!(e.contains("or \"auto\""), "{e}");
 }
+
+#[test]
+fn the_outcome_section_is_checked() {
+    let p = Policy::parse(SHIPPED[0].1, "default").unwrap();
+    assert!(p.outcome.judge, "judging is on unless a policy turns it off");
+    assert_eq!((p.outcome.window, p.outcome.slower_by), (Nanos(30_000_000_000), 0.1));
+    let ok = errors("[outcome]\nwindow = \"20s\"\nsteps_to_loss = { int8 = 1.05, topk = 1.3 }");
+    assert_eq!(ok, "OK");
+    let bad = errors(
+        "[outcome]\nwindow = \"0s\"\nslower_by = \"100%\"\nmin_steps = 0\nhold = \"120min\"\n\
+         steps_to_loss = { int9 = 1.0, int8 = 0.0 }",
+    );
+    for want in [
+        "p.toml:12:1: outcome window 0s must be between 1s and 600s",
+        "outcome slower_by must be above 0% and below 100%",
+        "outcome min_steps must be at least 1",
+        "outcome hold must be above 0s and at most hold_max",
+        "outcome steps_to_loss names \"int9\"; codecs are none, fp16, bf16, int8, int4, topk",
+        "outcome steps_to_loss.int8 = 0 must be between 0.1 and 100",
+    ] {
+        assert!(bad.contains(want), "{want:?} not in:\n{bad}");
+    }
+    assert!(errors("[outcome]\nwindows = \"1s\"").contains("unknown field `windows`"));
+}

@@ -24,6 +24,7 @@ use crate::{
 };
 
 mod jobs;
+mod outcome;
 
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
 
@@ -91,6 +92,7 @@ pub struct Metrics {
     tuner_calls: Family<Labels, Gauge>,
     tuner_choices: Family<Labels, Gauge>,
     pub jobs: jobs::JobMetrics,
+    pub outcome: outcome::OutcomeMetrics,
     shown: Arc<Mutex<Shown>>,
 }
 
@@ -280,6 +282,7 @@ impl Metrics {
              and protocol (nccl: NCCL's own)",
         );
         let jobs = jobs::JobMetrics::register(r);
+        let outcome = outcome::OutcomeMetrics::register(r);
         let build = Family::<Labels, Gauge>::default();
         r.register("build_info", "The running version", build.clone());
         build.get_or_create(&labels(&[("version", env!("CARGO_PKG_VERSION"))])).set(1);
@@ -320,6 +323,7 @@ impl Metrics {
             tuner_calls,
             tuner_choices,
             jobs,
+            outcome,
             shown: Arc::default(),
         }
     }
