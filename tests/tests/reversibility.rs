@@ -28,6 +28,10 @@ tcp_slow_start_after_idle = 0
 name = "wan"
 interfaces = ["lpa0"]
 capacity = "50Mbit/s"
+# The test addresses (a policy naming no peer only observes).
+[[link.peer]]
+name = "lab"
+cidrs = ["198.18.0.0/15"]
 [[state]]
 name = "healthy"
 [state.knobs]

@@ -159,6 +159,10 @@ tcp_ecn = 1
 name = "wan"
 interfaces = ["eth0"]
 capacity = "50Mbit/s"
+# The test addresses (a policy naming no peer only observes).
+[[link.peer]]
+name = "lab"
+cidrs = ["198.18.0.0/15"]
 [[state]]
 name = "healthy"
 [state.knobs]

@@ -99,14 +99,16 @@ pub fn dscp_rules(core: &Core, peers: &PeerIds, ifaces: &[Iface]) -> Vec<DscpRul
 }
 
 impl Actuators {
-    /// With the board (unless a dry run) and the opened sysctls and RoCE classes.
+    /// With the board (unless a dry run or observing only) and the opened sysctls and RoCE
+    /// classes.
     pub fn new(
         o: &RunOptions,
         tick: Duration,
         (sysctls, roce): (Option<Sysctls>, Option<RoceTc>),
         ifaces: Vec<Iface>,
+        observe_only: bool,
     ) -> anyhow::Result<Self> {
-        let board = if o.dry_run {
+        let board = if o.dry_run || observe_only {
             None
         } else {
             let beat = tick.max(Duration::from_millis(100));

@@ -155,6 +155,8 @@ struct Daemon {
     job_totals: std::collections::BTreeMap<String, (u64, f64)>,
     /// The latest judgment per link.
     verdicts: Vec<crate::control::decide::Verdict>,
+    /// The policy names no peers: decisions are logged and shown, nothing is applied.
+    observe_only: bool,
     health: SensingHealth,
     /// Watched interfaces that are gone now (ifaces.rs).
     missing: Vec<String>,
@@ -172,6 +174,12 @@ fn flow_read_due(last: Option<(Instant, Duration)>, tick: Duration) -> bool {
     last.is_none_or(|(at, cost)| at.elapsed() >= flow_read_interval(cost, tick))
 }
 
+/// Why a policy that names no peers changes nothing on the host.
+pub const OBSERVE_ONLY: &str = "the policy names no [[link.peer]]: observing only, as with \
+    --dry-run (decisions are logged and shown; no DSCP, sysctl, RoCE class, board or env file \
+    changes), since its DSCP would apply to every destination on the interface; name the peers \
+    the links reach, then restart";
+
 /// Runs the daemon until a signal (or `ticks`).
 pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let policy_bytes = fs::read(&o.policy)
@@ -187,7 +195,11 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     let instance_lock = if o.dry_run { None } else { Some(lock(&o.lock)?) };
-    let metrics = Metrics::new(o.dry_run);
+    let observe_only = !o.dry_run && !policy.names_peers();
+    if observe_only {
+        warn!("{OBSERVE_ONLY}");
+    }
+    let metrics = Metrics::new(o.dry_run || observe_only);
     if let Some(w) = o.metrics_addr.exposure_warning() {
         warn!("{w}");
     }
@@ -224,7 +236,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     probes.attach_tracepoints()?;
 
     let tick = Duration::from_nanos(policy.tick.0);
-    let act = Actuators::new(&o, tick, restorable, ifaces.clone())?;
+    let act = Actuators::new(&o, tick, restorable, ifaces.clone(), observe_only)?;
     if !o.dry_run {
         if let Err(e) = tuner_stats::create_dir(&o.tuner_stats) {
             warn!(
@@ -269,6 +281,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         job_refused: Vec::new(),
         job_totals: Default::default(),
         verdicts: Vec::new(),
+        observe_only,
         health: SensingHealth::new(Duration::from_secs(o_give_up)),
         missing: Vec::new(),
         losses: losses::LossReport::default(),
@@ -419,7 +432,7 @@ impl Daemon {
             self.verdicts.retain(|o| o.link != v.link);
             self.verdicts.push(v);
         }
-        if !self.o.dry_run {
+        if !self.o.dry_run && !self.observe_only {
             // Without decisions: pending actuators retried, then the board's heartbeat.
             self.act.apply(
                 &self.core,
@@ -453,6 +466,20 @@ impl Daemon {
             Ok(p) => p,
             Err(e) => return rejected(self, format!("{e:#}")),
         };
+        if policy.names_peers() != self.core.policy().names_peers() && !self.o.dry_run {
+            let now = if self.observe_only { "observing only" } else { "acting" };
+            return rejected(
+                self,
+                format!(
+                    "{}: the new policy {} peers and the running one {}; linkpilot is {now}: \
+                     restart it to {}",
+                    self.o.policy.display(),
+                    if policy.names_peers() { "names" } else { "names no" },
+                    if self.observe_only { "names none" } else { "names some" },
+                    if policy.names_peers() { "act on them" } else { "observe only" }
+                ),
+            );
+        }
         let (old, new) = (interfaces(self.core.policy()), interfaces(&policy));
         if old != new {
             return rejected(

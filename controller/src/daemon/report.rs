@@ -69,6 +69,7 @@ impl Daemon {
             policy: self.o.policy.display().to_string(),
             policy_sha256: self.policy_sha256.clone(),
             dry_run: self.o.dry_run,
+            observe_only: self.observe_only.then(|| super::OBSERVE_ONLY.to_owned()),
             interfaces: self.ifaces.iter().map(|i| i.name.clone()).collect(),
             interfaces_missing: self.missing.clone(),
             tick_ms: self.core.policy().tick.0 as f64 / 1e6,

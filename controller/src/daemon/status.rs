@@ -47,6 +47,9 @@ pub struct Status {
     #[serde(default)]
     pub policy_sha256: String,
     pub dry_run: bool,
+    /// Why nothing is applied although this is not a dry run (the policy names no peers).
+    #[serde(default)]
+    pub observe_only: Option<String>,
     pub interfaces: Vec<String>,
     /// Watched interfaces that are gone: watched again once they are back.
     #[serde(default)]
@@ -247,7 +250,13 @@ pub fn render(s: &Status) -> String {
         s.version,
         s.pid,
         s.uptime_s,
-        if s.dry_run { " DRY RUN" } else { "" },
+        if s.dry_run {
+            " DRY RUN"
+        } else if s.observe_only.is_some() {
+            " OBSERVING ONLY (no peers named)"
+        } else {
+            ""
+        },
         s.policy,
         s.policy_sha256.get(..12).unwrap_or("-"),
         s.tick_ms,

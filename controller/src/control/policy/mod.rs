@@ -388,6 +388,12 @@ impl Policy {
         }
     }
 
+    /// Whether any link names its peers: a policy that names none is observed only, never
+    /// applied (its DSCP would mark everything the interface sends).
+    pub fn names_peers(&self) -> bool {
+        self.links.iter().any(|l| !l.peers.is_empty())
+    }
+
     /// Whether any link names the interface `name`.
     pub fn names_interface(&self, name: &str) -> bool {
         self.links.iter().any(|l| l.interfaces.iter().any(|i| i == name))

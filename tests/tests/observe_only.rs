@@ -1,0 +1,103 @@
+//! The shipped default policy names no peers, so rolled out to every node it only observes: run
+//! unedited (not a dry run) on a lab host under real TCP traffic, it decides and shows its
+//! decisions but changes nothing: what the other side receives keeps DSCP 0 (tcpdump and
+//! tshark), the socket-buffer sysctls read the same (`sysctl -n`), no board or env file
+//! appears, and a reload that names peers is refused until a restart. The same policy with a
+//! peer named marks the traffic (DSCP 26).
+
+use std::{process::Stdio, thread, time::Duration};
+
+use linkpilot_lab::lab::{Host, Site};
+use linkpilot_tests::daemon::{iperf3_server, lab_with, status_json, sysctl, wait_for, Daemon};
+use nix::{sys::signal::Signal, unistd::Pid};
+
+const DEFAULT: &str = include_str!("../../policies/default.toml");
+const SYSCTLS: [&str; 3] = ["net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem", "net.ipv4.tcp_ecn"];
+
+/// The DSCP of each TCP data packet `us` received from `hk` while iperf3 ran for 2 s.
+fn dscp_seen(hk: &Host, us: &Host, pcap: &std::path::Path) -> Vec<u64> {
+    let filter = format!("src host {} and tcp", hk.ipv4);
+    let dump = linkpilot_lab::selftest::start_capture(us, &filter, &pcap.display().to_string())
+        .expect("tcpdump");
+    let mut server = iperf3_server(us);
+    let status = hk
+        .command("iperf3")
+        .args(["-c", &us.ipv4.to_string(), "-t", "2"])
+        .stdout(Stdio::null())
+        .status()
+        .expect("iperf3 -c");
+    assert!(status.success());
+    server.wait().expect("iperf3 server");
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(linkpilot_lab::selftest::stop_capture(dump).expect("stop tcpdump"), 0, "drops");
+    let fields = linkpilot_tests::sh(&[
+        "tshark",
+        "-r",
+        &pcap.display().to_string(),
+        "-T",
+        "fields",
+        "-e",
+        "ip.dsfield.dscp",
+        "-e",
+        "tcp.len",
+    ]);
+    fields
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .filter(|(_, len)| len.parse::<u64>().is_ok_and(|n| n > 0))
+        .map(|(d, _)| d.parse().unwrap_or(u64::MAX))
+        .collect()
+}
+
+#[test]
+fn the_default_policy_changes_nothing_until_it_names_peers() {
+    let lab = lab_with("dobs", "delay = \"5ms\"\nrate = \"100Mbit/s\"");
+    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    let before: Vec<String> = SYSCTLS.iter().map(|s| sysctl(&hk.netns, s)).collect();
+    let dir = std::env::temp_dir().join(format!("lp-observe-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = Daemon::start(&hk.netns, &dir, DEFAULT);
+    wait_for("a decision", Duration::from_secs(20), || {
+        std::fs::read_to_string(dir.join("decisions.jsonl")).is_ok_and(|l| !l.is_empty())
+    });
+    let dscp = dscp_seen(&hk, &us, &dir.join("observed.pcap"));
+    assert!(dscp.len() > 100 && dscp.iter().all(|&d| d == 0), "{dscp:?}");
+    let st = status_json(&dir);
+    assert_eq!(st["dry_run"], false);
+    assert!(
+        st["observe_only"].as_str().is_some_and(|s| s.contains("names no [[link.peer]]")),
+        "{st}"
+    );
+    // It decides all the same (iperf3's queue takes this policy to a worse state here).
+    assert!(st["links"][0]["decision_id"].as_u64().is_some_and(|id| id >= 1), "{st}");
+    let after: Vec<String> = SYSCTLS.iter().map(|s| sysctl(&hk.netns, s)).collect();
+    assert_eq!(after, before, "sysctls changed");
+    assert!(!dir.join("knobs").exists() && !dir.join("nccl.env").exists(), "board or env file");
+    assert!(d.log().contains("observing only"), "{}", d.log());
+
+    // A reload that names a peer would start changing the host: refused until a restart.
+    let with_peer = DEFAULT.replacen(
+        "capacity = \"10Gbit/s\"\n",
+        "capacity = \"10Gbit/s\"\n[[link.peer]]\nname = \"us\"\ncidrs = [\"198.18.2.0/24\"]\n",
+        1,
+    );
+    assert_ne!(with_peer, DEFAULT);
+    std::fs::write(dir.join("policy.toml"), &with_peer).expect("policy");
+    nix::sys::signal::kill(Pid::from_raw(d.child.id() as i32), Signal::SIGHUP).expect("HUP");
+    wait_for("the reload refused", Duration::from_secs(10), || {
+        status_json(&dir)["last_reload_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("restart it to act on them"))
+    });
+    assert_eq!(SYSCTLS.iter().map(|s| sysctl(&hk.netns, s)).collect::<Vec<_>>(), before);
+    drop(d);
+
+    // Restarted on it: the traffic to the peer leaves with the healthy state's DSCP 26.
+    let d = Daemon::start(&hk.netns, &dir, &with_peer);
+    wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
+    let dscp = dscp_seen(&hk, &us, &dir.join("acting.pcap"));
+    assert!(dscp.len() > 100 && dscp.iter().all(|&d| d == 26), "{dscp:?}");
+    assert!(status_json(&dir)["observe_only"].is_null());
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+}
