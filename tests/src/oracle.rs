@@ -134,3 +134,26 @@ pub fn sha256sum(path: &std::path::Path) -> String {
     let out = sh(&["sha256sum", &path.display().to_string()]);
     out.split_whitespace().next().unwrap_or_else(|| panic!("sha256sum printed nothing")).to_owned()
 }
+
+/// DSCP of each TCP segment with payload in `pcap`, in capture order (tshark).
+pub fn data_dscp(pcap: &str) -> Vec<u64> {
+    let fields = crate::sh(&[
+        "tshark",
+        "-r",
+        pcap,
+        "-T",
+        "fields",
+        "-e",
+        "ip.dsfield.dscp",
+        "-e",
+        "tcp.len",
+    ]);
+    fields
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split('\t').map(|x| x.parse::<u64>().unwrap_or(u64::MAX));
+            let (dscp, len) = (f.next()?, f.next()?);
+            (len > 0).then_some(dscp)
+        })
+        .collect()
+}

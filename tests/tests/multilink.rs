@@ -151,20 +151,6 @@ fn ping(node: &Netns, p: &Route) -> f64 {
     selftest::parse_ping_avg(&out).unwrap_or_else(|| panic!("no RTT in ping's output:\n{out}"))
 }
 
-/// DSCP of each TCP segment with payload in `pcap`, in capture order (tshark).
-fn data_dscp(pcap: &str) -> Vec<u64> {
-    let fields =
-        sh(&["tshark", "-r", pcap, "-T", "fields", "-e", "ip.dsfield.dscp", "-e", "tcp.len"]);
-    fields
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split('\t').map(|x| x.parse::<u64>().unwrap_or(u64::MAX));
-            let (dscp, len) = (f.next()?, f.next()?);
-            (len > 0).then_some(dscp)
-        })
-        .collect()
-}
-
 fn link<'a>(st: &'a Value, name: &str) -> &'a Value {
     st["links"]
         .as_array()
@@ -270,7 +256,7 @@ fn two_links(tag: &str, near_peers: &str) {
         .into_iter()
         .map(|c| selftest::stop_capture(c.take()).expect("stop tcpdump"))
         .collect();
-    let dscp: Vec<Vec<u64>> = pcaps.iter().map(|p| data_dscp(p)).collect();
+    let dscp: Vec<Vec<u64>> = pcaps.iter().map(|p| linkpilot_tests::oracle::data_dscp(p)).collect();
     let count = |i: usize, v: u64| dscp[i].iter().filter(|&&x| x == v).count();
     eprintln!(
         "ping near {:.1} ms far {:.1} ms; status at {took:?}: {}\n\

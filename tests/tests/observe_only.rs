@@ -30,23 +30,7 @@ fn dscp_seen(hk: &Host, us: &Host, pcap: &std::path::Path) -> Vec<u64> {
     server.wait().expect("iperf3 server");
     thread::sleep(Duration::from_millis(300));
     assert_eq!(linkpilot_lab::selftest::stop_capture(dump).expect("stop tcpdump"), 0, "drops");
-    let fields = linkpilot_tests::sh(&[
-        "tshark",
-        "-r",
-        &pcap.display().to_string(),
-        "-T",
-        "fields",
-        "-e",
-        "ip.dsfield.dscp",
-        "-e",
-        "tcp.len",
-    ]);
-    fields
-        .lines()
-        .filter_map(|l| l.split_once('\t'))
-        .filter(|(_, len)| len.parse::<u64>().is_ok_and(|n| n > 0))
-        .map(|(d, _)| d.parse().unwrap_or(u64::MAX))
-        .collect()
+    linkpilot_tests::oracle::data_dscp(&pcap.display().to_string())
 }
 
 #[test]

@@ -10,7 +10,7 @@ use super::{
     auto::{knobs_for, pace},
     estimator::{Aggregate, Estimator, Signals},
     knobs::Knobs,
-    outcome::{Judge, Kind},
+    outcome::{HeldChange, Judge, Kind, Verdict},
     policy::{higher_is_worse, Policy, Thresholds},
     probe::{Inputs, RateProbe},
 };
@@ -50,33 +50,6 @@ struct LinkControl {
     judge: Judge,
 }
 
-/// A state change judged by the jobs' progress (a revert is also a [`Decision`]).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Verdict {
-    pub at_ms: u64,
-    pub link: String,
-    pub from: String,
-    pub to: String,
-    /// "kept", "reverted" or "unjudged".
-    pub verdict: String,
-    /// The jobs' progress before and after, steps per second of step time.
-    pub before: Option<f64>,
-    pub after: Option<f64>,
-    pub why: String,
-    /// For a revert: how long the change is held off, s.
-    pub hold_s: Option<f64>,
-}
-
-/// A change held off after reverts, as status shows it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct HeldChange {
-    pub link: String,
-    pub from: String,
-    pub to: String,
-    pub remaining_s: f64,
-    pub reverts: u32,
-}
-
 impl LinkControl {
     fn new(policy: &Policy, link: &super::policy::Link) -> Self {
         Self {
@@ -102,8 +75,6 @@ pub struct Core {
     next_id: u64,
     /// (hash of interface and peer, link index) of each row of the last snapshot.
     layout: Vec<(u64, Option<usize>)>,
-    /// The jobs' progress read with the snapshot being folded in, if it carried any.
-    jobs: Option<Vec<JobProgress>>,
     /// Judgments since the caller last took them.
     verdicts: Vec<Verdict>,
     now: Duration,
@@ -198,7 +169,6 @@ impl Core {
             links,
             next_id: 1,
             layout: Vec::new(),
-            jobs: None,
             verdicts: Vec::new(),
             now: Duration::ZERO,
         }
@@ -275,10 +245,7 @@ impl Core {
     /// Folds in one snapshot; returns the decisions it caused (at most one per link).
     pub fn step(&mut self, snap: &Snapshot) -> Vec<Decision> {
         let aggs = self.aggregate(snap);
-        self.jobs.clone_from(&snap.jobs);
-        let out = self.step_aggregates(snap.at_ms, &aggs);
-        self.jobs = None;
-        out
+        self.step_with_jobs(snap.at_ms, &aggs, snap.jobs.as_deref())
     }
 
     /// The judgments of state changes since the last call.
@@ -323,11 +290,21 @@ impl Core {
     /// Folds in each link's share of a snapshot taken at `at_ms` (in policy link order), for
     /// callers that already know which rows belong to which link.
     pub fn step_aggregates(&mut self, at_ms: u64, aggs: &[Aggregate]) -> Vec<Decision> {
+        self.step_with_jobs(at_ms, aggs, None)
+    }
+
+    /// [`Self::step_aggregates`] with the jobs' progress read at this tick, if it was.
+    fn step_with_jobs(
+        &mut self,
+        at_ms: u64,
+        aggs: &[Aggregate],
+        jobs: Option<&[JobProgress]>,
+    ) -> Vec<Decision> {
         let now = Duration::from_millis(at_ms);
         self.now = now;
         let mut out = Vec::new();
         for (i, agg) in aggs.iter().enumerate().take(self.links.len()) {
-            if let Some(mut d) = self.step_link(i, now, agg) {
+            if let Some(mut d) = self.step_link(i, now, agg, jobs) {
                 d.id = self.next_id;
                 self.next_id += 1;
                 out.push(d);
@@ -378,7 +355,13 @@ impl Core {
         aggs
     }
 
-    fn step_link(&mut self, i: usize, now: Duration, agg: &Aggregate) -> Option<Decision> {
+    fn step_link(
+        &mut self,
+        i: usize,
+        now: Duration,
+        agg: &Aggregate,
+        jobs: Option<&[JobProgress]>,
+    ) -> Option<Decision> {
         let p = &self.policy;
         let h = p.hysteresis;
         let (enter_after, exit_after, dwell) = (
@@ -389,7 +372,7 @@ impl Core {
         let lc = &mut self.links[i];
         let s = lc.estimator.update_aggregate(now.as_millis() as u64, agg);
         lc.signals = s;
-        if let Some(jobs) = &self.jobs {
+        if let Some(jobs) = jobs {
             // A job on a link the policy lacks counts on the first (as status shows it).
             let link_of = |j: &JobProgress| p.links.iter().position(|l| l.name == j.link);
             let mine = jobs.iter().filter(|j| link_of(j).unwrap_or(0) == i).cloned().collect();

@@ -140,7 +140,7 @@ pub struct Estimator {
     signals: Signals,
 }
 
-fn dur(n: linkpilot_common::units::Nanos) -> Duration {
+pub(super) fn dur(n: linkpilot_common::units::Nanos) -> Duration {
     Duration::from_nanos(n.0)
 }
 

@@ -16,8 +16,40 @@
 
 use std::{collections::VecDeque, time::Duration};
 
-use super::{estimator::Signals, policy::Outcome};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    estimator::{dur, Signals},
+    policy::Outcome,
+};
 use crate::sense::sensors::JobProgress;
+
+/// A state change judged by the jobs' progress (a revert is also a [`Decision`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub at_ms: u64,
+    pub link: String,
+    pub from: String,
+    pub to: String,
+    /// "kept", "reverted" or "unjudged".
+    pub verdict: String,
+    /// The jobs' progress before and after, steps per second of step time.
+    pub before: Option<f64>,
+    pub after: Option<f64>,
+    pub why: String,
+    /// For a revert: how long the change is held off, s.
+    pub hold_s: Option<f64>,
+}
+
+/// A change held off after reverts, as status shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HeldChange {
+    pub link: String,
+    pub from: String,
+    pub to: String,
+    pub remaining_s: f64,
+    pub reverts: u32,
+}
 
 /// What the link showed when the jobs were read.
 #[derive(Clone, Copy, Debug)]
@@ -90,10 +122,6 @@ pub struct Judge {
 
 /// Readings kept at most (one a second covers two 600 s windows and the settling).
 const MAX_READINGS: usize = 2048;
-
-fn dur(n: linkpilot_common::units::Nanos) -> Duration {
-    Duration::from_nanos(n.0)
-}
 
 /// Progress of the jobs over one window: steps weighed by their codec's factor, raw steps,
 /// step seconds, and the wall time the readings span.

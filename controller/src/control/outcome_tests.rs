@@ -2,7 +2,8 @@
 //! core is in (as a real one's does on the codec the state sets) runs beside the link.
 
 use super::{
-    decide::{Core, Decision, Verdict},
+    decide::{Core, Decision},
+    outcome::Verdict,
     policy::Policy,
     replay,
     tests::{snap, POLICY},
@@ -170,9 +171,7 @@ fn progress_counts_the_steps_a_codec_needs_to_reach_the_same_loss() {
 
 #[test]
 fn without_job_reports_nothing_is_judged_and_nothing_reverted() {
-    let mut p = policy("");
-    p.outcome.window.0 = 10_000_000_000;
-    let mut core = Core::new(p);
+    let mut core = Core::new(policy(""));
     let mut ds = Vec::new();
     let mut verdicts = Vec::new();
     for t in 0..400 {

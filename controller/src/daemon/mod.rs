@@ -154,7 +154,7 @@ struct Daemon {
     /// Each job's steps and step seconds since it was first read (what the core judges by).
     job_totals: std::collections::BTreeMap<String, (u64, f64)>,
     /// The latest judgment per link.
-    verdicts: Vec<crate::control::decide::Verdict>,
+    verdicts: Vec<crate::control::outcome::Verdict>,
     /// The policy names no peers: decisions are logged and shown, nothing is applied.
     observe_only: bool,
     health: SensingHealth,

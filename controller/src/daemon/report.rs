@@ -19,9 +19,7 @@ impl Daemon {
     pub(super) fn report(&mut self, snap: &Snapshot, flows: u64, flows_read: bool, work: Duration) {
         let m = &self.metrics;
         let held = self.core.held();
-        let link_names: Vec<String> =
-            self.core.policy().links.iter().map(|l| l.name.clone()).collect();
-        m.outcome.update(&link_names, &held);
+        m.outcome.update(self.core.policy().links.iter().map(|l| l.name.as_str()), &held);
         let states: Vec<String> =
             self.core.policy().states.iter().map(|s| s.name.clone()).collect();
         let signals = self.core.signals();

@@ -27,9 +27,9 @@ use super::{
 use crate::{
     board::tuner_stats::TunerProcess,
     control::{
-        decide::{HeldChange, Verdict},
         estimator::Signals,
         knobs::bytes,
+        outcome::{HeldChange, Verdict},
         Knobs,
     },
 };

@@ -3,10 +3,7 @@
 //! now (status says which, and for how long). Every link's series exist from the start, at 0,
 //! and go with the link.
 
-use std::{
-    collections::BTreeSet,
-    sync::{Arc, Mutex},
-};
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge},
@@ -14,7 +11,7 @@ use prometheus_client::{
 };
 
 use super::{family, labels, Labels};
-use crate::control::decide::{HeldChange, Verdict};
+use crate::control::outcome::{HeldChange, Verdict};
 
 const VERDICTS: [&str; 3] = ["kept", "reverted", "unjudged"];
 
@@ -22,7 +19,8 @@ const VERDICTS: [&str; 3] = ["kept", "reverted", "unjudged"];
 pub struct OutcomeMetrics {
     verdicts: Family<Labels, Counter>,
     held: Family<Labels, Gauge>,
-    links: Arc<Mutex<BTreeSet<String>>>,
+    /// The links with series, in policy order.
+    links: Arc<Mutex<Vec<String>>>,
 }
 
 impl OutcomeMetrics {
@@ -47,22 +45,27 @@ impl OutcomeMetrics {
         self.verdicts.get_or_create(&labels(&[("link", &v.link), ("verdict", &v.verdict)])).inc();
     }
 
-    /// Every link of the running policy with its holds now; links gone lose their series.
-    pub fn update(&self, links: &[String], held: &[HeldChange]) {
+    /// Every link of the running policy with its holds now. Series are made and removed only
+    /// when the policy's links change (start, reload); a tick sets one gauge per link.
+    pub fn update<'a>(&self, links: impl Iterator<Item = &'a str> + Clone, held: &[HeldChange]) {
         let Ok(mut shown) = self.links.lock() else { return };
-        for gone in shown.iter().filter(|l| !links.contains(l)) {
-            self.held.remove(&labels(&[("link", gone)]));
-            for v in VERDICTS {
-                self.verdicts.remove(&labels(&[("link", gone), ("verdict", v)]));
+        if !links.clone().eq(shown.iter().map(String::as_str)) {
+            for gone in shown.iter().filter(|s| !links.clone().any(|l| l == s.as_str())) {
+                self.held.remove(&labels(&[("link", gone)]));
+                for v in VERDICTS {
+                    self.verdicts.remove(&labels(&[("link", gone), ("verdict", v)]));
+                }
+            }
+            *shown = links.clone().map(str::to_owned).collect();
+            for link in shown.iter() {
+                for v in VERDICTS {
+                    let _ = self.verdicts.get_or_create(&labels(&[("link", link), ("verdict", v)]));
+                }
             }
         }
         for link in links {
-            let n = held.iter().filter(|h| &h.link == link).count();
+            let n = held.iter().filter(|h| h.link == link).count();
             self.held.get_or_create(&labels(&[("link", link)])).set(n as i64);
-            for v in VERDICTS {
-                let _ = self.verdicts.get_or_create(&labels(&[("link", link), ("verdict", v)]));
-            }
         }
-        *shown = links.iter().cloned().collect();
     }
 }

@@ -167,3 +167,40 @@ fn job_series_follow_the_jobs_and_go_with_them() {
     let text = m.render();
     assert!(!text.contains("training_job="), "{text}");
 }
+
+#[test]
+fn outcome_series_follow_the_policys_links_and_keep_their_counts() {
+    let m = Metrics::new(false);
+    let verdict = |link: &str| crate::control::outcome::Verdict {
+        at_ms: 0,
+        link: link.into(),
+        from: "calm".into(),
+        to: "marked".into(),
+        verdict: "reverted".into(),
+        before: None,
+        after: None,
+        why: String::new(),
+        hold_s: Some(20.0),
+    };
+    let held = |link: &str| crate::control::outcome::HeldChange {
+        link: link.into(),
+        from: "marked".into(),
+        to: "calm".into(),
+        remaining_s: 20.0,
+        reverts: 1,
+    };
+    m.outcome.update(["wan", "lan"].into_iter(), &[]);
+    m.outcome.verdict(&verdict("wan"));
+    m.outcome.update(["wan", "lan"].into_iter(), &[held("wan")]);
+    let text = m.render();
+    let has = |t: &str, s: &str| t.lines().any(|l| l == s);
+    assert!(has(&text, "linkpilot_outcome_verdicts_total{link=\"wan\",verdict=\"reverted\"} 1"));
+    assert!(has(&text, "linkpilot_outcome_verdicts_total{link=\"lan\",verdict=\"kept\"} 0"));
+    assert!(has(&text, "linkpilot_outcome_held_changes{link=\"wan\"} 1"), "{text}");
+    // A reload drops "lan"; "wan" keeps its count.
+    m.outcome.update(["wan"].into_iter(), &[]);
+    let text = m.render();
+    assert!(!text.contains("link=\"lan\""), "{text}");
+    assert!(has(&text, "linkpilot_outcome_verdicts_total{link=\"wan\",verdict=\"reverted\"} 1"));
+    assert!(has(&text, "linkpilot_outcome_held_changes{link=\"wan\"} 0"));
+}
