@@ -9,6 +9,10 @@ pub const BOARD_MAGIC: [u8; 8] = *b"LPKNOBS\0";
 /// cross-site synchronization's knobs and the link's measured rate (128 -> 184 bytes).
 pub const BOARD_VERSION: u32 = 3;
 /// Links the board has room for.
+/// `dscp` and `roce_traffic_class` of a link whose policy leaves them alone ("keep"): no DSCP
+/// is 255, and no RoCE class sets both ECN bits.
+pub const KEEP: u8 = 255;
+
 pub const BOARD_MAX_LINKS: usize = 8;
 /// Bytes of a link or state name, NUL-padded (names longer than 31 bytes are cut).
 pub const BOARD_NAME_LEN: usize = 32;
@@ -104,7 +108,9 @@ pub struct BoardLink {
     pub watchdog_s: u32,
     pub nccl_ib_timeout: u8,
     pub nccl_ib_retry_cnt: u8,
+    /// [`KEEP`] when the policy leaves it alone.
     pub dscp: u8,
+    /// [`KEEP`] when the policy leaves it alone.
     pub roce_traffic_class: u8,
     /// The decision that set these values.
     pub decision_id: u64,

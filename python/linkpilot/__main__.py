@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any
 
-from linkpilot.board import BoardError, BoardSnapshot, KnobBoard
+from linkpilot.board import KEEP, BoardError, BoardSnapshot, KnobBoard
 from linkpilot.tuner import Diagnosis, diagnose
 
 _COLUMNS = "{:<12} {:<16} {:<12} {:>7} {:>7} {:>6} {:>4} {:>5} {:>4} {:>3} {:>8}"
@@ -21,6 +21,10 @@ def _bytes(n: int) -> str:
         if n >= scale:
             return f"{n // scale}{unit}" if n % scale == 0 else f"{n / scale:.1f}{unit}"
     return f"{n}B"
+
+
+def _kept(v: int) -> str:
+    return "keep" if v == KEEP else str(v)
 
 
 def render(s: BoardSnapshot) -> str:
@@ -39,7 +43,7 @@ def render(s: BoardSnapshot) -> str:
             _COLUMNS.format(
                 k.name, f"{k.state} ({k.state_index})", k.codec, _bytes(k.chunk_bytes),
                 _bytes(k.tcp_buffer_bytes), f"{k.watchdog_s}s", k.nccl_ib_timeout,
-                k.nccl_ib_retry_cnt, k.dscp, k.roce_traffic_class, k.decision_id,
+                k.nccl_ib_retry_cnt, _kept(k.dscp), _kept(k.roce_traffic_class), k.decision_id,
             )
         )
     if not s.links:

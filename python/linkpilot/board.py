@@ -31,6 +31,8 @@ NCCL_ALGOS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_t
 NCCL_PROTOS = ("ll", "ll128", "simple")
 _NCCL_ANY = 255
 #: Actuators by bit of the header's ``pending`` mask (common/src/board.rs, ``pending::NAMES``).
+#: ``dscp`` and ``roce_traffic_class`` of a link whose policy leaves them alone ("keep").
+KEEP = 255
 ACTUATORS = ("dscp", "env_file", "sysctl", "host_sysctl", "roce_tc")
 
 _HEADER = struct.Struct("<8sIIQQIIQII")  # magic .. n_links, pending
@@ -77,6 +79,7 @@ class LinkKnobs:
     watchdog_s: int
     nccl_ib_timeout: int
     nccl_ib_retry_cnt: int
+    #: ``KEEP`` (255): the policy leaves it alone.
     dscp: int
     roce_traffic_class: int
     decision_id: int

@@ -253,3 +253,17 @@ def test_a_board_left_half_written_is_refused_at_once_until_a_new_daemon_comes(
         snap = board.read()
         assert (snap.pid, snap.decision_id, snap.stale) == (new.pid, 2, False)
     board.close()
+
+
+def test_a_kept_dscp_and_class_read_and_show_as_keep(tmp_path: Path) -> None:
+    from linkpilot.__main__ import render
+    from linkpilot.board import KEEP
+
+    path = tmp_path / "knobs"
+    with feed_board(path) as feeder, KnobBoard(path) as board:
+        feeder.publish([{"name": "wan", "dscp": KEEP, "roce_traffic_class": KEEP},
+                        {"name": "dc", "dscp": 26, "roce_traffic_class": 106}])
+        snap = board.read()
+    assert [(k.dscp, k.roce_traffic_class) for k in snap.links] == [(KEEP, KEEP), (26, 106)]
+    rows = {line.split()[0]: line.split() for line in render(snap).splitlines()[2:]}
+    assert rows["wan"][-3:-1] == ["keep", "keep"] and rows["dc"][-3:-1] == ["26", "106"], rows

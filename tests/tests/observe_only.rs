@@ -3,7 +3,7 @@
 //! decisions but changes nothing: what the other side receives keeps DSCP 0 (tcpdump and
 //! tshark), the socket-buffer sysctls read the same (`sysctl -n`), no board or env file
 //! appears, and a reload that names peers is refused until a restart. The same policy with a
-//! peer named marks the traffic (DSCP 26).
+//! peer named marks the traffic (DSCP 26); with `dscp = "keep"` it acts but leaves the DSCP.
 
 use std::{process::Stdio, thread, time::Duration};
 
@@ -82,6 +82,29 @@ fn the_default_policy_changes_nothing_until_it_names_peers() {
     let dscp = dscp_seen(&hk, &us, &dir.join("acting.pcap"));
     assert!(dscp.len() > 100 && dscp.iter().all(|&d| d == 26), "{dscp:?}");
     assert!(status_json(&dir)["observe_only"].is_null());
+    let env = std::fs::read_to_string(dir.join("nccl.env")).expect("env file");
+    assert!(env.contains("\nNCCL_IB_TC=106\n"), "{env}");
+    drop(d);
+
+    // The same peer with DSCP and RoCE class kept: the daemon acts (board, env file) but the
+    // packets keep DSCP 0 and the env file leaves NCCL_IB_TC to the job.
+    let kept = with_peer
+        .replace("dscp = 26", "dscp = \"keep\"")
+        .replace("roce_traffic_class = 106", "roce_traffic_class = \"keep\"");
+    // The last run's board and env file stay behind (stale); start without them.
+    for f in ["knobs", "nccl.env"] {
+        std::fs::remove_file(dir.join(f)).expect(f);
+    }
+    std::fs::write(dir.join("policy.toml"), &kept).expect("policy");
+    let d = Daemon::start(&hk.netns, &dir, &kept);
+    wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
+    let dscp = dscp_seen(&hk, &us, &dir.join("kept.pcap"));
+    assert!(dscp.len() > 100 && dscp.iter().all(|&d| d == 0), "{dscp:?}");
+    let env = std::fs::read_to_string(dir.join("nccl.env")).expect("env file");
+    assert!(env.contains("NCCL_IB_TIMEOUT=") && !env.contains("NCCL_IB_TC"), "{env}");
+    let st = status_json(&dir);
+    assert!(st["observe_only"].is_null(), "{st}");
+    assert!(st["links"][0]["knobs"]["dscp"].is_null(), "{st}");
     drop(d);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -77,7 +77,6 @@ pub fn render(
     let mut vars: Vec<(&str, String)> = vec![
         ("NCCL_IB_TIMEOUT", k.nccl_ib_timeout.to_string()),
         ("NCCL_IB_RETRY_CNT", k.nccl_ib_retry_cnt.to_string()),
-        ("NCCL_IB_TC", k.roce_traffic_class.to_string()),
         ("NCCL_BUFFSIZE", buffsize.to_string()),
         // Without it a timed-out collective hangs instead of failing over to a restart.
         ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1".to_owned()),
@@ -88,6 +87,10 @@ pub fn render(
         ("LINKPILOT_STATE", state.to_owned()),
         ("LINKPILOT_DECISION_ID", decision_id.to_string()),
     ];
+    // "keep": the job's own NCCL_IB_TC (or NCCL's default) stays in force.
+    if let Some(tc) = k.roce_traffic_class {
+        vars.insert(2, ("NCCL_IB_TC", tc.to_string()));
+    }
     if let Some(t) = tuner {
         vars.push(("NCCL_TUNER_PLUGIN", t.plugin.display().to_string()));
     }
@@ -176,8 +179,8 @@ mod tests {
             nccl_ib_timeout: 22,
             nccl_ib_retry_cnt: 7,
             watchdog_s: 1800,
-            dscp: 26,
-            roce_traffic_class: 106,
+            dscp: Some(26),
+            roce_traffic_class: Some(106),
             tcp_buffer_bytes: 128 << 20,
             sync: Default::default(),
         }
@@ -213,6 +216,16 @@ mod tests {
         // Without [env], nothing more than before.
         let plain = render("hk-us", "healthy", &knobs(), 7, None, &none());
         assert!(!plain.contains("[env]") && !plain.contains("NCCL_ALGO"), "{plain}");
+    }
+
+    #[test]
+    fn a_kept_roce_class_leaves_nccl_ib_tc_to_the_job() {
+        let set = parse(&render("l", "s", &knobs(), 1, None, &none())).unwrap();
+        assert_eq!(set["NCCL_IB_TC"], "106");
+        let k = Knobs { roce_traffic_class: None, ..knobs() };
+        let kept = parse(&render("l", "s", &k, 1, None, &none())).unwrap();
+        assert!(!kept.contains_key("NCCL_IB_TC"), "{kept:?}");
+        assert_eq!(kept.len() + 1, set.len());
     }
 
     #[test]

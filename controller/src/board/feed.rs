@@ -214,8 +214,10 @@ pub fn parse_line(text: &str, default_id: u64) -> Result<Vec<BoardLink>, String>
                 nccl_ib_timeout: l.nccl_ib_timeout,
                 nccl_ib_retry_cnt: l.nccl_ib_retry_cnt,
                 watchdog_s: l.watchdog_s,
-                dscp: l.dscp,
-                roce_traffic_class: l.roce_traffic_class,
+                // The board's KEEP (255) is a feed's way to say "keep".
+                dscp: Some(l.dscp).filter(|d| *d != linkpilot_common::board::KEEP),
+                roce_traffic_class: Some(l.roce_traffic_class)
+                    .filter(|c| *c != linkpilot_common::board::KEEP),
                 tcp_buffer_bytes: l.tcp_buffer_bytes,
                 sync: SyncKnobs {
                     sync_every: l.sync_every,

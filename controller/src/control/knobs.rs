@@ -114,10 +114,10 @@ pub struct Knobs {
     pub nccl_ib_retry_cnt: u8,
     /// The training framework's collective watchdog, seconds.
     pub watchdog_s: u32,
-    /// DSCP of the link's egress traffic (0..=63).
-    pub dscp: u8,
-    /// RoCE traffic class byte (NCCL_IB_TC): DSCP << 2 | ECN.
-    pub roce_traffic_class: u8,
+    /// DSCP of the link's egress traffic (0..=63); None: left as it is ("keep").
+    pub dscp: Option<u8>,
+    /// RoCE traffic class byte (NCCL_IB_TC): DSCP << 2 | ECN; None: left as it is ("keep").
+    pub roce_traffic_class: Option<u8>,
     /// tcp_rmem/tcp_wmem maximum (and rmem_max/wmem_max), bytes.
     pub tcp_buffer_bytes: u64,
     /// How the training side synchronizes across sites.
@@ -173,12 +173,8 @@ impl Knobs {
             new.nccl_ib_retry_cnt.to_string(),
         );
         diff("watchdog", format!("{}s", self.watchdog_s), format!("{}s", new.watchdog_s));
-        diff("dscp", self.dscp.to_string(), new.dscp.to_string());
-        diff(
-            "roce_traffic_class",
-            self.roce_traffic_class.to_string(),
-            new.roce_traffic_class.to_string(),
-        );
+        diff("dscp", kept(self.dscp), kept(new.dscp));
+        diff("roce_traffic_class", kept(self.roce_traffic_class), kept(new.roce_traffic_class));
         let (a, b) = (&self.sync, &new.sync);
         diff("sync_every", a.every(), b.every());
         diff("outer_codec", a.outer_compression.to_string(), b.outer_compression.to_string());
@@ -187,6 +183,11 @@ impl Knobs {
         diff("tcp_buffers", bytes(self.tcp_buffer_bytes), bytes(new.tcp_buffer_bytes));
         v
     }
+}
+
+/// A knob a policy may leave alone, as reasons and tables show it.
+pub fn kept(v: Option<u8>) -> String {
+    v.map_or_else(|| "keep".to_owned(), |v| v.to_string())
 }
 
 /// "8MiB", "1.5GiB"-style sizes for reasons and tables.

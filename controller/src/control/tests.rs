@@ -190,7 +190,7 @@ fn a_ramp_escalates_monotonically_skipping_levels_when_needed() {
     let names: Vec<String> = state_changes(&ds).into_iter().map(|c| c.1).collect();
     assert_eq!(names, ["healthy", "congested", "severe"]);
     let severe = ds.iter().find(|d| d.state == "severe").unwrap();
-    assert_eq!((severe.knobs.compression, severe.knobs.dscp), (Compression::Int4, 46));
+    assert_eq!((severe.knobs.compression, severe.knobs.dscp), (Compression::Int4, Some(46)));
 }
 
 #[test]
@@ -356,7 +356,10 @@ fn a_reload_keeps_the_state_and_baseline_and_explains_the_new_knobs() {
     core.reload(Policy::parse(&edited, "test").unwrap_or_else(|e| panic!("{e}")));
     let d = core.step(&snap(3000, 180.0, 185.0, 0.05, 0.0));
     assert_eq!(d.len(), 1, "a reload decides on the next tick");
-    assert_eq!((d[0].id, d[0].state.as_str(), d[0].knobs.dscp), (last_id + 1, "congested", 34));
+    assert_eq!(
+        (d[0].id, d[0].state.as_str(), d[0].knobs.dscp),
+        (last_id + 1, "congested", Some(34))
+    );
     assert!(d[0].reason.starts_with("policy reloaded, in congested"), "{}", d[0].reason);
     assert_eq!(d[0].changes, vec!["dscp 26 -> 34".to_owned()]);
     // The estimator was kept: the baseline is what it learnt before the reload.
@@ -385,7 +388,10 @@ fn a_static_policy_decides_once() {
     assert_eq!(ds.len(), 1, "{ds:?}");
     let k = ds[0].knobs;
     assert_eq!((k.compression, k.chunk_bytes, k.nccl_ib_timeout), (Compression::Int8, 8 << 20, 22));
-    assert_eq!((k.roce_traffic_class, k.tcp_buffer_bytes, k.watchdog_s), (106, 128 << 20, 1800));
+    assert_eq!(
+        (k.roce_traffic_class, k.tcp_buffer_bytes, k.watchdog_s),
+        (Some(106), 128 << 20, 1800)
+    );
 }
 
 /// A random walk of link conditions: (ms to next tick, RTT, p99 factor, CE, retransmitted).
@@ -424,7 +430,7 @@ proptest! {
                     prop_assert!((b.buffers_min..=b.buffers_max).contains(&k.tcp_buffer_bytes));
                     prop_assert!((b.ib_timeout_min..=b.ib_timeout_max).contains(&k.nccl_ib_timeout));
                     prop_assert!((b.watchdog_min_s..=b.watchdog_max_s).contains(&k.watchdog_s));
-                    prop_assert!(k.dscp <= 63 && k.nccl_ib_retry_cnt <= 7);
+                    prop_assert!(k.dscp.is_some_and(|d| d <= 63) && k.nccl_ib_retry_cnt <= 7);
                     if let Some(prev) = &prev {
                         let (a, c) = (prev.knobs.chunk_bytes as f64, k.chunk_bytes as f64);
                         prop_assert!(c <= a * b.chunk_max_step + 1.0 && c >= a / b.chunk_max_step - 1.0);

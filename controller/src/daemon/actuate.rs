@@ -19,7 +19,10 @@ use crate::{
     actuate::roce_tc::RoceTc,
     actuate::sysctl::{self, Sysctls},
     board::{self, board_link, set_nccl, set_sync_facts, BoardWriter},
-    control::{knobs::bytes, Core, Decision},
+    control::{
+        knobs::{bytes, kept},
+        Core, Decision,
+    },
     kernel::iface::Iface,
     kernel::peers::PeerIds,
     kernel::probes::{monotonic_ns, Probes},
@@ -74,6 +77,8 @@ fn rtt_moved(on_board: u64, now: u64) -> bool {
 pub fn dscp_rules(core: &Core, peers: &PeerIds, ifaces: &[Iface]) -> Vec<DscpRule> {
     let (mut named, mut any) = (Vec::new(), Vec::new());
     for (link_name, _, knobs) in core.current() {
+        // "keep": the link's packets leave with the DSCP they have.
+        let Some(dscp) = knobs.dscp else { continue };
         let Some(link) = core.policy().links.iter().find(|l| l.name == link_name) else {
             continue;
         };
@@ -85,7 +90,7 @@ pub fn dscp_rules(core: &Core, peers: &PeerIds, ifaces: &[Iface]) -> Vec<DscpRul
                 peer,
                 port_lo: 0,
                 port_hi: u16::MAX,
-                dscp: knobs.dscp,
+                dscp,
                 _pad: [0; 3],
             };
             if link.peers.is_empty() {
@@ -183,7 +188,7 @@ impl Actuators {
         if due(&self.ledger, "dscp") {
             let r = probes.set_dscp_rules(&dscp_rules(core, peers, &self.ifaces));
             let wanted: Vec<String> =
-                current.iter().map(|(l, _, k)| format!("{l}={}", k.dscp)).collect();
+                current.iter().map(|(l, _, k)| format!("{l}={}", kept(k.dscp))).collect();
             self.record(metrics, "dscp", wanted.join(" "), r.map_err(Into::into));
         }
         if let Some((link, state, k)) = current.first().filter(|_| due(&self.ledger, "env_file")) {
@@ -215,9 +220,11 @@ impl Actuators {
                 let Some(l) = core.policy().links.iter().find(|l| l.name == *link) else {
                     continue;
                 };
+                // "keep": the ports' classes are the administrator's.
+                let Some(tc) = k.roce_traffic_class else { continue };
                 for p in l.interfaces.iter().flat_map(|i| ports_of(ports, i)) {
-                    wanted.push(format!("{}/{}={}", p.device, p.port, k.roce_traffic_class));
-                    match roce.set(&p.device, p.port, k.roce_traffic_class) {
+                    wanted.push(format!("{}/{}={tc}", p.device, p.port));
+                    match roce.set(&p.device, p.port, tc) {
                         Ok(Some(c)) => info!("roce {c}"),
                         Ok(None) => {}
                         // Every port is tried; the first failure is the one reported.
@@ -356,6 +363,18 @@ roce_traffic_class = 106
         assert_eq!(first(14, eu), Some(4));
         assert_eq!(first(11, us), Some(6));
         assert_eq!(first(12, eu), None, "wan names only us");
+    }
+
+    #[test]
+    fn a_kept_dscp_makes_no_rule() {
+        let kept = POLICY.replace("dscp = 26", "dscp = \"keep\"");
+        let policy = Policy::parse(&kept, "p.toml").unwrap_or_else(|e| panic!("{e}"));
+        let peers = crate::daemon::peer_table(&policy).unwrap();
+        let ifaces: Vec<Iface> =
+            (0..5).map(|i| Iface { name: format!("eth{i}"), ifindex: 10 + i, l2: 0 }).collect();
+        let mut core = Core::new(policy);
+        core.step(&Snapshot::default());
+        assert!(dscp_rules(&core, &peers, &ifaces).is_empty());
     }
 
     #[test]

@@ -317,7 +317,7 @@ pub fn render(s: &Status) -> String {
             k.compression.to_string(),
             bytes(k.chunk_bytes),
             k.nccl_ib_timeout,
-            k.roce_traffic_class,
+            crate::control::knobs::kept(k.roce_traffic_class),
             k.watchdog_s,
             bytes(k.tcp_buffer_bytes),
         );

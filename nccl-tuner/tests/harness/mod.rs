@@ -238,8 +238,8 @@ pub fn hosts_own_board(path: &Path) -> BoardWriter {
         nccl_ib_timeout: 22,
         nccl_ib_retry_cnt: 7,
         watchdog_s: 600,
-        dscp: 26,
-        roce_traffic_class: 106,
+        dscp: Some(26),
+        roce_traffic_class: Some(106),
         tcp_buffer_bytes: 128 << 20,
         sync: Default::default(),
     };

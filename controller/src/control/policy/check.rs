@@ -362,8 +362,24 @@ fn check_states(raw: &[Spanned<RawState>], b: &Bounds, e: &mut Errors) -> Vec<St
         }
         let k = s.knobs.get_ref();
         let kspan = s.knobs.span();
-        if k.dscp > 63 {
-            e.at(kspan.clone(), format!("state {name:?}: dscp {} must be 0..=63", k.dscp));
+        if let Some(d) = k.dscp.0.filter(|d| *d > 63) {
+            e.at(kspan.clone(), format!("state {name:?}: dscp {d} must be 0..=63, or \"keep\""));
+        }
+        // A knob is left alone on the whole ladder or on none of it: a state that "keeps" after
+        // one that set a value would leave that value behind rather than the host's own.
+        if let Some(first) = states.first() {
+            let mixed = [
+                ("dscp", first.knobs.dscp.is_some(), k.dscp.0.is_some()),
+                (
+                    "roce_traffic_class",
+                    first.knobs.roce_traffic_class.is_some(),
+                    k.roce_traffic_class.0.is_some(),
+                ),
+            ];
+            for (knob, _, set_here) in mixed.into_iter().filter(|(_, a, b)| a != b) {
+                let (here, there) = if set_here { ("sets", "keeps") } else { ("keeps", "sets") };
+                e.at(kspan.clone(), format!("state {name:?} {here} {knob} while state {:?} {there} it; \"keep\" (or leaving it out) applies to every state of the ladder or to none", first.name));
+            }
         }
         if k.nccl_ib_retry_cnt > 7 {
             e.at(
@@ -437,8 +453,8 @@ fn check_states(raw: &[Spanned<RawState>], b: &Bounds, e: &mut Errors) -> Vec<St
                 nccl_ib_timeout: k.nccl_ib_timeout,
                 nccl_ib_retry_cnt: k.nccl_ib_retry_cnt,
                 watchdog_s: map_setting(k.watchdog, secs),
-                dscp: k.dscp,
-                roce_traffic_class: k.roce_traffic_class,
+                dscp: k.dscp.0,
+                roce_traffic_class: k.roce_traffic_class.0,
                 tcp_buffers: map_setting(k.tcp_buffers, |b| b.0),
                 sync_every: k.sync_every,
                 outer_compression: k.outer_codec,

@@ -390,8 +390,12 @@ pub(super) struct RawKnobs {
     pub(super) nccl_ib_retry_cnt: u8,
     #[serde(default = "auto")]
     pub(super) watchdog: Setting<Nanos>,
-    pub(super) dscp: u8,
-    pub(super) roce_traffic_class: u8,
+    /// Omitted or "keep": the daemon never rewrites the link's DSCP.
+    #[serde(default)]
+    pub(super) dscp: Keep<u8>,
+    /// Omitted or "keep": the daemon never sets the ports' RoCE class nor NCCL_IB_TC.
+    #[serde(default)]
+    pub(super) roce_traffic_class: Keep<u8>,
     #[serde(default = "auto")]
     pub(super) tcp_buffers: Setting<Bytes>,
     /// Inner steps per cross-site round (1: the per-step exchange), or "auto".
@@ -403,6 +407,22 @@ pub(super) struct RawKnobs {
     pub(super) fragments: u16,
     #[serde(default)]
     pub(super) overlap: u16,
+}
+
+/// A knob a site may leave alone: a value, or "keep" (None).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct Keep<T>(pub(super) Option<T>);
+
+impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for Keep<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = toml::Value::deserialize(d)?;
+        if v.as_str() == Some("keep") {
+            return Ok(Keep(None));
+        }
+        T::deserialize(v)
+            .map(|t| Keep(Some(t)))
+            .map_err(|e| serde::de::Error::custom(format!("{}, or \"keep\"", e.message().trim())))
+    }
 }
 
 pub(super) fn d_sync_every() -> Setting<u32> {

@@ -116,7 +116,8 @@ pub fn render(a: &InitAnswers) -> Result<String, PolicyErrors> {
 name = "healthy"
 [state.knobs]
 compression = "none"
-dscp = 26                  # AF31 on the link's egress packets
+# "keep" (in every state) leaves a knob to the site: the packets' DSCP, or the RoCE class.
+dscp = 26                  # AF31 on the link's egress packets to its peers
 roce_traffic_class = 106   # NCCL_IB_TC: a class with ECN on your switches
 
 [[state]]

@@ -257,8 +257,9 @@ pub struct StateKnobs {
     pub nccl_ib_timeout: Setting<u8>,
     pub nccl_ib_retry_cnt: u8,
     pub watchdog_s: Setting<u32>,
-    pub dscp: u8,
-    pub roce_traffic_class: u8,
+    /// None: "keep", never touched (the same in every state of the ladder).
+    pub dscp: Option<u8>,
+    pub roce_traffic_class: Option<u8>,
     pub tcp_buffers: Setting<u64>,
     pub sync_every: Setting<u32>,
     pub outer_compression: Compression,

@@ -11,7 +11,10 @@ fn shipped_policies_parse() {
     let hk = Policy::parse(SHIPPED[1].1, "hk-us").unwrap();
     let healthy = &hk.states[0].knobs;
     assert_eq!(healthy.chunk, Setting::Fixed(8 << 20));
-    assert_eq!((healthy.roce_traffic_class, healthy.nccl_ib_timeout), (106, Setting::Fixed(22)));
+    assert_eq!(
+        (healthy.roce_traffic_class, healthy.nccl_ib_timeout),
+        (Some(106), Setting::Fixed(22))
+    );
     assert_eq!(hk.states[0].knobs.compression, Compression::Int8);
     assert!(hk.states[1..].iter().all(|s| s.knobs.compression == Compression::Int4));
     let fixed = Policy::parse(SHIPPED[2].1, "static").unwrap();
@@ -386,4 +389,48 @@ fn the_outcome_section_is_checked() {
         assert!(bad.contains(want), "{want:?} not in:\n{bad}");
     }
     assert!(errors("[outcome]\nwindows = \"1s\"").contains("unknown field `windows`"));
+}
+
+#[test]
+fn dscp_and_roce_class_may_be_kept_on_the_whole_ladder() {
+    let ladder = |healthy: &str, congested: &str| {
+        format!(
+            "[[link]]\nname = \"wan\"\ninterfaces = [\"eth0\"]\n\n\
+             [[state]]\nname = \"healthy\"\n[state.knobs]\ncompression = \"none\"\n{healthy}\n\n\
+             [[state]]\nname = \"congested\"\nenter = {{ ce_fraction = \"1%\" }}\n\
+             [state.knobs]\ncompression = \"int8\"\n{congested}\n"
+        )
+    };
+    // Written as "keep" or left out: the same, in every state.
+    for (h, c) in [("dscp = \"keep\"\nroce_traffic_class = \"keep\"", "dscp = \"keep\""), ("", "")]
+    {
+        let p = Policy::parse(&ladder(h, c), "p.toml").unwrap();
+        for s in &p.states {
+            assert_eq!((s.knobs.dscp, s.knobs.roce_traffic_class), (None, None), "{}", s.name);
+        }
+    }
+    let p =
+        Policy::parse(&ladder("dscp = 26\nroce_traffic_class = \"keep\"", "dscp = 46"), "p.toml")
+            .unwrap();
+    let knobs: Vec<_> =
+        p.states.iter().map(|s| (s.knobs.dscp, s.knobs.roce_traffic_class)).collect();
+    assert_eq!(knobs, [(Some(26), None), (Some(46), None)]);
+    // Kept in one state, set in another: refused where the second state's knobs are.
+    let e =
+        Policy::parse(&ladder("dscp = 26", "dscp = \"keep\""), "p.toml").unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "p.toml:14:1: state \"congested\" keeps dscp while state \"healthy\" sets it; \"keep\" \
+         (or leaving it out) applies to every state of the ladder or to none"
+    );
+    let e =
+        Policy::parse(&ladder("", "roce_traffic_class = 106"), "p.toml").unwrap_err().to_string();
+    assert!(
+        e.contains("state \"congested\" sets roce_traffic_class while state \"healthy\" keeps it"),
+        "{e}"
+    );
+    let e = Policy::parse(&ladder("dscp = \"kept\"", ""), "p.toml").unwrap_err().to_string();
+    assert!(e.starts_with("p.toml:9:8: ") && e.contains("or \"keep\""), "{e}");
+    let e = Policy::parse(&ladder("dscp = 64", "dscp = 46"), "p.toml").unwrap_err().to_string();
+    assert!(e.contains("state \"healthy\": dscp 64 must be 0..=63, or \"keep\""), "{e}");
 }

@@ -10,8 +10,8 @@ fn retain_removes_the_series_of_renamed_links_states_and_peers() {
         nccl_ib_timeout: 18,
         nccl_ib_retry_cnt: 7,
         watchdog_s: 600,
-        dscp: 26,
-        roce_traffic_class: 106,
+        dscp: Some(26),
+        roce_traffic_class: Some(106),
         tcp_buffer_bytes: 1 << 22,
         sync: Default::default(),
     };
