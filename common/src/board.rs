@@ -60,8 +60,11 @@ pub mod pending {
     /// The policy's `[host]` sysctls.
     pub const HOST_SYSCTL: u32 = 1 << 3;
     pub const ROCE_TC: u32 = 1 << 4;
+    /// The per-peer transport profiles (sock_ops).
+    pub const TRANSPORT: u32 = 1 << 5;
     /// Actuator names by bit position, as status and metrics spell them.
-    pub const NAMES: [&str; 5] = ["dscp", "env_file", "sysctl", "host_sysctl", "roce_tc"];
+    pub const NAMES: [&str; 6] =
+        ["dscp", "env_file", "sysctl", "host_sysctl", "roce_tc", "transport"];
 }
 
 /// The header, at offset 0.

@@ -10,6 +10,7 @@ pub mod fixed;
 pub mod maps;
 pub mod packet;
 pub mod records;
+pub mod transport;
 pub mod tuner;
 #[cfg(feature = "std")]
 pub mod units;

@@ -145,6 +145,7 @@ fn every_documented_table_lists_exactly_the_keys_the_parser_accepts() {
         "state.enter",
         "state.exit",
         "state.knobs",
+        "state.transport",
         "nccl",
         "nccl.state.NAME",
         "host",

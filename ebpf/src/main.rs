@@ -11,6 +11,7 @@ mod peers;
 mod retransmit;
 mod rtt;
 mod traffic;
+mod transport;
 
 #[cfg(not(test))]
 #[panic_handler]

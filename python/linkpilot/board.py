@@ -33,7 +33,7 @@ _NCCL_ANY = 255
 #: Actuators by bit of the header's ``pending`` mask (common/src/board.rs, ``pending::NAMES``).
 #: ``dscp`` and ``roce_traffic_class`` of a link whose policy leaves them alone ("keep").
 KEEP = 255
-ACTUATORS = ("dscp", "env_file", "sysctl", "host_sysctl", "roce_tc")
+ACTUATORS = ("dscp", "env_file", "sysctl", "host_sysctl", "roce_tc", "transport")
 
 _HEADER = struct.Struct("<8sIIQQIIQII")  # magic .. n_links, pending
 _LINK = struct.Struct("<32s32sIIdQQIBBBBQQIBBBxIIIIIHHdQQH6x")

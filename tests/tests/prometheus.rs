@@ -47,6 +47,8 @@ name = "healthy"
 compression = "none"
 dscp = 26
 roce_traffic_class = 106
+[state.transport]
+congestion_control = "cubic"
 [[state]]
 name = "congested"
 enter = { ce_fraction = "1%" }

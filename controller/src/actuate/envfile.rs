@@ -183,6 +183,7 @@ mod tests {
             roce_traffic_class: Some(106),
             tcp_buffer_bytes: 128 << 20,
             sync: Default::default(),
+            transport: None,
         }
     }
 

@@ -219,6 +219,7 @@ pub fn parse_line(text: &str, default_id: u64) -> Result<Vec<BoardLink>, String>
                 roce_traffic_class: Some(l.roce_traffic_class)
                     .filter(|c| *c != linkpilot_common::board::KEEP),
                 tcp_buffer_bytes: l.tcp_buffer_bytes,
+                transport: None,
                 sync: SyncKnobs {
                     sync_every: l.sync_every,
                     outer_compression: compression(&l.outer_compression, l.outer_topk_ratio)

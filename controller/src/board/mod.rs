@@ -359,6 +359,7 @@ mod tests {
             roce_traffic_class: Some((i % 256) as u8),
             tcp_buffer_bytes: 2 * i,
             sync: Default::default(),
+            transport: None,
         }
     }
 
@@ -467,6 +468,7 @@ print(json.dumps(out))
                 fragments: 4,
                 overlap: 3,
             },
+            transport: None,
         };
         let k2 = Knobs { compression: Compression::Int4, sync: SyncKnobs::default(), ..k };
         let mut hk = board_link("hk-us", "severe", 3, &k, 42);

@@ -9,6 +9,7 @@ use super::{
     knobs::{bytes, Knobs, SyncKnobs},
     policy::{Policy, Setting},
     probe::Rate,
+    transport::Transport,
 };
 
 /// Auto knobs whose changes are paced by the minimum dwell (timeouts may rise at once).
@@ -180,6 +181,18 @@ pub(super) fn knobs_for(
             fragments: k.fragments,
             overlap: k.overlap,
         },
+        transport: k.transport.map(|t| Transport {
+            congestion_control: t.congestion_control,
+            initial_cwnd: t.initial_cwnd,
+            initial_rwnd: t.initial_rwnd,
+            sndcwnd_clamp: t.sndcwnd_clamp,
+            socket_buffer: match t.socket_buffers {
+                None => 0,
+                Some(Setting::Fixed(b)) => b,
+                Some(Setting::Auto) => tcp_buffer_bytes,
+            },
+            ecn: t.ecn,
+        }),
     }
 }
 

@@ -123,6 +123,9 @@ pub struct Knobs {
     /// How the training side synchronizes across sites.
     #[serde(default)]
     pub sync: SyncKnobs,
+    /// What the link's peers' TCP connections get (sock_ops); None: left alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<super::transport::Transport>,
 }
 
 /// How the training side synchronizes across sites (`linkpilot.outer`): every `sync_every`
@@ -181,6 +184,10 @@ impl Knobs {
         diff("fragments", a.fragments.to_string(), b.fragments.to_string());
         diff("overlap", a.overlap.to_string(), b.overlap.to_string());
         diff("tcp_buffers", bytes(self.tcp_buffer_bytes), bytes(new.tcp_buffer_bytes));
+        let transport = |t: Option<super::transport::Transport>| {
+            t.map_or_else(|| "untouched".to_owned(), |t| t.to_string())
+        };
+        diff("transport", transport(self.transport), transport(new.transport));
         v
     }
 }

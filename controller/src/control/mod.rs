@@ -12,6 +12,7 @@ pub mod plot;
 pub mod policy;
 pub mod probe;
 pub mod replay;
+pub mod transport;
 
 pub use decide::{Core, Decision};
 pub use knobs::{Compression, Knobs, SyncKnobs};

@@ -539,3 +539,35 @@ fn auto_capacity_sizes_buffers_from_the_measured_rate() {
     let (buffers, _) = closed_loop(Policy::parse(&nominal, "nominal").unwrap());
     assert_eq!(buffers, 1 << 30);
 }
+
+#[test]
+fn a_state_change_moves_the_transport_profile_and_explains_it() {
+    let src = POLICY
+        .replacen(
+            "roce_traffic_class = 106\n[[state]]\nname = \"congested\"",
+            "roce_traffic_class = 106\n[state.transport]\ncongestion_control = \"cubic\"\n\
+             [[state]]\nname = \"congested\"",
+            1,
+        )
+        .replacen(
+            "compression = \"int8\"\ndscp = 26\nroce_traffic_class = 106\n",
+            "compression = \"int8\"\ndscp = 26\nroce_traffic_class = 106\n[state.transport]\n\
+             congestion_control = \"bbr\"\ninitial_cwnd = 32\nsocket_buffers = \"auto\"\n",
+            1,
+        );
+    let p = Policy::parse(&src, "t").unwrap_or_else(|e| panic!("{e}"));
+    let ds = run(p, 100, |t| snap(t * 100, 180.0, 185.0, if t >= 50 { 0.05 } else { 0.0 }, 0.0));
+    let first = &ds[0].knobs;
+    assert_eq!(first.transport.map(|t| t.to_string()), Some("cc=cubic".into()));
+    let up = ds.iter().find(|d| d.state == "congested").expect("congested");
+    let t = up.knobs.transport.expect("a profile");
+    // "auto" socket buffers follow the state's tcp_buffers.
+    assert_eq!((t.initial_cwnd, t.socket_buffer), (32, up.knobs.tcp_buffer_bytes));
+    let want =
+        format!("transport cc=cubic -> cc=bbr iw=32 buf={}", super::knobs::bytes(t.socket_buffer));
+    assert!(up.changes.contains(&want), "{:?}", up.changes);
+    // The severe state has no profile: its peers' new connections are left alone.
+    let severe = ds.iter().find(|d| d.state == "severe");
+    assert!(severe.is_none_or(|d| d.knobs.transport.is_none()));
+    assert!(!policy().has_transport());
+}

@@ -45,6 +45,8 @@ pub struct Actuators {
     pub ledger: Ledger,
     /// The newest decision applied (the env file names it).
     latest: u64,
+    /// The peers' transport profiles, when the sock_ops program is attached.
+    pub transport: Option<super::transport::Profiles>,
 }
 
 /// The sysctls and RoCE classes, opened (a killed run's originals restored) once the instance
@@ -129,6 +131,7 @@ impl Actuators {
             published: Vec::new(),
             ledger: Ledger::default(),
             latest: 0,
+            transport: None,
         })
     }
 
@@ -240,6 +243,13 @@ impl Actuators {
                 wanted.join(" "),
                 first.map_or(Ok(()), |e| Err(e.into())),
             );
+        }
+        if let Some(p) = self.transport.as_mut().filter(|_| due(&self.ledger, "transport")) {
+            let (wanted, r) = match p.apply(core, peers, probes) {
+                Ok(w) => (w, Ok(())),
+                Err(e) => (String::new(), Err(e.into())),
+            };
+            self.record(metrics, "transport", wanted, r);
         }
         let Some(b) = &mut self.board else { return };
         b.set_pending(self.ledger.bits());

@@ -17,6 +17,7 @@ mod report;
 mod serve;
 pub mod status;
 pub mod status_request;
+pub mod transport;
 
 use std::{
     fs,
@@ -49,6 +50,7 @@ use metrics::Metrics;
 pub use options::{MetricsAddr, RunOptions};
 use reload::PolicyWatch;
 use status::Status;
+use transport::TransportPath;
 
 /// Peer ids across the policy's links (a name shared by links is one peer).
 fn peer_table(policy: &Policy) -> anyhow::Result<PeerIds> {
@@ -59,6 +61,19 @@ fn peer_table(policy: &Policy) -> anyhow::Result<PeerIds> {
 
 /// Parses the policy file's `bytes` and resolves `@default-route` to this namespace's
 /// default-route device.
+/// A policy naming congestion controls this host lacks is refused where it would run, with
+/// each one's place in the file.
+fn check_algorithms(policy: &Policy, sysctl_root: &std::path::Path) -> anyhow::Result<()> {
+    if policy.congestion_controls.is_empty() {
+        return Ok(());
+    }
+    let available =
+        crate::control::transport::available_algorithms(sysctl_root).with_context(|| {
+            format!("reading the available congestion controls under {}", sysctl_root.display())
+        })?;
+    Ok(policy.check_algorithms(&available)?)
+}
+
 fn load_policy(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<Policy> {
     let src = std::str::from_utf8(bytes)
         .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text: {e}", path.display()))?;
@@ -157,6 +172,10 @@ struct Daemon {
     verdicts: Vec<crate::control::outcome::Verdict>,
     /// The policy names no peers: decisions are logged and shown, nothing is applied.
     observe_only: bool,
+    /// How `[state.transport]` profiles reach connections, chosen at start.
+    transport_path: TransportPath,
+    /// What the sock_ops program has done, as of the latest read (once a second).
+    transport_status: status::TransportStatus,
     health: SensingHealth,
     /// Watched interfaces that are gone now (ifaces.rs).
     missing: Vec<String>,
@@ -185,6 +204,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let policy_bytes = fs::read(&o.policy)
         .with_context(|| format!("reading the policy {}", o.policy.display()))?;
     let policy = load_policy(&o.policy, &policy_bytes)?;
+    check_algorithms(&policy, &o.sysctl_root)?;
     let policy_sha256 = sha256_hex(&policy_bytes);
     // Checks before side effects: interfaces, privileges, tracepoints.
     let names = interfaces(&policy);
@@ -234,9 +254,18 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         probes.watch(iface)?;
     }
     probes.attach_tracepoints()?;
+    // Only a run that acts may change connections.
+    let transport_path = if instance_lock.is_some() && !observe_only {
+        transport::start(&mut probes, &policy, o.cgroup.as_deref())
+    } else {
+        TransportPath::Unneeded
+    };
 
     let tick = Duration::from_nanos(policy.tick.0);
-    let act = Actuators::new(&o, tick, restorable, ifaces.clone(), observe_only)?;
+    let mut act = Actuators::new(&o, tick, restorable, ifaces.clone(), observe_only)?;
+    if matches!(transport_path, TransportPath::SockOps { .. }) {
+        act.transport = Some(transport::Profiles::default());
+    }
     if !o.dry_run {
         if let Err(e) = tuner_stats::create_dir(&o.tuner_stats) {
             warn!(
@@ -282,6 +311,8 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         job_totals: Default::default(),
         verdicts: Vec::new(),
         observe_only,
+        transport_path,
+        transport_status: Default::default(),
         health: SensingHealth::new(Duration::from_secs(o_give_up)),
         missing: Vec::new(),
         losses: losses::LossReport::default(),
@@ -477,6 +508,24 @@ impl Daemon {
                     if policy.names_peers() { "names" } else { "names no" },
                     if self.observe_only { "names none" } else { "names some" },
                     if policy.names_peers() { "act on them" } else { "observe only" }
+                ),
+            );
+        }
+        if let Err(e) = check_algorithms(&policy, &self.o.sysctl_root) {
+            return rejected(self, format!("{e:#}"));
+        }
+        if policy.has_transport()
+            && !self.o.dry_run
+            && !self.observe_only
+            && self.transport_path == TransportPath::Unneeded
+        {
+            return rejected(
+                self,
+                format!(
+                    "{}: the new policy has [state.transport] profiles and the running one has \
+                     none, so the sock_ops program is not attached: restart linkpilot to apply \
+                     them",
+                    self.o.policy.display()
                 ),
             );
         }

@@ -64,6 +64,11 @@ pub struct RunOptions {
     /// Where the RoCE traffic classes' originals are kept while linkpilot manages them.
     #[arg(long, default_value = crate::actuate::roce_tc::DEFAULT_STATE)]
     pub roce_tc_state: PathBuf,
+    /// The cgroup v2 directory whose TCP connections the sock_ops program may tune (those to
+    /// the policy's peers, when a state has a `[state.transport]`); default: the unified
+    /// hierarchy's root, `/sys/fs/cgroup` (or `/sys/fs/cgroup/unified` on hybrid hosts).
+    #[arg(long, value_name = "DIR")]
+    pub cgroup: Option<PathBuf>,
     /// Attach classifiers through the clsact qdisc (netlink) even where TCX exists, as on
     /// kernels before 6.6.
     #[arg(long, hide = true)]

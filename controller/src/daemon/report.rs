@@ -89,6 +89,7 @@ impl Daemon {
             nccl_tuner: self.tuner.clone(),
             jobs: self.job_status.clone(),
             job_reports_refused: self.job_refused.clone(),
+            transport: self.transport_status.clone(),
             verdicts: self.verdicts.clone(),
             pending_judgments: self.core.pending_judgments(),
             held,
@@ -119,6 +120,14 @@ impl Daemon {
         self.tuner_read = Some(Instant::now());
         self.tuner = tuner_stats::scan(&self.o.tuner_stats, !self.o.dry_run);
         self.metrics.tuner(&self.tuner);
+        match super::transport::status(&self.transport_path, &self.core, &self.peers, &self.probes)
+        {
+            Ok(t) => {
+                self.metrics.transport.update(&t.links);
+                self.transport_status = t;
+            }
+            Err(e) => tracing::warn!("reading the transport profiles' counters: {e}"),
+        }
         Some(self.read_jobs())
     }
 

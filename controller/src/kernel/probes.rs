@@ -28,8 +28,10 @@ use tracing::{debug, info};
 pub use super::probe_error::ProbeError;
 
 mod counters;
+mod transport;
 use super::probe_error::{load_error, map_error};
 use crate::kernel::iface::Iface;
+pub use transport::{netns_cookie, SockOpsMaps, TransportTotals};
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`, so userspace can compare
 /// it with the programs' timestamps.
@@ -70,6 +72,8 @@ pub struct Probes {
     /// Each watched interface's ingress and egress links, to detach those of a deleted device.
     tc_links: Vec<(u32, Vec<(&'static str, SchedClassifierLinkId)>)>,
     netlink_tc: bool,
+    /// The sock_ops program's maps, once it is attached.
+    sock_ops: Option<SockOpsMaps>,
 }
 
 impl Probes {
@@ -131,6 +135,7 @@ impl Probes {
             watched: Vec::new(),
             tc_links: Vec::new(),
             netlink_tc: false,
+            sock_ops: None,
         })
     }
 

@@ -242,6 +242,7 @@ pub fn hosts_own_board(path: &Path) -> BoardWriter {
         roce_traffic_class: Some(106),
         tcp_buffer_bytes: 128 << 20,
         sync: Default::default(),
+        transport: None,
     };
     let mut l = board_link("hk-us", "congested", 1, &k, 5);
     let rule =

@@ -337,6 +337,21 @@ pub(super) struct RawState {
     pub(super) enter: Option<Spanned<Thresholds>>,
     pub(super) exit: Option<Spanned<Thresholds>>,
     pub(super) knobs: Spanned<RawKnobs>,
+    /// What the sock_ops program gives the link's peers' TCP connections in this state.
+    pub(super) transport: Option<Spanned<RawTransport>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTransport {
+    pub(super) congestion_control: Option<Spanned<String>>,
+    pub(super) initial_cwnd: Option<u32>,
+    pub(super) initial_rwnd: Option<u32>,
+    pub(super) sndcwnd_clamp: Option<u32>,
+    /// "auto": the state's tcp_buffers.
+    pub(super) socket_buffers: Option<Setting<Bytes>>,
+    #[serde(default)]
+    pub(super) ecn: bool,
 }
 
 /// Thresholds on the link's signals; `None` is "not a condition".

@@ -24,6 +24,15 @@ pub fn check_files(files: &[std::path::PathBuf]) -> bool {
                 for w in missing_interfaces(&policy) {
                     eprintln!("{}: warning: {w}", f.display());
                 }
+                // Like the interfaces, a warning here (`linkpilot run` refuses them).
+                let proc_sys = std::path::Path::new("/proc/sys");
+                if let Ok(available) = crate::control::transport::available_algorithms(proc_sys) {
+                    if let Err(errors) = policy.check_algorithms(&available) {
+                        for e in errors.0 {
+                            eprintln!("warning: {e}");
+                        }
+                    }
+                }
             }
             Err(e) => {
                 ok = false;
@@ -119,6 +128,40 @@ pub struct Policy {
     pub env: BTreeMap<String, String>,
     /// How state changes are judged by the jobs' progress.
     pub outcome: Outcome,
+    /// Each congestion control a state names, with where (checked against the host's
+    /// algorithms by [`Policy::check_algorithms`], not by parsing: a replay may run elsewhere).
+    pub congestion_controls: Vec<(crate::control::transport::CcName, PolicyError)>,
+}
+
+impl Policy {
+    /// Whether any state has a `[state.transport]` (the sock_ops program is needed).
+    pub fn has_transport(&self) -> bool {
+        self.states.iter().any(|s| s.knobs.transport.is_some())
+    }
+
+    /// Every congestion control the policy names that `available` lacks, with its place.
+    pub fn check_algorithms(&self, available: &[String]) -> Result<(), PolicyErrors> {
+        let errors: Vec<PolicyError> = self
+            .congestion_controls
+            .iter()
+            .filter(|(cc, _)| !available.iter().any(|a| a == cc.as_str()))
+            .map(|(cc, at)| PolicyError {
+                message: format!(
+                    "{}: congestion control {:?} is not available on this host (it offers: \
+                     {}; a module such as tcp_{cc} may add it)",
+                    at.message,
+                    cc.as_str(),
+                    available.join(" ")
+                ),
+                ..at.clone()
+            })
+            .collect();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(PolicyErrors(errors))
+        }
+    }
 }
 
 /// The `[outcome]` section, checked: after a state change that moved knobs, the jobs'
@@ -265,6 +308,20 @@ pub struct StateKnobs {
     pub outer_compression: Compression,
     pub fragments: u16,
     pub overlap: u16,
+    /// `[state.transport]`, if the state has one.
+    pub transport: Option<StateTransport>,
+}
+
+/// `[state.transport]`, checked; socket buffers may follow the state's `tcp_buffers`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StateTransport {
+    pub congestion_control: Option<crate::control::transport::CcName>,
+    pub initial_cwnd: u32,
+    pub initial_rwnd: u32,
+    pub sndcwnd_clamp: u32,
+    /// None: the kernel's autotuning; Auto: the state's `tcp_buffers`.
+    pub socket_buffers: Option<Setting<u64>>,
+    pub ecn: bool,
 }
 
 /// Line and column (1-based) of byte `offset`.
@@ -283,13 +340,14 @@ pub(super) struct Errors<'a> {
 
 impl Errors<'_> {
     pub(super) fn at(&mut self, span: Range<usize>, message: impl Into<String>) {
+        let error = self.error_at(span, message);
+        self.list.push(error);
+    }
+
+    /// An error at `span`, not recorded (for a check made later, elsewhere).
+    pub(super) fn error_at(&self, span: Range<usize>, message: impl Into<String>) -> PolicyError {
         let (line, column) = line_col(self.src, span.start);
-        self.list.push(PolicyError {
-            file: self.file.to_owned(),
-            line,
-            column,
-            message: message.into(),
-        });
+        PolicyError { file: self.file.to_owned(), line, column, message: message.into() }
     }
 }
 

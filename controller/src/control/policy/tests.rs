@@ -57,7 +57,7 @@ fn golden_errors() {
         (congested("ce_fraction = \"1%\"", "", "int8"), "OK"),
         (
             "\n[[state]]\nname = \"x\"\nbogus = 1\n".to_owned(),
-            "p.toml:15:1: unknown field `bogus`, expected one of `name`, `enter`, `exit`, `knobs`",
+            "p.toml:15:1: unknown field `bogus`, expected one of `name`, `enter`, `exit`, `knobs`, `transport`",
         ),
         (
             congested("ce_fraction = \"1 percent\"", "", "int8"),
@@ -433,4 +433,43 @@ fn dscp_and_roce_class_may_be_kept_on_the_whole_ladder() {
     assert!(e.starts_with("p.toml:9:8: ") && e.contains("or \"keep\""), "{e}");
     let e = Policy::parse(&ladder("dscp = 64", "dscp = 46"), "p.toml").unwrap_err().to_string();
     assert!(e.contains("state \"healthy\": dscp 64 must be 0..=63, or \"keep\""), "{e}");
+}
+
+#[test]
+fn transport_profiles_are_checked_and_algorithms_located() {
+    let with = |transport: &str| {
+        format!(
+            "[[link]]\nname = \"wan\"\ninterfaces = [\"eth0\"]\n\n\
+             [[state]]\nname = \"healthy\"\n[state.knobs]\ncompression = \"none\"\n\
+             [state.transport]\n{transport}\n"
+        )
+    };
+    let p = Policy::parse(
+        &with("congestion_control = \"bbr\"\ninitial_cwnd = 10\nsocket_buffers = \"auto\"\necn = true"),
+        "p.toml",
+    )
+    .unwrap();
+    assert!(p.has_transport());
+    let t = p.states[0].knobs.transport.unwrap();
+    assert_eq!(t.congestion_control.map(|c| c.to_string()), Some("bbr".into()));
+    assert_eq!((t.initial_cwnd, t.socket_buffers, t.ecn), (10, Some(Setting::Auto), true));
+    let avail = |s: &str| s.split(' ').map(str::to_owned).collect::<Vec<_>>();
+    assert!(p.check_algorithms(&avail("reno cubic bbr")).is_ok());
+    let e = p.check_algorithms(&avail("reno cubic")).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "p.toml:10:22: state \"healthy\": congestion control \"bbr\" is not available on this \
+         host (it offers: reno cubic; a module such as tcp_bbr may add it)"
+    );
+    for (bad, want) in [
+        ("congestion_control = \"BBR!\"", "p.toml:10:22: state \"healthy\": congestion control \"BBR!\" is not an algorithm's name"),
+        ("initial_cwnd = 0", "transport initial_cwnd must be 1..=1000 segments"),
+        ("socket_buffers = \"4GiB\"", "transport socket_buffers 4GiB lies outside"),
+        ("pacing = 1", "unknown field `pacing`"),
+    ] {
+        let e = Policy::parse(&with(bad), "p.toml").unwrap_err().to_string();
+        assert!(e.contains(want), "{bad}: {e}");
+    }
+    let none = Policy::parse(&with("").replace("[state.transport]\n", ""), "p.toml").unwrap();
+    assert!(!none.has_transport() && none.congestion_controls.is_empty());
 }

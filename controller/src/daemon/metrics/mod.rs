@@ -25,6 +25,7 @@ use crate::{
 
 mod jobs;
 mod outcome;
+mod transport;
 
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
 
@@ -93,6 +94,7 @@ pub struct Metrics {
     tuner_choices: Family<Labels, Gauge>,
     pub jobs: jobs::JobMetrics,
     pub outcome: outcome::OutcomeMetrics,
+    pub transport: transport::TransportMetrics,
     shown: Arc<Mutex<Shown>>,
 }
 
@@ -283,6 +285,7 @@ impl Metrics {
         );
         let jobs = jobs::JobMetrics::register(r);
         let outcome = outcome::OutcomeMetrics::register(r);
+        let transport = transport::TransportMetrics::register(r);
         let build = Family::<Labels, Gauge>::default();
         r.register("build_info", "The running version", build.clone());
         build.get_or_create(&labels(&[("version", env!("CARGO_PKG_VERSION"))])).set(1);
@@ -324,6 +327,7 @@ impl Metrics {
             tuner_choices,
             jobs,
             outcome,
+            transport,
             shown: Arc::default(),
         }
     }

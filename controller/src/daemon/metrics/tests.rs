@@ -14,6 +14,7 @@ fn retain_removes_the_series_of_renamed_links_states_and_peers() {
         roce_traffic_class: Some(106),
         tcp_buffer_bytes: 1 << 22,
         sync: Default::default(),
+        transport: None,
     };
     let s = Signals { rtt_ms: Some(20.0), rtt_p99_ms: Some(30.0), ..Signals::default() };
     let own = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
