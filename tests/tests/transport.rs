@@ -5,7 +5,8 @@
 //! cubic when the lab's loss phase moves the link to "lossy", while a loopback connection on
 //! the same host and a connection to the same peer from another lab host (another network
 //! namespace, same addresses) keep the host's default. A policy naming an algorithm the kernel
-//! lacks is refused with its line; SIGKILL then a restart leaves one attachment.
+//! lacks is refused with its line; SIGKILL then a restart leaves one attachment; told to attach
+//! where there is no cgroup v2, the daemon runs without profiles and status says why.
 
 use std::{
     process::{Child, Command, Stdio},
@@ -199,6 +200,25 @@ fn the_peers_connections_follow_the_links_state_and_no_other_connection_changes(
     .expect("TERM");
     assert!(d.exit_within(Duration::from_secs(10)).success());
     assert_eq!(attached(&cg), before, "attached after a stop");
+
+    // No cgroup v2 where it is told to attach: it runs on the sysctls alone and says so.
+    let not_cgroup = dir.join("not-a-cgroup");
+    std::fs::create_dir_all(&not_cgroup).expect("dir");
+    let flag = not_cgroup.display().to_string();
+    let d =
+        Daemon::start_with(&hk.netns, &dir, POLICY, &["--metrics-addr", "off", "--cgroup", &flag]);
+    wait_for("the fallback", Duration::from_secs(20), || {
+        d.log().contains("no per-peer transport profiles")
+    });
+    wait_for("the status", Duration::from_secs(10), || {
+        status_json(&dir)["transport"]["path"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("sysctls only"))
+    });
+    let path = status_json(&dir)["transport"]["path"].clone();
+    assert!(path.as_str().is_some_and(|p| p.contains("is not a cgroup v2 directory")), "{path}");
+    assert_eq!(attached(&cg), before);
+    drop(d);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
