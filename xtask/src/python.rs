@@ -6,7 +6,7 @@ use std::{path::PathBuf, process::Command};
 
 use crate::run::{status, succeeds, workspace_root};
 
-/// The tested torch; the package itself accepts any torch >= 2.4.
+/// The tested torch; the package itself asks for torch >= 2.3 (python/pyproject.toml).
 const TORCH: &str = "torch==2.15.0";
 /// numpy only quiets torch's warning at import; pytest and mypy run the checks;
 /// kubernetes-validate checks deploy/k8s against the Kubernetes schemas offline (1.37.0

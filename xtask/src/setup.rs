@@ -31,6 +31,8 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("libnl-route-3-dev", "the ibverbs crate's build"),
     ("libibverbs-dev", "the ibverbs crate's build"),
     ("libclang-dev", "bindgen for the ibverbs crate (LLVM 14's libclang)"),
+    ("buildah", "builds deploy/Containerfile's runtime-prebuilt stage in a test, runs the image"),
+    ("debootstrap", "that build's Debian 12 base, made from Debian's archive (no image registry)"),
     (
         "prometheus",
         "a real Prometheus server scrapes the daemon in tests; promtool checks the exposition and \
