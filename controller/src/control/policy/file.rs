@@ -396,6 +396,8 @@ impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for Setting<T> {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawKnobs {
+    /// Omitted: "none", the gradients as the job sends them.
+    #[serde(default = "d_compression")]
     pub(super) compression: Compression,
     #[serde(default = "auto")]
     pub(super) chunk: Setting<Bytes>,
@@ -442,6 +444,10 @@ impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for Keep<T> {
 
 pub(super) fn d_sync_every() -> Setting<u32> {
     Setting::Fixed(1)
+}
+
+pub(super) fn d_compression() -> Compression {
+    Compression::None
 }
 
 pub(super) fn d_outer_codec() -> Compression {

@@ -473,3 +473,13 @@ fn transport_profiles_are_checked_and_algorithms_located() {
     let none = Policy::parse(&with("").replace("[state.transport]\n", ""), "p.toml").unwrap();
     assert!(!none.has_transport() && none.congestion_controls.is_empty());
 }
+
+#[test]
+fn every_knob_has_a_default_so_a_state_may_set_none() {
+    let src = "[[link]]\nname = \"wan\"\ninterfaces = [\"eth0\"]\n\n\
+               [[state]]\nname = \"healthy\"\n[state.knobs]\n";
+    let p = Policy::parse(src, "p.toml").unwrap_or_else(|e| panic!("{e}"));
+    let k = p.states[0].knobs;
+    assert_eq!((k.compression, k.dscp, k.roce_traffic_class), (Compression::None, None, None));
+    assert_eq!((k.chunk, k.tcp_buffers, k.transport), (Setting::Auto, Setting::Auto, None));
+}
