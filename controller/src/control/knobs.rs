@@ -184,10 +184,8 @@ impl Knobs {
         diff("fragments", a.fragments.to_string(), b.fragments.to_string());
         diff("overlap", a.overlap.to_string(), b.overlap.to_string());
         diff("tcp_buffers", bytes(self.tcp_buffer_bytes), bytes(new.tcp_buffer_bytes));
-        let transport = |t: Option<super::transport::Transport>| {
-            t.map_or_else(|| "untouched".to_owned(), |t| t.to_string())
-        };
-        diff("transport", transport(self.transport), transport(new.transport));
+        let describe = super::transport::describe;
+        diff("transport", describe(self.transport), describe(new.transport));
         v
     }
 }

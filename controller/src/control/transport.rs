@@ -127,11 +127,9 @@ impl fmt::Display for Transport {
     }
 }
 
-/// The congestion control algorithms this kernel offers
-/// (`net.ipv4.tcp_available_congestion_control`, read under `proc_sys`).
-pub fn available_algorithms(proc_sys: &std::path::Path) -> std::io::Result<Vec<String>> {
-    let text = std::fs::read_to_string(proc_sys.join("net/ipv4/tcp_available_congestion_control"))?;
-    Ok(text.split_whitespace().map(str::to_owned).collect())
+/// A link's profile as reasons, status and logs show it: "untouched" without one.
+pub fn describe(t: Option<Transport>) -> String {
+    t.map_or_else(|| "untouched".to_owned(), |t| t.to_string())
 }
 
 #[cfg(test)]

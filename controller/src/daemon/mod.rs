@@ -61,19 +61,6 @@ fn peer_table(policy: &Policy) -> anyhow::Result<PeerIds> {
 
 /// Parses the policy file's `bytes` and resolves `@default-route` to this namespace's
 /// default-route device.
-/// A policy naming congestion controls this host lacks is refused where it would run, with
-/// each one's place in the file.
-fn check_algorithms(policy: &Policy, sysctl_root: &std::path::Path) -> anyhow::Result<()> {
-    if policy.congestion_controls.is_empty() {
-        return Ok(());
-    }
-    let available =
-        crate::control::transport::available_algorithms(sysctl_root).with_context(|| {
-            format!("reading the available congestion controls under {}", sysctl_root.display())
-        })?;
-    Ok(policy.check_algorithms(&available)?)
-}
-
 fn load_policy(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<Policy> {
     let src = std::str::from_utf8(bytes)
         .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text: {e}", path.display()))?;
@@ -175,7 +162,7 @@ struct Daemon {
     /// How `[state.transport]` profiles reach connections, chosen at start.
     transport_path: TransportPath,
     /// What the sock_ops program has done, as of the latest read (once a second).
-    transport_status: status::TransportStatus,
+    transport_status: transport::TransportStatus,
     health: SensingHealth,
     /// Watched interfaces that are gone now (ifaces.rs).
     missing: Vec<String>,
@@ -204,7 +191,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let policy_bytes = fs::read(&o.policy)
         .with_context(|| format!("reading the policy {}", o.policy.display()))?;
     let policy = load_policy(&o.policy, &policy_bytes)?;
-    check_algorithms(&policy, &o.sysctl_root)?;
+    transport::check_algorithms(&policy, &o.sysctl_root)?;
     let policy_sha256 = sha256_hex(&policy_bytes);
     // Checks before side effects: interfaces, privileges, tracepoints.
     let names = interfaces(&policy);
@@ -511,7 +498,7 @@ impl Daemon {
                 ),
             );
         }
-        if let Err(e) = check_algorithms(&policy, &self.o.sysctl_root) {
+        if let Err(e) = transport::check_algorithms(&policy, &self.o.sysctl_root) {
             return rejected(self, format!("{e:#}"));
         }
         if policy.has_transport()

@@ -93,7 +93,7 @@ pub struct Status {
     pub job_reports_refused: Vec<String>,
     /// Per-peer transport profiles.
     #[serde(default)]
-    pub transport: TransportStatus,
+    pub transport: super::transport::TransportStatus,
     /// The latest judgment of a state change by the jobs' progress, per link.
     #[serde(default)]
     pub verdicts: Vec<Verdict>,
@@ -104,31 +104,6 @@ pub struct Status {
     #[serde(default)]
     pub held: Vec<HeldChange>,
     pub peers: Vec<PeerStatus>,
-}
-
-/// How `[state.transport]` profiles reach connections (chosen at start), and per link what
-/// the sock_ops program has done.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct TransportStatus {
-    /// "sock_ops on cgroup DIR", "sysctls only: why", or "none (...)".
-    pub path: String,
-    pub links: Vec<LinkTransport>,
-}
-
-/// One link's peers' connections under the sock_ops program.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct LinkTransport {
-    pub link: String,
-    /// The profile the link's state gives ("untouched" when it has none).
-    pub profile: String,
-    /// Connections carrying a profile now, and those with the current one.
-    pub connections: u64,
-    pub current: u64,
-    /// Since start: profiled when established, updated, closed, options the kernel refused.
-    pub profiled: u64,
-    pub updated: u64,
-    pub closed: u64,
-    pub refused: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -317,7 +292,7 @@ pub fn render(s: &Status) -> String {
         out += &format!("not managed here: {}\n", s.sysctls_unmanaged.join(", "));
     }
     out += &render_actuators(s);
-    out += &render_transport(&s.transport);
+    out += &super::transport::render(&s.transport);
     out += &format!(
         "\n{:<12} {:<10} {:>9} {:>9} {:>7} {:>7} {:>8} {:>6} {:>4} {:>3} {:>4} {:>8}\n",
         "LINK",
@@ -403,22 +378,6 @@ pub fn render(s: &Status) -> String {
 }
 
 /// One line per actuator; a pending one says since when and why.
-/// The transport path, and per link its peers' connections under the sock_ops program.
-fn render_transport(t: &TransportStatus) -> String {
-    if t.path.is_empty() {
-        return String::new();
-    }
-    let mut out = format!("transport: {}\n", t.path);
-    for l in &t.links {
-        out += &format!(
-            "  {:<12} {}: {} connections ({} current), {} profiled, {} updated, {} closed, {} \
-             refused\n",
-            l.link, l.profile, l.connections, l.current, l.profiled, l.updated, l.closed, l.refused
-        );
-    }
-    out
-}
-
 fn render_actuators(s: &Status) -> String {
     let mut out = String::new();
     for a in &s.actuators {
@@ -554,26 +513,6 @@ mod tests {
         let line = text.lines().find(|l| l.contains("env_file")).unwrap();
         assert!(line.contains("PENDING for ") && line.contains("(12 failed writes)"), "{line}");
         assert!(line.contains("wants wan congested #7, has wan healthy #3; writing"), "{line}");
-    }
-
-    #[test]
-    fn the_transport_section_says_the_path_and_each_links_connections() {
-        let t = TransportStatus {
-            path: "sock_ops on cgroup /sys/fs/cgroup".into(),
-            links: vec![LinkTransport {
-                link: "wan".into(),
-                profile: "cc=bbr".into(),
-                connections: 3,
-                current: 2,
-                profiled: 5,
-                updated: 1,
-                closed: 2,
-                refused: 0,
-            }],
-        };
-        let text = render(&Status { transport: t, ..Status::default() });
-        assert!(text.contains("transport: sock_ops on cgroup /sys/fs/cgroup\n  wan          cc=bbr: 3 connections (2 current), 5 profiled, 1 updated, 2 closed, 0 refused\n"), "{text}");
-        assert!(!render(&Status::default()).contains("transport:"));
     }
 
     #[test]

@@ -6,11 +6,16 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde::Serialize;
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::{
-    control::{policy::Policy, transport::Transport, Core},
+    control::{
+        policy::Policy,
+        transport::{describe, Transport},
+        Core,
+    },
     kernel::{peers::PeerIds, probes::ProbeError, probes::Probes},
 };
 
@@ -104,10 +109,7 @@ impl Profiles {
         let mut wanted = Vec::new();
         for (link, _, knobs) in core.current() {
             let Some(l) = core.policy().links.iter().find(|l| l.name == link) else { continue };
-            wanted.push(format!(
-                "{link}={}",
-                knobs.transport.map_or_else(|| "untouched".into(), |t| t.to_string())
-            ));
+            wanted.push(format!("{link}={}", describe(knobs.transport)));
             for id in l.peers.iter().filter_map(|(p, _)| peers.id(p)) {
                 want.entry(id).or_insert(knobs.transport);
             }
@@ -138,8 +140,7 @@ pub fn status(
     core: &Core,
     peers: &PeerIds,
     probes: &Probes,
-) -> Result<crate::daemon::status::TransportStatus, ProbeError> {
-    use crate::daemon::status::{LinkTransport, TransportStatus};
+) -> Result<TransportStatus, ProbeError> {
     let mut st = TransportStatus { path: path.to_string(), links: Vec::new() };
     if !matches!(path, TransportPath::SockOps { .. }) {
         return Ok(st);
@@ -150,7 +151,7 @@ pub fn status(
         let Some(l) = core.policy().links.iter().find(|l| l.name == link) else { continue };
         let mut t = LinkTransport {
             link: link.to_owned(),
-            profile: knobs.transport.map_or_else(|| "untouched".into(), |t| t.to_string()),
+            profile: describe(knobs.transport),
             ..LinkTransport::default()
         };
         for id in l.peers.iter().filter_map(|(p, _)| peers.id(p)) {
@@ -169,4 +170,83 @@ pub fn status(
         st.links.push(t);
     }
     Ok(st)
+}
+
+/// A policy naming congestion controls this host lacks is refused where it would run, with
+/// each one's place in the file.
+pub fn check_algorithms(policy: &Policy, sysctl_root: &std::path::Path) -> anyhow::Result<()> {
+    if policy.congestion_controls.is_empty() {
+        return Ok(());
+    }
+    let available = crate::kernel::checks::congestion_controls(sysctl_root).with_context(|| {
+        format!("reading the available congestion controls under {}", sysctl_root.display())
+    })?;
+    Ok(policy.check_algorithms(&available)?)
+}
+
+/// How `[state.transport]` profiles reach connections (chosen at start), and per link what
+/// the sock_ops program has done.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TransportStatus {
+    /// "sock_ops on cgroup DIR", "sysctls only: why", or "none (...)".
+    pub path: String,
+    pub links: Vec<LinkTransport>,
+}
+
+/// One link's peers' connections under the sock_ops program.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LinkTransport {
+    pub link: String,
+    /// The profile the link's state gives ("untouched" when it has none).
+    pub profile: String,
+    /// Connections carrying a profile now, and those with the current one.
+    pub connections: u64,
+    pub current: u64,
+    /// Since start: profiled when established, updated, closed, options the kernel refused.
+    pub profiled: u64,
+    pub updated: u64,
+    pub closed: u64,
+    pub refused: u64,
+}
+
+/// The transport path, and per link its peers' connections under the sock_ops program.
+pub fn render(t: &TransportStatus) -> String {
+    if t.path.is_empty() {
+        return String::new();
+    }
+    let mut out = format!("transport: {}\n", t.path);
+    for l in &t.links {
+        out += &format!(
+            "  {:<12} {}: {} connections ({} current), {} profiled, {} updated, {} closed, {} \
+             refused\n",
+            l.link, l.profile, l.connections, l.current, l.profiled, l.updated, l.closed, l.refused
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::status::{render as render_status, Status};
+
+    #[test]
+    fn the_transport_section_says_the_path_and_each_links_connections() {
+        let t = TransportStatus {
+            path: "sock_ops on cgroup /sys/fs/cgroup".into(),
+            links: vec![LinkTransport {
+                link: "wan".into(),
+                profile: "cc=bbr".into(),
+                connections: 3,
+                current: 2,
+                profiled: 5,
+                updated: 1,
+                closed: 2,
+                refused: 0,
+            }],
+        };
+        let text = render_status(&Status { transport: t, ..Status::default() });
+        assert!(text.contains("transport: sock_ops on cgroup /sys/fs/cgroup\n  wan          cc=bbr: 3 connections (2 current), 5 profiled, 1 updated, 2 closed, 0 refused\n"), "{text}");
+        assert!(!render_status(&Status::default()).contains("transport:"));
+    }
 }

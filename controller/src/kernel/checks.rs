@@ -373,6 +373,13 @@ fn find_member(
     Ok(None)
 }
 
+/// The congestion control algorithms this kernel offers
+/// (`net.ipv4.tcp_available_congestion_control`, read under `proc_sys`).
+pub fn congestion_controls(proc_sys: &std::path::Path) -> std::io::Result<Vec<String>> {
+    let text = std::fs::read_to_string(proc_sys.join("net/ipv4/tcp_available_congestion_control"))?;
+    Ok(text.split_whitespace().map(str::to_owned).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,13 +6,12 @@ use linkpilot_common::{board::BOARD_MAX_LINKS, units::Bytes, MAX_DSCP_RULES, MAX
 
 use toml::Spanned;
 
-use super::sections::{check_env, check_host, check_nccl, check_outcome};
+use super::sections::{check_env, check_host, check_nccl, check_outcome, check_transport, CcUses};
 use super::{
-    file::{RawBounds, RawPolicy, RawState, RawTransport, Setting},
-    higher_is_worse, secs, Bounds, Errors, EstimatorConfig, Hysteresis, Link, Policy, PolicyError,
-    State, StateKnobs, StateTransport, Thresholds,
+    file::{RawBounds, RawPolicy, RawState, Setting},
+    higher_is_worse, secs, Bounds, Errors, EstimatorConfig, Hysteresis, Link, Policy, State,
+    StateKnobs, Thresholds,
 };
-use crate::control::transport::CcName;
 
 /// Why a link, peer or state name cannot be used, if it cannot: names go into the env file
 /// (`KEY=value` lines), the knob board (31 bytes) and metrics labels.
@@ -308,8 +307,6 @@ fn check_bounds(b: &RawBounds, e: &mut Errors) -> Bounds {
     }
 }
 
-type CcUses = Vec<(CcName, PolicyError)>;
-
 fn check_states(raw: &[Spanned<RawState>], b: &Bounds, e: &mut Errors) -> (Vec<State>, CcUses) {
     let mut ccs = Vec::new();
     if raw.is_empty() {
@@ -484,60 +481,6 @@ fn check_states(raw: &[Spanned<RawState>], b: &Bounds, e: &mut Errors) -> (Vec<S
     (states, ccs)
 }
 
-/// `[state.transport]`: a well-formed algorithm name (whether the host has it is checked
-/// where the policy runs), windows within what TCP takes, buffers within the bounds.
-fn check_transport(
-    state: &str,
-    t: &Spanned<RawTransport>,
-    b: &Bounds,
-    e: &mut Errors,
-    ccs: &mut CcUses,
-) -> StateTransport {
-    let span = t.span();
-    let t = t.get_ref();
-    let congestion_control =
-        t.congestion_control.as_ref().and_then(|c| match CcName::new(c.get_ref()) {
-            Ok(cc) => {
-                ccs.push((cc, e.error_at(c.span(), format!("state {state:?}"))));
-                Some(cc)
-            }
-            Err(why) => {
-                e.at(c.span(), format!("state {state:?}: {why}"));
-                None
-            }
-        });
-    for (key, v, max) in [
-        ("initial_cwnd", t.initial_cwnd, 1000),
-        ("initial_rwnd", t.initial_rwnd, 65_535),
-        ("sndcwnd_clamp", t.sndcwnd_clamp, 1 << 20),
-    ] {
-        if v.is_some_and(|v| v == 0 || v > max) {
-            e.at(span.clone(), format!("state {state:?}: transport {key} must be 1..={max} segments (leave it out for the kernel's)"));
-        }
-    }
-    if let Some(Setting::Fixed(x)) = t.socket_buffers {
-        if x.0 < b.buffers_min || x.0 > b.buffers_max.min(i32::MAX as u64) {
-            e.at(
-                span.clone(),
-                format!(
-                    "state {state:?}: transport socket_buffers {x} lies outside {}..={} (the \
-                     tcp_buffers bounds, and what a socket option takes)",
-                    Bytes(b.buffers_min),
-                    Bytes(b.buffers_max.min(i32::MAX as u64))
-                ),
-            );
-        }
-    }
-    StateTransport {
-        congestion_control,
-        initial_cwnd: t.initial_cwnd.unwrap_or(0),
-        initial_rwnd: t.initial_rwnd.unwrap_or(0),
-        sndcwnd_clamp: t.sndcwnd_clamp.unwrap_or(0),
-        socket_buffers: t.socket_buffers.map(|s| map_setting(s, |b| b.0)),
-        ecn: t.ecn,
-    }
-}
-
 /// A state's synchronization knobs: H within the bounds, fragments no more than the steps of a
 /// round, and each fragment's overlap below the steps between two sends.
 fn check_sync(
@@ -587,7 +530,7 @@ fn check_sync(
     }
 }
 
-fn map_setting<T, U>(s: Setting<T>, f: impl FnOnce(T) -> U) -> Setting<U> {
+pub(super) fn map_setting<T, U>(s: Setting<T>, f: impl FnOnce(T) -> U) -> Setting<U> {
     match s {
         Setting::Auto => Setting::Auto,
         Setting::Fixed(t) => Setting::Fixed(f(t)),

@@ -26,7 +26,7 @@ pub fn check_files(files: &[std::path::PathBuf]) -> bool {
                 }
                 // Like the interfaces, a warning here (`linkpilot run` refuses them).
                 let proc_sys = std::path::Path::new("/proc/sys");
-                if let Ok(available) = crate::control::transport::available_algorithms(proc_sys) {
+                if let Ok(available) = crate::kernel::checks::congestion_controls(proc_sys) {
                     if let Err(errors) = policy.check_algorithms(&available) {
                         for e in errors.0 {
                             eprintln!("warning: {e}");

@@ -1,6 +1,6 @@
-//! The policy's `[host]`, `[env]`, `[nccl]` and `[outcome]` sections, checked: host sysctls
-//! within their ranges, NCCL variables the env file may carry, the tuner plugin's rules per
-//! state, and how decisions are judged.
+//! The policy's `[host]`, `[env]`, `[nccl]`, `[outcome]` and `[state.transport]` sections,
+//! checked: host sysctls within their ranges, NCCL variables the env file may carry, the tuner
+//! plugin's rules per state, how decisions are judged, and each state's transport profile.
 
 use std::collections::BTreeMap;
 
@@ -8,11 +8,17 @@ use linkpilot_common::board::nccl;
 use toml::Spanned;
 
 use super::{
-    file::{RawHost, RawNccl, RawOutcome},
-    Errors, Host, Nccl, NcclRule, Outcome, State,
+    check::map_setting,
+    file::{RawHost, RawNccl, RawOutcome, RawTransport, Setting},
+    Bounds, Errors, Host, Nccl, NcclRule, Outcome, PolicyError, State, StateTransport,
 };
 use crate::actuate::envfile;
 use crate::control::knobs::Compression;
+use crate::control::transport::CcName;
+use linkpilot_common::units::Bytes;
+
+/// Each congestion control the states name, with where.
+pub(super) type CcUses = Vec<(CcName, PolicyError)>;
 
 pub(super) fn check_host(h: &RawHost, e: &mut Errors) -> Host {
     let tcp_ecn = host_int(h.tcp_ecn.as_ref(), 0..=2, e, |n| {
@@ -231,5 +237,59 @@ pub(super) fn check_outcome(raw: &Spanned<RawOutcome>, e: &mut Errors) -> Outcom
         hold: o.hold,
         hold_max: o.hold_max,
         steps_to_loss: o.steps_to_loss.clone(),
+    }
+}
+
+/// `[state.transport]`: a well-formed algorithm name (whether the host has it is checked
+/// where the policy runs), windows within what TCP takes, buffers within the bounds.
+pub(super) fn check_transport(
+    state: &str,
+    t: &Spanned<RawTransport>,
+    b: &Bounds,
+    e: &mut Errors,
+    ccs: &mut CcUses,
+) -> StateTransport {
+    let span = t.span();
+    let t = t.get_ref();
+    let congestion_control =
+        t.congestion_control.as_ref().and_then(|c| match CcName::new(c.get_ref()) {
+            Ok(cc) => {
+                ccs.push((cc, e.error_at(c.span(), format!("state {state:?}"))));
+                Some(cc)
+            }
+            Err(why) => {
+                e.at(c.span(), format!("state {state:?}: {why}"));
+                None
+            }
+        });
+    for (key, v, max) in [
+        ("initial_cwnd", t.initial_cwnd, 1000),
+        ("initial_rwnd", t.initial_rwnd, 65_535),
+        ("sndcwnd_clamp", t.sndcwnd_clamp, 1 << 20),
+    ] {
+        if v.is_some_and(|v| v == 0 || v > max) {
+            e.at(span.clone(), format!("state {state:?}: transport {key} must be 1..={max} segments (leave it out for the kernel's)"));
+        }
+    }
+    if let Some(Setting::Fixed(x)) = t.socket_buffers {
+        if x.0 < b.buffers_min || x.0 > b.buffers_max.min(i32::MAX as u64) {
+            e.at(
+                span.clone(),
+                format!(
+                    "state {state:?}: transport socket_buffers {x} lies outside {}..={} (the \
+                     tcp_buffers bounds, and what a socket option takes)",
+                    Bytes(b.buffers_min),
+                    Bytes(b.buffers_max.min(i32::MAX as u64))
+                ),
+            );
+        }
+    }
+    StateTransport {
+        congestion_control,
+        initial_cwnd: t.initial_cwnd.unwrap_or(0),
+        initial_rwnd: t.initial_rwnd.unwrap_or(0),
+        sndcwnd_clamp: t.sndcwnd_clamp.unwrap_or(0),
+        socket_buffers: t.socket_buffers.map(|s| map_setting(s, |b| b.0)),
+        ecn: t.ecn,
     }
 }

@@ -11,7 +11,7 @@ use prometheus_client::{
 };
 
 use super::{family, labels, Labels};
-use crate::daemon::status::LinkTransport;
+use crate::daemon::transport::LinkTransport;
 
 const EVENTS: [&str; 4] = ["profiled", "updated", "closed", "refused"];
 

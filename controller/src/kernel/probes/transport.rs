@@ -101,7 +101,7 @@ impl Probes {
     pub fn transport_state(&self) -> Result<BTreeMap<u32, TransportTotals>, ProbeError> {
         let Some(m) = self.sock_ops.as_ref() else { return Ok(BTreeMap::new()) };
         let mut out: BTreeMap<u32, TransportTotals> = BTreeMap::new();
-        for peer in 1..=MAX_PEERS {
+        for &peer in &self.peer_ids {
             let values =
                 m.counters.get(&peer, 0).map_err(|e| map_error(MAP_TRANSPORT_COUNTERS, e))?;
             let mut sum = TransportCounters::default();
@@ -112,7 +112,13 @@ impl Probes {
                 out.entry(peer).or_default().counters = sum;
             }
         }
-        let generation = |peer: u32| m.profiles.get(&peer, 0).map(|p| p.generation).ok();
+        // One read per peer, not one per connection (there may be tens of thousands).
+        let generations: BTreeMap<u32, u32> = self
+            .peer_ids
+            .iter()
+            .filter_map(|&id| m.profiles.get(&id, 0).ok().map(|p| (id, p.generation)))
+            .collect();
+        let generation = |peer: u32| generations.get(&peer).copied();
         for entry in m.managed.iter() {
             let (_, s) = match entry {
                 Ok(e) => e,
