@@ -157,3 +157,45 @@ pub fn data_dscp(pcap: &str) -> Vec<u64> {
         })
         .collect()
 }
+
+/// The kernel's own record of tracepoint events: a tracefs instance of its own (so the global
+/// buffer and other users are untouched) with the named `system/event`s enabled; removed when
+/// dropped.
+pub struct KernelTrace {
+    dir: std::path::PathBuf,
+    events: Vec<String>,
+}
+
+impl KernelTrace {
+    pub fn start(name: &str, events: &[&str]) -> Self {
+        let dir = std::path::Path::new("/sys/kernel/tracing/instances").join(name);
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        std::fs::write(dir.join("buffer_size_kb"), "8192").expect("buffer_size_kb");
+        for e in events {
+            let enable = dir.join("events").join(e).join("enable");
+            std::fs::write(&enable, "1")
+                .unwrap_or_else(|err| panic!("{}: {err}", enable.display()));
+        }
+        Self { dir, events: events.iter().map(|e| (*e).to_owned()).collect() }
+    }
+
+    /// Every event recorded so far, one line each (the header's comment lines left out).
+    pub fn lines(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join("trace"))
+            .expect("reading the trace")
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl Drop for KernelTrace {
+    fn drop(&mut self) {
+        for e in &self.events {
+            let _ = std::fs::write(self.dir.join("events").join(e).join("enable"), "0");
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}

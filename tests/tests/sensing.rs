@@ -182,6 +182,13 @@ fn retransmissions_per_peer_equal_nstat_under_loss() {
     let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
     let watcher = Watcher::start_in(&hk.netns, &["eth0"], &["--peer", "us=198.18.2.0/24"]);
     let names = ["TcpRetransSegs", "TcpExtTCPRetransFail"];
+    // The kernel's own record of every retransmission event, to tell on a mismatch whether
+    // the tracepoint fired without our program counting it, or nstat counted one that fired
+    // no tracepoint.
+    let trace = linkpilot_tests::oracle::KernelTrace::start(
+        "lp_sret",
+        &["tcp/tcp_retransmit_skb", "tcp/tcp_retransmit_synack"],
+    );
     let before = linkpilot_tests::oracle::nstat_in(&hk.netns, &names);
     let mut server = iperf3_server(&us);
     hk.exec(&["iperf3", "-c", &us.ipv4.to_string(), "-b", "50M", "-t", "4"]).expect("iperf3 -c");
@@ -197,10 +204,27 @@ fn retransmissions_per_peer_equal_nstat_under_loss() {
         "nstat TcpRetransSegs {segs} (failed {failed}); linkpilot peer us {seen}; \
          the kernel skipped the program {missed} time(s)"
     );
+    let to_us = |l: &&String| l.contains(&format!("daddr={}", us.ipv4));
+    let events = trace.lines();
+    let fired = events.iter().filter(to_us).filter(|l| l.contains("tcp_retransmit_skb")).count();
+    let ok = events.iter().filter(to_us).filter(|l| l.ends_with(" err=0")).count();
+    let synack = events.iter().filter(|l| l.contains("tcp_retransmit_synack")).count();
+    let kernel = format!(
+        "the kernel's trace: {fired} tcp_retransmit_skb events to us ({ok} with err=0), \
+         {synack} tcp_retransmit_synack; events that are not err=0:\n{}",
+        events
+            .iter()
+            .filter(to_us)
+            .filter(|l| !l.ends_with(" err=0"))
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    eprintln!("{kernel}");
     assert!(segs > 10, "1% loss caused too few retransmissions: {segs}");
     assert_eq!(s.totals.retrans_segs, seen);
     if missed == 0 {
-        assert_eq!(seen, segs - failed);
+        assert_eq!(seen, segs - failed, "{kernel}");
     } else {
         // Runs the kernel skipped (another BPF program on that CPU) are retransmissions the
         // program never saw: fewer, never more (the kernel's count covers every namespace).

@@ -3,6 +3,10 @@
 //! inserts themselves (aya-log); evictions from the flow table they cannot see, so they count
 //! inserts and removes and the evictions are derived here, each time the table is read:
 //! inserts - removes - entries present. An evicted flow was live (closed ones leave at once).
+//! Runs of the tracepoint programs that the kernel skipped (another BPF program or a map
+//! syscall active on that CPU) are counted by the kernel itself, per program: an event not
+//! seen, e.g. a retransmission not counted or a close not seen, whose flow then stays in the
+//! table until the LRU evicts it.
 
 use std::time::{Duration, Instant};
 
@@ -10,9 +14,16 @@ use linkpilot_common::{packet::LOSS_KINDS, DatapathLosses};
 use prometheus_client::metrics::{counter::Counter, family::Family};
 use tracing::warn;
 
-/// The `kind` label: the programs' kinds (by `Loss` value), then evictions.
-pub const KINDS: [&str; LOSS_KINDS + 1] =
-    ["truncated_header", "unknown_link_type", "map_insert_failed", "flow_evicted"];
+/// The `kind` label: the programs' kinds (by `Loss` value), then evictions, then skipped runs.
+pub const KINDS: [&str; LOSS_KINDS + 2] = [
+    "truncated_header",
+    "unknown_link_type",
+    "map_insert_failed",
+    "flow_evicted",
+    "program_skipped",
+];
+const EVICTED: usize = LOSS_KINDS;
+const SKIPPED: usize = LOSS_KINDS + 1;
 
 /// Warnings about evictions, at most this often (the programs' own interval).
 const WARN_EVERY: Duration = Duration::from_nanos(linkpilot_common::LOSS_WARN_INTERVAL_NS);
@@ -20,17 +31,18 @@ const WARN_EVERY: Duration = Duration::from_nanos(linkpilot_common::LOSS_WARN_IN
 #[derive(Default)]
 pub struct LossReport {
     /// Totals already added to the counters, by [`KINDS`] index.
-    counted: [u64; LOSS_KINDS + 1],
+    counted: [u64; LOSS_KINDS + 2],
     warned: Option<Instant>,
 }
 
 impl LossReport {
-    /// Adds what is new in `l` to `family`; `flows_present` is the flow table's size when it
-    /// was read this tick.
+    /// Adds what is new in `l` and in `skipped` (the kernel's total of skipped program runs)
+    /// to `family`; `flows_present` is the flow table's size when it was read this tick.
     pub fn update(
         &mut self,
         l: &DatapathLosses,
         flows_present: Option<usize>,
+        skipped: u64,
         family: &Family<Vec<(String, String)>, Counter>,
     ) {
         let mut now = self.counted;
@@ -38,9 +50,11 @@ impl LossReport {
         if let Some(present) = flows_present {
             let gone = l.flow_inserts.saturating_sub(l.flow_removes);
             // Reads of the counters and the table are not atomic: never step back.
-            now[LOSS_KINDS] = now[LOSS_KINDS].max(gone.saturating_sub(present as u64));
+            now[EVICTED] = now[EVICTED].max(gone.saturating_sub(present as u64));
         }
-        let evicted = now[LOSS_KINDS].saturating_sub(self.counted[LOSS_KINDS]);
+        now[SKIPPED] = now[SKIPPED].max(skipped);
+        let evicted = now[EVICTED].saturating_sub(self.counted[EVICTED]);
+        let skipped_now = now[SKIPPED].saturating_sub(self.counted[SKIPPED]);
         for (i, kind) in KINDS.iter().enumerate() {
             let new = now[i].saturating_sub(self.counted[i]);
             if new > 0 {
@@ -53,7 +67,15 @@ impl LossReport {
             warn!(
                 "datapath loss: {evicted} live flows evicted from the full flow table (LP_FLOWS, \
                  {} in all); their RTT and retransmissions are no longer attributed per flow",
-                now[LOSS_KINDS]
+                now[EVICTED]
+            );
+        }
+        if skipped_now > 0 {
+            warn!(
+                "datapath loss: the kernel skipped {skipped_now} run(s) of our tracepoint \
+                 programs (another BPF program or a map syscall was active on that CPU); \
+                 those events were not counted ({} in all)",
+                now[SKIPPED]
             );
         }
     }
@@ -72,15 +94,19 @@ mod tests {
         let f = Family::default();
         let mut r = LossReport::default();
         let mut l = DatapathLosses { by_kind: [2, 0, 1], flow_inserts: 10, flow_removes: 3 };
-        r.update(&l, Some(7), &f);
+        r.update(&l, Some(7), 0, &f);
         assert_eq!((value(&f, "truncated_header"), value(&f, "flow_evicted")), (2, 0));
         l.by_kind[0] = 5;
         l.flow_inserts = 20;
-        r.update(&l, Some(12), &f); // 20 - 3 - 12: 5 evicted
+        r.update(&l, Some(12), 0, &f); // 20 - 3 - 12: 5 evicted
         assert_eq!((value(&f, "truncated_header"), value(&f, "flow_evicted")), (5, 5));
         // A read that raced an insert shows fewer: the counter keeps its value.
-        r.update(&l, Some(14), &f);
-        r.update(&l, None, &f);
+        r.update(&l, Some(14), 0, &f);
+        r.update(&l, None, 3, &f);
         assert_eq!((value(&f, "flow_evicted"), value(&f, "map_insert_failed")), (5, 1));
+        // Skipped runs are the kernel's running total: only what is new is added.
+        r.update(&l, None, 3, &f);
+        r.update(&l, None, 4, &f);
+        assert_eq!(value(&f, "program_skipped"), 4);
     }
 }

@@ -425,7 +425,8 @@ impl Daemon {
             readings.flows_skipped = true;
         }
         let present = (!readings.flows_skipped).then_some(readings.flows.len());
-        self.losses.update(&self.probes.losses()?, present, &self.metrics.datapath_lost);
+        let skipped = self.probes.skipped_runs();
+        self.losses.update(&self.probes.losses()?, present, skipped, &self.metrics.datapath_lost);
         let flows = self.flows_seen;
         let jobs = self.read_training_side();
         let mut snap = self.sensors.tick(read_at, &readings);

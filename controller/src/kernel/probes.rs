@@ -318,6 +318,22 @@ impl Probes {
         info.lines().find_map(|l| l.strip_prefix("memlock:")?.trim().parse().ok())
     }
 
+    /// Runs of our tracepoint programs the kernel skipped because a BPF program, or a map
+    /// syscall, was already active on that CPU (`recursion_misses` in each program's fdinfo):
+    /// events those programs never saw. Programs whose fdinfo lacks the line count 0.
+    pub fn skipped_runs(&self) -> u64 {
+        use std::os::fd::{AsFd, AsRawFd};
+        self.ebpf
+            .programs()
+            .filter_map(|(_, p)| {
+                let fd = p.fd().ok()?.as_fd().as_raw_fd();
+                let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+                info.lines()
+                    .find_map(|l| l.strip_prefix("recursion_misses:")?.trim().parse::<u64>().ok())
+            })
+            .sum::<u64>()
+    }
+
     /// The flow table as aya iterates it (two syscalls per entry): the baseline of the
     /// batched read in `linkpilot bench-sensors`.
     pub fn flows_iterated(&self) -> Result<Vec<(FlowKey, FlowState)>, ProbeError> {

@@ -228,7 +228,8 @@ impl Metrics {
             r,
             "datapath_lost",
             "Packets or flows the eBPF programs could not count, by kind: truncated_header, \
-             unknown_link_type, map_insert_failed, flow_evicted (from the full flow table)",
+             unknown_link_type, map_insert_failed, flow_evicted (from the full flow table), \
+             program_skipped (tracepoint runs the kernel skipped: events not seen)",
         );
         for k in crate::daemon::losses::KINDS {
             let _ = datapath_lost.get_or_create(&labels(&[("kind", k)]));
