@@ -4,9 +4,11 @@
 //! loses packets, an iperf3 connection to the peer gets reno at establishment and switches to
 //! cubic when the lab's loss phase moves the link to "lossy", while a loopback connection on
 //! the same host and a connection to the same peer from another lab host (another network
-//! namespace, same addresses) keep the host's default. A policy naming an algorithm the kernel
-//! lacks is refused with its line; SIGKILL then a restart leaves one attachment; told to attach
-//! where there is no cgroup v2, the daemon runs without profiles and status says why.
+//! namespace, same addresses) keep the host's default; the first flight of a new connection to
+//! the peer is the profile's initial window (tcpdump, tshark), the other host's the kernel's. A
+//! policy naming an algorithm the kernel lacks is refused with its line; SIGKILL then a restart
+//! leaves one attachment; a `--cgroup` that is not cgroup v2 is refused; on a host without
+//! cgroup v2 the daemon runs without profiles and status says why.
 
 use std::{
     process::{Child, Command, Stdio},
@@ -110,6 +112,65 @@ fn wait_all(
     }
 }
 
+/// The first flight of a new connection from `from` to `to`: the payload bytes `from` sent
+/// before the first acknowledgement of data came back, over the connection's MSS (tcpdump on
+/// `from`'s side, read by tshark). A 256 KiB write right after connect, so only the initial
+/// congestion window limits it.
+fn first_flight(from: &Host, to: &Host, port: u16, pcap: &std::path::Path) -> (u64, u64) {
+    let filter = format!("tcp port {port}");
+    let dump = linkpilot_lab::selftest::start_capture(from, &filter, &pcap.display().to_string())
+        .expect("tcpdump");
+    let sink = format!(
+        "import socket\nl=socket.create_server(('{}',{port}))\nc,_=l.accept()\n\
+         while c.recv(1<<16): pass",
+        to.ipv4
+    );
+    let mut server = to.command("python3").args(["-c", &sink]).spawn().expect("sink");
+    std::thread::sleep(Duration::from_millis(300));
+    let send = format!(
+        "import socket\ns=socket.create_connection(('{}',{port}))\ns.sendall(b'x'*(256<<10))\n\
+         s.close()",
+        to.ipv4
+    );
+    let sent = from.command("python3").args(["-c", &send]).status().expect("sender");
+    assert!(sent.success());
+    server.wait().expect("sink");
+    assert_eq!(linkpilot_lab::selftest::stop_capture(dump).expect("stop tcpdump"), 0, "drops");
+    let fields = sh(&[
+        "tshark",
+        "-r",
+        &pcap.display().to_string(),
+        "-T",
+        "fields",
+        "-e",
+        "ip.src",
+        "-e",
+        "tcp.len",
+        "-e",
+        "tcp.ack",
+        "-e",
+        "tcp.options.mss_val",
+    ]);
+    let (mut bytes, mut mss) = (0u64, 0u64);
+    for l in fields.lines() {
+        let f: Vec<&str> = l.split('\t').collect();
+        let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        if f[0] == to.ipv4.to_string() {
+            // The peer's SYN-ACK offers its MSS; its first ACK beyond the SYN ends the flight.
+            if mss == 0 {
+                mss = num(3);
+            } else if num(2) > 1 {
+                break;
+            }
+        } else {
+            bytes += num(1);
+        }
+    }
+    assert!(mss > 0, "no SYN-ACK in the capture:\n{fields}");
+    // Timestamps take 12 bytes of each segment's options.
+    (bytes, mss - 12)
+}
+
 #[test]
 fn the_peers_connections_follow_the_links_state_and_no_other_connection_changes() {
     let toml = "name = \"t\"\n\
@@ -160,6 +221,12 @@ fn the_peers_connections_follow_the_links_state_and_no_other_connection_changes(
     assert!(loopback.len() >= 2 && loopback.iter().all(|c| *c == default_cc), "{loopback:?}");
     let other_ns = wait_all(&hk2.netns, "dport = :5202", (false, 2), &default_cc, secs5);
     assert!(other_ns.len() >= 2 && other_ns.iter().all(|c| *c == default_cc), "{other_ns:?}");
+    // The first flight of a new connection to the peer is the profile's initial window (20
+    // segments); from the other host, the kernel's (10).
+    let (ours, mss) = first_flight(&hk, &us, 5301, &dir.join("iw-ours.pcap"));
+    let (theirs, mss2) = first_flight(&hk2, &us, 5302, &dir.join("iw-theirs.pcap"));
+    eprintln!("first flights: profiled {ours} bytes, default {theirs} bytes (MSS {mss})");
+    assert_eq!((ours, theirs), (20 * mss, 10 * mss2), "first flights, MSS {mss}");
     assert!(started.elapsed() < Duration::from_secs(25), "still calm when checked");
 
     // The loss phase: "lossy" gives cubic, and the established data connection takes it at
@@ -201,12 +268,30 @@ fn the_peers_connections_follow_the_links_state_and_no_other_connection_changes(
     assert!(d.exit_within(Duration::from_secs(10)).success());
     assert_eq!(attached(&cg), before, "attached after a stop");
 
-    // No cgroup v2 where it is told to attach: it runs on the sysctls alone and says so.
+    // Told to attach to a directory that is not a cgroup v2 one: refused at start, with the
+    // directory named, and nothing attached.
     let not_cgroup = dir.join("not-a-cgroup");
     std::fs::create_dir_all(&not_cgroup).expect("dir");
     let flag = not_cgroup.display().to_string();
-    let d =
+    let mut d =
         Daemon::start_with(&hk.netns, &dir, POLICY, &["--metrics-addr", "off", "--cgroup", &flag]);
+    assert!(!d.exit_within(Duration::from_secs(20)).success());
+    let want = format!("--cgroup {flag} is not a cgroup v2 directory");
+    assert!(d.log().contains(&want), "{}", d.log());
+    assert_eq!(attached(&cg), before);
+
+    // A host without cgroup v2 (here a mount namespace whose /sys/fs/cgroup is a tmpfs): it
+    // runs on the sysctls alone and says so.
+    let no_cgroup2 = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "mount -t tmpfs none /sys/fs/cgroup && exec \"$0\" \"$@\"",
+    ];
+    let d = Daemon::start_under(&hk.netns, &no_cgroup2, &dir, POLICY, &["--metrics-addr", "off"]);
     wait_for("the fallback", Duration::from_secs(20), || {
         d.log().contains("no per-peer transport profiles")
     });
@@ -216,7 +301,7 @@ fn the_peers_connections_follow_the_links_state_and_no_other_connection_changes(
             .is_some_and(|p| p.starts_with("sysctls only"))
     });
     let path = status_json(&dir)["transport"]["path"].clone();
-    assert!(path.as_str().is_some_and(|p| p.contains("is not a cgroup v2 directory")), "{path}");
+    assert!(path.as_str().is_some_and(|p| p.contains("no cgroup v2 hierarchy")), "{path}");
     assert_eq!(attached(&cg), before);
     drop(d);
     let _ = std::fs::remove_dir_all(&dir);

@@ -192,6 +192,10 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         .with_context(|| format!("reading the policy {}", o.policy.display()))?;
     let policy = load_policy(&o.policy, &policy_bytes)?;
     transport::check_algorithms(&policy, &o.sysctl_root)?;
+    if let Some(dir) = &o.cgroup {
+        // Asked for by name: a wrong one is an error, not a quiet fall back to the sysctls.
+        transport::find_cgroup(Some(dir)).map_err(anyhow::Error::msg)?;
+    }
     let policy_sha256 = sha256_hex(&policy_bytes);
     // Checks before side effects: interfaces, privileges, tracepoints.
     let names = interfaces(&policy);
