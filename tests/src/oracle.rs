@@ -61,6 +61,34 @@ pub fn recursion_misses(name: &str) -> u64 {
         .sum()
 }
 
+/// How many times the programs named `name` ran (`run_cnt` in `bpftool prog show`; counted
+/// only while `kernel.bpf_stats_enabled` is 1, see [`BpfStats`]).
+pub fn run_count(name: &str) -> u64 {
+    bpftool_show("prog")
+        .iter()
+        .filter(|p| p["name"].as_str() == Some(name))
+        .filter_map(|p| p["run_cnt"].as_u64())
+        .sum()
+}
+
+/// `kernel.bpf_stats_enabled` set to 1 while this lives, then set back to what it was.
+pub struct BpfStats(String);
+
+impl BpfStats {
+    pub fn enable() -> Self {
+        const PATH: &str = "/proc/sys/kernel/bpf_stats_enabled";
+        let was = std::fs::read_to_string(PATH).expect("bpf_stats_enabled").trim().to_owned();
+        std::fs::write(PATH, "1").expect("enabling bpf_stats");
+        Self(was)
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", &self.0);
+    }
+}
+
 /// [`links`] of the programs in `progs` (ids from [`ours_loaded`]).
 pub fn links_of(progs: &[(u64, String)]) -> Vec<(String, String)> {
     bpftool_show("link")
