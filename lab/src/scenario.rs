@@ -35,6 +35,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("training-day", include_str!("../scenarios/training-day.toml")),
     ("training-quick", include_str!("../scenarios/training-quick.toml")),
     ("training-holdout", include_str!("../scenarios/training-holdout.toml")),
+    ("training-lossy", include_str!("../scenarios/training-lossy.toml")),
 ];
 
 /// One direction of the WAN link.

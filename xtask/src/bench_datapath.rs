@@ -1,8 +1,8 @@
 //! `cargo xtask bench-datapath`: what linkpilot's eBPF programs cost on real traffic. Several
 //! linkpilot builds and "none" (no programs) are measured in one run, interleaved round by round
 //! so the machine's noise hits all alike, and the kernel's bpf_stats give each program's own run
-//! time per invocation over the same traffic. Parts: a bare veth pair, the WAN lab, and the
-//! tracepoints' cost per event over loopback.
+//! time per invocation over the same traffic. Parts: a bare veth pair, the WAN lab, the
+//! tracepoints' cost per event over loopback, and the sock_ops program under `linkpilot run`.
 
 mod probe;
 mod report;
@@ -29,6 +29,7 @@ pub enum Part {
     Veth,
     Lab,
     Tracepoints,
+    SockOps,
 }
 
 pub struct Args {
@@ -51,10 +52,11 @@ pub fn parse_bin(s: &str) -> Result<(String, PathBuf), String> {
     }
 }
 
-/// "none" (no programs) or a linkpilot binary.
+/// "none" (no programs) or a linkpilot binary: `watch`, or `run` with a policy.
 pub struct Config {
     pub name: String,
     pub bin: Option<PathBuf>,
+    pub policy: Option<String>,
 }
 
 /// One measurement. The first metric is the rate compared against "none".
@@ -133,16 +135,16 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         let profile = if args.quick { "debug" } else { "release" };
         bins.push(("current".into(), root.join(format!("target/{profile}/linkpilot"))));
     }
-    let mut configs = vec![Config { name: "none".into(), bin: None }];
+    let mut configs = vec![Config { name: "none".into(), bin: None, policy: None }];
     for (name, bin) in bins {
         if configs.iter().any(|c| c.name == name) {
             bail!("--bin {name} is given twice");
         }
-        configs.push(Config { name, bin: Some(bin) });
+        configs.push(Config { name, bin: Some(bin), policy: None });
     }
     let lab_bin = args.lab_bin.clone().unwrap_or_else(|| root.join("target/release/linkpilot-lab"));
     let parts = if args.parts.is_empty() {
-        vec![Part::Veth, Part::Lab, Part::Tracepoints]
+        vec![Part::Veth, Part::Lab, Part::Tracepoints, Part::SockOps]
     } else {
         args.parts.clone()
     };
@@ -165,6 +167,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             Part::Veth => veth(&ctx, &mut samples),
             Part::Lab => lab_part(&ctx, &lab_bin, &mut samples),
             Part::Tracepoints => tracepoints(&ctx, &mut samples),
+            Part::SockOps => sock_ops(&ctx, &mut samples),
         };
         if let Err(e) = got {
             let part = format!("{part:?}").to_lowercase();
@@ -175,7 +178,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             }
         }
     }
-    report::print(&ctx.configs, &samples);
+    report::print(&samples);
     if let Some(path) = &args.json {
         let v = report::json(&ctx, &samples);
         fs::write(path, serde_json::to_string_pretty(&v)?)
@@ -256,7 +259,10 @@ fn measure(
     thread::sleep(Duration::from_millis(300));
     let Some(bin) = &cfg.bin else { return Ok((traffic()?, BTreeMap::new(), Vec::new())) };
     let log = ctx.out.join(format!("watch-{}.log", cfg.name));
-    let watch = probe::Watch::start(bin, at, &log)?;
+    let watch = match &cfg.policy {
+        Some(policy) => probe::Watch::start_daemon(bin, at, policy, &log)?,
+        None => probe::Watch::start(bin, at, &log)?,
+    };
     let rates = traffic()?;
     if !profile {
         return Ok((rates, BTreeMap::new(), Vec::new()));
@@ -415,4 +421,59 @@ fn tracepoints(ctx: &Ctx, samples: &mut Vec<Sample>) -> anyhow::Result<()> {
     let mut tests: [(&'static str, &mut dyn FnMut() -> anyhow::Result<Metrics>); 3] =
         [("rr", &mut pingpong), ("crr", &mut connect), ("bulk", &mut bulk)];
     rounds(ctx, "tracepoints", &at, &mut tests, samples)
+}
+
+/// The daemon's policy for the sock_ops part: the veth's peer on one link, and with `profile`
+/// a transport profile that asks for what the kernel already does (CUBIC, the host default
+/// here), so TCP behaves the same and only the program's work differs.
+fn sock_ops_policy(profile: bool) -> String {
+    let mut p = String::from(
+        "[[link]]\nname = \"veth\"\ninterfaces = [\"lpd-sa0\"]\ncapacity = \"10Gbit/s\"\n\
+         [[link.peer]]\nname = \"b\"\ncidrs = [\"198.18.79.0/24\"]\n\
+         [[state]]\nname = \"healthy\"\n[state.knobs]\ncompression = \"none\"\n",
+    );
+    if profile {
+        p += "[state.transport]\ncongestion_control = \"cubic\"\n";
+    }
+    p
+}
+
+/// What the sock_ops program costs per TCP callback (mostly the RTT callback, once per ACK that
+/// gives an RTT sample): TCP over a veth pair with `linkpilot run` on the sender's side, once
+/// with a transport profile for the peer (the program attached to the cgroup root, every
+/// connection to the peer managed) and once without (no program), against no daemon.
+fn sock_ops(ctx: &Ctx, samples: &mut Vec<Sample>) -> anyhow::Result<()> {
+    println!("part sock-ops: lpd-sa 198.18.79.1 -> lpd-sb 198.18.79.2, linkpilot run");
+    let _ns = Netns::create(&["lpd-sa", "lpd-sb"])?;
+    ip(&["-n", "lpd-sa", "link", "add", "lpd-sa0", "type", "veth", "peer", "name", "lpd-sb0"])?;
+    ip(&["-n", "lpd-sa", "link", "set", "lpd-sb0", "netns", "lpd-sb"])?;
+    for (ns, dev, addr) in
+        [("lpd-sa", "lpd-sa0", "198.18.79.1/24"), ("lpd-sb", "lpd-sb0", "198.18.79.2/24")]
+    {
+        ip(&["-n", ns, "addr", "add", addr, "dev", dev])?;
+        ip(&["-n", ns, "link", "set", dev, "up"])?;
+    }
+    let pin = thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
+    let (client_cpu, server_cpu): (&[&str], &[&str]) =
+        if pin { (&["-A", "0"], &["-A", "1"]) } else { (&[], &[]) };
+    let _server = iperf_server("lpd-sb", "198.18.79.2", server_cpu)?;
+    let at =
+        Attach { netns: "lpd-sa".into(), iface: "lpd-sa0".into(), peer: "b=198.18.79.0/24".into() };
+    let mut configs = vec![Config { name: "none".into(), bin: None, policy: None }];
+    for c in ctx.configs.iter().filter(|c| c.bin.is_some()) {
+        for (suffix, profile) in [("run", false), ("run+sock_ops", true)] {
+            configs.push(Config {
+                name: format!("{}-{suffix}", c.name),
+                bin: c.bin.clone(),
+                policy: Some(sock_ops_policy(profile)),
+            });
+        }
+    }
+    let ctx = Ctx { configs, rounds: ctx.rounds, secs: ctx.secs, out: ctx.out.clone() };
+    let s = ctx.secs.to_string();
+    let mut tcp = || {
+        let a = [&["-c", "198.18.79.2", "-C", "cubic", "-t", &s], client_cpu].concat();
+        Ok(vec![("gbit_s", tcp_gbit(&iperf_client("lpd-sa", &a, ctx.secs)?)?)])
+    };
+    rounds(&ctx, "sock-ops", &at, &mut [("tcp", &mut tcp)], samples)
 }

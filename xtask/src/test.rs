@@ -130,6 +130,11 @@ pub fn run(privileged: bool) -> anyhow::Result<()> {
         quick: true,
     })
     .context("bench-datapath --quick")?;
+    // The streams benchmark's short form: real gloo ranks across the lab; it fails unless the
+    // lab carried every exchange's bytes and none beat the round trip.
+    eprintln!("test: cargo xtask bench-streams --quick");
+    crate::bench_streams::run(crate::bench_streams::Args::quick())
+        .context("bench-streams --quick")?;
     // The README's main command, cut short: it fails unless the daemon decided and the
     // timeline was drawn.
     eprintln!("test: cargo xtask demo --seconds 30");

@@ -1,5 +1,6 @@
-//! The programs under test: `linkpilot watch` attached in a namespace, the kernel's bpf_stats
-//! switched on around it, and our programs' run counts and times as bpftool reports them.
+//! The programs under test: `linkpilot watch` attached in a namespace (or `linkpilot run` with a
+//! policy, for the sock_ops program), the kernel's bpf_stats switched on around it, and our
+//! programs' run counts and times as bpftool reports them.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -13,7 +14,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _};
-use linkpilot_common::maps::PROGRAM_NAMES;
+use linkpilot_common::{maps::PROGRAM_NAMES, transport::PROG_SOCK_OPS};
 use serde_json::Value;
 
 use crate::lab::Reaped;
@@ -47,12 +48,48 @@ impl Drop for StatsOn {
     }
 }
 
-/// A `linkpilot watch` that has attached its programs; stopped (and so detached) on drop.
+/// A `linkpilot watch` (or `run`) that has attached its programs; stopped (and so detached) on
+/// drop.
 pub struct Watch {
     process: Reaped,
 }
 
 impl Watch {
+    /// `linkpilot run` with `policy` in the namespace, its files beside `log`; returns once
+    /// its board exists (written after every program is attached and the first tick decided).
+    pub fn start_daemon(bin: &Path, at: &Attach, policy: &str, log: &Path) -> anyhow::Result<Self> {
+        let dir = log.with_extension("d");
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let p = |f: &str| dir.join(f).display().to_string();
+        fs::write(p("policy.toml"), policy)?;
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", at.netns))
+            .arg(bin)
+            .args(["run", "--policy", &p("policy.toml"), "--board", &p("knobs")])
+            .args(["--env-file", &p("nccl.env"), "--sysctl-state", &p("sysctl.json")])
+            .args(["--lock", &p("lock"), "--roce-tc-state", &p("roce-tc.json")])
+            .args(["--decision-log", &p("decisions.jsonl"), "--status-socket", &p("status.sock")])
+            .args(["--metrics-addr", "off", "--tuner-stats", &p("tuner")])
+            .args(["--job-reports", &p("jobs")])
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(log).with_context(|| format!("creating {}", log.display()))?)
+            .spawn()
+            .with_context(|| format!("starting {} run", bin.display()))?;
+        let mut process = Reaped(child, "linkpilot run");
+        let t = std::time::Instant::now();
+        while !dir.join("knobs").exists() {
+            if t.elapsed() > Duration::from_secs(20) || process.0.try_wait()?.is_some() {
+                let text = fs::read_to_string(log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(5).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                bail!("{} run did not come up within 20 s:\n{}", bin.display(), tail.join("\n"));
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        Ok(Self { process })
+    }
+
     /// Starts the watch and returns once it printed its first line (it prints only after
     /// attaching every program), or fails with the tail of its log.
     pub fn start(bin: &Path, at: &Attach, log: &Path) -> anyhow::Result<Self> {
@@ -107,7 +144,7 @@ impl Watch {
             );
         }
         if ids.is_empty() {
-            bail!("the watch (pid {pid}) holds no BPF programs");
+            bail!("linkpilot (pid {pid}) holds no BPF programs");
         }
         Ok(ids)
     }
@@ -131,7 +168,8 @@ pub fn snapshot(ids: &BTreeSet<u64>) -> anyhow::Result<Counters> {
     for p in all.as_array().into_iter().flatten() {
         let (Some(id), Some(name)) = (p["id"].as_u64(), p["name"].as_str()) else { continue };
         // The kernel keeps 15 characters of a program's name.
-        let ours = PROGRAM_NAMES.iter().find(|n| n.get(..15).unwrap_or(n) == name);
+        let ours =
+            PROGRAM_NAMES.iter().chain([&PROG_SOCK_OPS]).find(|n| n.get(..15).unwrap_or(n) == name);
         if let (true, Some(ours)) = (ids.contains(&id), ours) {
             let e = got.entry((*ours).to_owned()).or_default();
             e.0 += p["run_cnt"].as_u64().unwrap_or(0);

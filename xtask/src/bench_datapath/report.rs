@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use super::{Config, Ctx, Sample};
+use super::{Ctx, Sample};
 
 fn mean(xs: impl Iterator<Item = f64>) -> Option<f64> {
     let (n, s) = xs.fold((0usize, 0.0), |(n, s), x| (n + 1, s + x));
@@ -45,7 +45,7 @@ fn unit_rate(metric: &str, v: f64) -> (f64, &'static str) {
     }
 }
 
-pub fn print(configs: &[Config], samples: &[Sample]) {
+pub fn print(samples: &[Sample]) {
     let mut tests: Vec<(&str, &str)> = samples.iter().map(|s| (s.part, s.test)).collect();
     tests.dedup();
     let mut seen = Vec::new();
@@ -67,12 +67,19 @@ pub fn print(configs: &[Config], samples: &[Sample]) {
                 .map(|i| mean(ss.iter().filter_map(|s| s.metrics.get(i).map(|m| m.1))))
                 .collect()
         };
+        // The configurations of this part, in the order they were measured.
+        let mut configs: Vec<&str> = Vec::new();
+        for s in samples.iter().filter(|s| s.part == part && s.test == test) {
+            if !configs.contains(&s.config.as_str()) {
+                configs.push(&s.config);
+            }
+        }
         let none = means("none").first().copied().flatten();
         println!("\n### {part} / {test}\n");
         println!("| config | rounds | {} | vs none |", names.join(" | "));
         println!("|---|--:|{}--:|", "--:|".repeat(names.len()));
-        for c in configs {
-            let m = means(&c.name);
+        for &c in &configs {
+            let m = means(c);
             let cells: Vec<String> = m.iter().map(|x| x.map_or("-".into(), fmt)).collect();
             let vs = match (m.first().copied().flatten(), none) {
                 (Some(x), Some(n)) if n > 0.0 => {
@@ -80,17 +87,17 @@ pub fn print(configs: &[Config], samples: &[Sample]) {
                 }
                 _ => "-".into(),
             };
-            println!("| {} | {} | {} | {vs} |", c.name, of(&c.name).len(), cells.join(" | "));
+            println!("| {c} | {} | {} | {vs} |", of(c).len(), cells.join(" | "));
         }
-        let with: Vec<&Config> = configs.iter().filter(|c| c.bin.is_some()).collect();
+        let with: Vec<&str> = configs.into_iter().filter(|&c| c != "none").collect();
         println!("\n| config | program | events/s | ns/event (bpf_stats) |\n|---|---|--:|--:|");
-        for c in &with {
-            for (p, rate, ns) in programs(&of(&c.name)) {
-                println!("| {} | {p} | {} | {} |", c.name, fmt(rate), fmt(ns));
+        for &c in &with {
+            for (p, rate, ns) in programs(&of(c)) {
+                println!("| {c} | {p} | {} | {} |", fmt(rate), fmt(ns));
             }
         }
         if part == "tracepoints" {
-            let rows: Vec<_> = with.iter().map(|c| (c.name.as_str(), of(&c.name))).collect();
+            let rows: Vec<_> = with.iter().map(|&c| (c, of(c))).collect();
             tracepoint_costs(&rows, names[0], none);
         }
     }

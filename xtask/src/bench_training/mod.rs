@@ -13,8 +13,8 @@ mod plot;
 mod report;
 mod run;
 mod runs;
-mod stats;
-mod transport;
+pub mod stats;
+pub mod transport;
 
 use std::{fs, path::Path, process::Command};
 
