@@ -330,24 +330,36 @@ fn tcp_gbit(v: &Value) -> anyhow::Result<f64> {
     Ok(num(v, &["end", "sum_received", "bits_per_second"])? / 1e9)
 }
 
+/// Two new namespaces joined by a veth pair, each end (namespace, device, address/prefix) up.
+fn veth_pair(a: (&str, &str, &str), b: (&str, &str, &str)) -> anyhow::Result<Netns> {
+    let ns = Netns::create(&[a.0, b.0])?;
+    ip(&["-n", a.0, "link", "add", a.1, "type", "veth", "peer", "name", b.1])?;
+    ip(&["-n", a.0, "link", "set", b.1, "netns", b.0])?;
+    for (netns, dev, addr) in [a, b] {
+        ip(&["-n", netns, "addr", "add", addr, "dev", dev])?;
+        ip(&["-n", netns, "link", "set", dev, "up"])?;
+    }
+    Ok(ns)
+}
+
+/// iperf3's CPU arguments for the client and the server: CPUs of their own where there are
+/// two. The sender's CPU carries the whole kernel path (the veth hands the packet to the
+/// peer's stack in its softirq), so its packet rate is what the programs' cost shows in, and
+/// pinning halves the spread.
+fn pinned() -> (&'static [&'static str], &'static [&'static str]) {
+    if thread::available_parallelism().is_ok_and(|n| n.get() >= 2) {
+        (&["-A", "0"], &["-A", "1"])
+    } else {
+        (&[], &[])
+    }
+}
+
 /// Two namespaces joined by a veth pair, no delay; programs on the sender's side.
 fn veth(ctx: &Ctx, samples: &mut Vec<Sample>) -> anyhow::Result<()> {
     println!("part veth: lpd-a 198.18.77.1 -> lpd-b 198.18.77.2");
-    let _ns = Netns::create(&["lpd-a", "lpd-b"])?;
-    ip(&["-n", "lpd-a", "link", "add", "lpd-va", "type", "veth", "peer", "name", "lpd-vb"])?;
-    ip(&["-n", "lpd-a", "link", "set", "lpd-vb", "netns", "lpd-b"])?;
-    for (ns, dev, addr) in
-        [("lpd-a", "lpd-va", "198.18.77.1/24"), ("lpd-b", "lpd-vb", "198.18.77.2/24")]
-    {
-        ip(&["-n", ns, "addr", "add", addr, "dev", dev])?;
-        ip(&["-n", ns, "link", "set", dev, "up"])?;
-    }
-    // Sender and receiver on CPUs of their own where there are two: the sender's CPU carries
-    // the whole kernel path (the veth hands the packet to the peer's stack in its softirq), so
-    // its packet rate is what the programs' cost shows in, and pinning halves the spread.
-    let pin = thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
-    let (client_cpu, server_cpu): (&[&str], &[&str]) =
-        if pin { (&["-A", "0"], &["-A", "1"]) } else { (&[], &[]) };
+    let _ns =
+        veth_pair(("lpd-a", "lpd-va", "198.18.77.1/24"), ("lpd-b", "lpd-vb", "198.18.77.2/24"))?;
+    let (client_cpu, server_cpu) = pinned();
     let _server = iperf_server("lpd-b", "198.18.77.2", server_cpu)?;
     let at =
         Attach { netns: "lpd-a".into(), iface: "lpd-va".into(), peer: "b=198.18.77.0/24".into() };
@@ -444,18 +456,11 @@ fn sock_ops_policy(profile: bool) -> String {
 /// connection to the peer managed) and once without (no program), against no daemon.
 fn sock_ops(ctx: &Ctx, samples: &mut Vec<Sample>) -> anyhow::Result<()> {
     println!("part sock-ops: lpd-sa 198.18.79.1 -> lpd-sb 198.18.79.2, linkpilot run");
-    let _ns = Netns::create(&["lpd-sa", "lpd-sb"])?;
-    ip(&["-n", "lpd-sa", "link", "add", "lpd-sa0", "type", "veth", "peer", "name", "lpd-sb0"])?;
-    ip(&["-n", "lpd-sa", "link", "set", "lpd-sb0", "netns", "lpd-sb"])?;
-    for (ns, dev, addr) in
-        [("lpd-sa", "lpd-sa0", "198.18.79.1/24"), ("lpd-sb", "lpd-sb0", "198.18.79.2/24")]
-    {
-        ip(&["-n", ns, "addr", "add", addr, "dev", dev])?;
-        ip(&["-n", ns, "link", "set", dev, "up"])?;
-    }
-    let pin = thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
-    let (client_cpu, server_cpu): (&[&str], &[&str]) =
-        if pin { (&["-A", "0"], &["-A", "1"]) } else { (&[], &[]) };
+    let _ns = veth_pair(
+        ("lpd-sa", "lpd-sa0", "198.18.79.1/24"),
+        ("lpd-sb", "lpd-sb0", "198.18.79.2/24"),
+    )?;
+    let (client_cpu, server_cpu) = pinned();
     let _server = iperf_server("lpd-sb", "198.18.79.2", server_cpu)?;
     let at =
         Attach { netns: "lpd-sa".into(), iface: "lpd-sa0".into(), peer: "b=198.18.79.0/24".into() };

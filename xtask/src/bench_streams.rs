@@ -29,17 +29,36 @@ use crate::{
     run::workspace_root,
 };
 
+#[derive(clap::Args)]
 pub struct Args {
+    /// Congestion controls to compare, each the hosts' default in turn.
+    #[arg(long = "cc", value_delimiter = ',', default_value = "cubic,bbr")]
     pub ccs: Vec<String>,
+    /// Stream counts; the first is the baseline of the speed-ups.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8",
+          value_parser = clap::value_parser!(u32).range(1..=64))]
     pub streams: Vec<u32>,
+    /// MiB per exchange.
+    #[arg(long, default_value_t = 4.0)]
     pub mib: f64,
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=50))]
     pub repeats: u32,
+    /// Idle seconds before each exchange (a step's compute).
+    #[arg(long, default_value_t = 1.0)]
     pub gap: f64,
+    /// The lab scenario (a built-in name or a file).
+    #[arg(long, default_value = "training-lossy")]
     pub scenario: String,
-    /// net.ipv4.tcp_slow_start_after_idle on both hosts (the recipe's 0 keeps the window).
+    /// net.ipv4.tcp_slow_start_after_idle on both hosts (0, the recipe's, keeps windows).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub slow_start_after_idle: u8,
-    /// "gloo" (an all-reduce) or "tcp" (the transport alone: parts sent, one byte back).
+    /// gloo: an all-reduce over N groups; tcp: the transport alone (N plain connections,
+    /// the parts sent, one byte back).
+    #[arg(long, default_value = "gloo", value_parser = ["gloo", "tcp"])]
     pub transport: String,
+    /// The short form CI runs: cubic, 1 and 2 streams of 1 MiB twice on steady-180ms;
+    /// fails unless the lab carried every exchange's bytes and none beat the round trip.
+    #[arg(long, conflicts_with_all = ["ccs", "streams", "mib", "repeats", "gap", "scenario", "transport"])]
     pub quick: bool,
 }
 

@@ -94,37 +94,7 @@ enum Command {
     /// Whether striping one exchange over N TCP connections makes it faster on the lab's
     /// lossy link (as root): a gloo all-reduce over N groups at once between two lab hosts,
     /// per congestion control, stream counts interleaved; results in target/bench-streams.
-    BenchStreams {
-        /// Congestion controls to compare, each the hosts' default in turn.
-        #[arg(long = "cc", value_delimiter = ',', default_value = "cubic,bbr")]
-        ccs: Vec<String>,
-        /// Stream counts; the first is the baseline of the speed-ups.
-        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8",
-              value_parser = clap::value_parser!(u32).range(1..=64))]
-        streams: Vec<u32>,
-        /// MiB per all-reduce.
-        #[arg(long, default_value_t = 4.0)]
-        mib: f64,
-        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=50))]
-        repeats: u32,
-        /// Idle seconds before each exchange (a step's compute).
-        #[arg(long, default_value_t = 1.0)]
-        gap: f64,
-        /// The lab scenario (a built-in name or a file).
-        #[arg(long, default_value = "training-lossy")]
-        scenario: String,
-        /// net.ipv4.tcp_slow_start_after_idle on both hosts (0, the recipe's, keeps windows).
-        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
-        slow_start_after_idle: u8,
-        /// gloo: an all-reduce over N groups; tcp: the transport alone (N plain connections,
-        /// the parts sent, one byte back).
-        #[arg(long, default_value = "gloo", value_parser = ["gloo", "tcp"])]
-        transport: String,
-        /// The short form CI runs: cubic, 1 and 2 streams of 1 MiB twice on steady-180ms;
-        /// fails unless the lab carried every exchange's bytes and none beat the round trip.
-        #[arg(long, conflicts_with_all = ["ccs", "streams", "mib", "repeats", "gap", "scenario", "transport"])]
-        quick: bool,
-    },
+    BenchStreams(bench_streams::Args),
     /// What the eBPF programs cost on real traffic (as root): linkpilot builds vs no programs,
     /// interleaved round by round, over a veth pair, the WAN lab, loopback (tracepoints) and
     /// a veth pair under `linkpilot run` (sock_ops), with the kernel's bpf_stats per program.
@@ -227,31 +197,9 @@ fn main() -> anyhow::Result<()> {
                 quick,
             })
         }
-        Command::BenchStreams {
-            ccs,
-            streams,
-            mib,
-            repeats,
-            gap,
-            scenario,
-            slow_start_after_idle,
-            transport,
-            quick,
-        } => bench_streams::run(if quick {
-            bench_streams::Args::quick()
-        } else {
-            bench_streams::Args {
-                ccs,
-                streams,
-                mib,
-                repeats,
-                gap,
-                scenario,
-                slow_start_after_idle,
-                transport,
-                quick,
-            }
-        }),
+        Command::BenchStreams(a) => {
+            bench_streams::run(if a.quick { bench_streams::Args::quick() } else { a })
+        }
         Command::BenchTraining {
             quick,
             repeats,
