@@ -54,20 +54,21 @@ fn programs() -> Vec<(u64, String)> {
 /// there were none): a tracepoint that fires in a softirq while one of ours runs in process
 /// context is not seen by ours.
 pub fn recursion_misses(name: &str) -> u64 {
-    bpftool_show("prog")
-        .iter()
-        .filter(|p| p["name"].as_str() == Some(name))
-        .filter_map(|p| p["recursion_misses"].as_u64())
-        .sum()
+    prog_field_sum(name, "recursion_misses")
 }
 
 /// How many times the programs named `name` ran (`run_cnt` in `bpftool prog show`; counted
 /// only while `kernel.bpf_stats_enabled` is 1, see [`BpfStats`]).
 pub fn run_count(name: &str) -> u64 {
+    prog_field_sum(name, "run_cnt")
+}
+
+/// `field` of `bpftool prog show --json` summed over the programs named `name`.
+fn prog_field_sum(name: &str, field: &str) -> u64 {
     bpftool_show("prog")
         .iter()
         .filter(|p| p["name"].as_str() == Some(name))
-        .filter_map(|p| p["run_cnt"].as_u64())
+        .filter_map(|p| p[field].as_u64())
         .sum()
 }
 

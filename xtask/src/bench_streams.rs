@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use crate::{
     bench_training::{
         stats::{Speedup, Spread},
-        transport::{check_cc, pin_defaults, Globals},
+        transport::{check_cc, pin_defaults, set_in, Globals},
     },
     lab::{in_ns, is_root, Host, Lab, Reaped},
     run::workspace_root,
@@ -122,9 +122,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let idle = a.slow_start_after_idle.to_string();
         for h in &lab.hosts {
             for (key, value) in RECIPE {
-                sysctl(h, key, value)?;
+                set_in(h, key, value)?;
             }
-            sysctl(h, "net.ipv4.tcp_slow_start_after_idle", &idle)?;
+            set_in(h, "net.ipv4.tcp_slow_start_after_idle", &idle)?;
         }
         eprintln!("bench-streams: {cc}, streams {:?}, {} MiB x {}", a.streams, a.mib, a.repeats);
         let rows = exchange(&a, &lab.hosts, &out, cc)?;
@@ -143,15 +143,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let text = tables.join("\n");
     fs::write(out.join("summary.md"), &text)?;
     println!("{text}");
-    Ok(())
-}
-
-fn sysctl(h: &Host, key: &str, value: &str) -> anyhow::Result<()> {
-    let set = format!("{key}={value}");
-    let o = in_ns(&h.netns, &["sysctl", "-q", "-w", &set]).output()?;
-    if !o.status.success() {
-        bail!("{}: sysctl -w {set}: {}", h.netns, String::from_utf8_lossy(&o.stderr).trim());
-    }
     Ok(())
 }
 

@@ -60,15 +60,21 @@ pub fn check_cc(cc: &str) -> anyhow::Result<()> {
 /// Sets every host's congestion control to `cc` and checks it took.
 pub fn pin_defaults(hosts: &[Host], cc: &str) -> anyhow::Result<()> {
     for h in hosts {
-        let set = format!("net.ipv4.tcp_congestion_control={cc}");
-        let out = in_ns(&h.netns, &["sysctl", "-q", "-w", &set]).output()?;
-        if !out.status.success() {
-            bail!("{}: sysctl -w {set}: {}", h.netns, String::from_utf8_lossy(&out.stderr).trim());
-        }
+        set_in(h, "net.ipv4.tcp_congestion_control", cc)?;
         let now = read_in(&h.netns, "net/ipv4/tcp_congestion_control");
         if now.as_deref() != Some(cc) {
             bail!("{}: congestion control reads {now:?} after setting {cc}", h.netns);
         }
+    }
+    Ok(())
+}
+
+/// `sysctl -w key=value` in `h`'s namespace; its stderr in the error.
+pub fn set_in(h: &Host, key: &str, value: &str) -> anyhow::Result<()> {
+    let set = format!("{key}={value}");
+    let out = in_ns(&h.netns, &["sysctl", "-q", "-w", &set]).output()?;
+    if !out.status.success() {
+        bail!("{}: sysctl -w {set}: {}", h.netns, String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(())
 }
