@@ -173,14 +173,34 @@ pub fn status(
 }
 
 /// A policy naming congestion controls this host lacks is refused where it would run, with
-/// each one's place in the file.
+/// each one's place in the file. One the kernel does not offer yet is asked for first, which
+/// loads its module where the kernel has it (BBR is a module nothing loads by default).
 pub fn check_algorithms(policy: &Policy, sysctl_root: &std::path::Path) -> anyhow::Result<()> {
+    use crate::kernel::checks::{congestion_controls, load_congestion_control};
     if policy.congestion_controls.is_empty() {
         return Ok(());
     }
-    let available = crate::kernel::checks::congestion_controls(sysctl_root).with_context(|| {
-        format!("reading the available congestion controls under {}", sysctl_root.display())
-    })?;
+    let read = || {
+        congestion_controls(sysctl_root).with_context(|| {
+            format!("reading the available congestion controls under {}", sysctl_root.display())
+        })
+    };
+    let mut available = read()?;
+    let mut asked = Vec::new();
+    for (name, _) in &policy.congestion_controls {
+        let name = name.as_str();
+        if available.iter().any(|a| a == name) || asked.contains(&name) {
+            continue;
+        }
+        asked.push(name);
+        match load_congestion_control(name) {
+            Ok(()) => tracing::info!("congestion control {name} loaded: the policy names it"),
+            Err(e) => tracing::debug!("congestion control {name} could not be loaded: {e}"),
+        }
+    }
+    if !asked.is_empty() {
+        available = read()?;
+    }
     Ok(policy.check_algorithms(&available)?)
 }
 

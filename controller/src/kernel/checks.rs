@@ -380,6 +380,35 @@ pub fn congestion_controls(proc_sys: &std::path::Path) -> std::io::Result<Vec<St
     Ok(text.split_whitespace().map(str::to_owned).collect())
 }
 
+/// Asks the kernel for congestion control `name` on a socket that is closed unused: with
+/// CAP_NET_ADMIN the kernel loads its module (`tcp_<name>`) if it is not loaded yet, as writing
+/// `net.ipv4.tcp_congestion_control` would. Distribution kernels ship BBR as a module that
+/// nothing loads until asked. Nothing else on the host changes.
+pub fn load_congestion_control(name: &str) -> std::io::Result<()> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: socket(2) with constant arguments; the descriptor is owned (and closed) below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by socket(2) and nothing else owns it.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: the option value is `name`'s bytes with their length; the kernel copies them.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            name.as_ptr().cast(),
+            libc::socklen_t::try_from(name.len()).map_err(std::io::Error::other)?,
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -414,6 +443,14 @@ mod tests {
         let moved = FORMAT_6_18.replace("family;\toffset:32", "family;\toffset:36");
         let err = check_retransmit_layout(&moved).unwrap_err().to_string();
         assert!(err.contains("field family is at offset Some(36)"), "{err}");
+    }
+
+    #[test]
+    fn asking_for_a_congestion_control() {
+        // Reno is built into every kernel and allowed to every socket.
+        load_congestion_control("reno").unwrap();
+        let e = load_congestion_control("no_such_cc").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
     }
 
     #[test]
