@@ -27,39 +27,47 @@ const QUICK_CONFIGS: &[&str] = &["untuned", "adaptive", "board-ignored"];
 /// Fixed codecs left out of the full run unless named: uncompressed and fp16 exchanges are the
 /// slowest in every phase of the earlier training day (0.48 and 0.78 steps/s calm where int8 ran
 /// 1.45) and cannot reach a late target within it, so they cannot be the oracle; the
-/// co-located run is the uncompressed reference for loss per step.
-const NOT_BY_DEFAULT: &[&str] = &["fixed-none", "fixed-fp16"];
+/// co-located run is the uncompressed reference for loss per step. `adaptive-auto` (the policy
+/// with `capacity = "auto"`) is run when named.
+const NOT_BY_DEFAULT: &[&str] = &["fixed-none", "fixed-fp16", "adaptive-auto"];
 
 /// A policy file the daemon runs with on every host: the shipped one, mirrored for the US site
 /// (its peer is the HK prefix), its link's capacity the lab's (the shipped files describe the
-/// 40 Gbit/s reference link; an operator declares the link they have), optionally with every
-/// state's compression fixed.
+/// 40 Gbit/s reference link; an operator declares the link they have) or `"auto"` (the daemon
+/// measures it: no figure a deployment would not have), optionally with every state's
+/// compression fixed.
 #[derive(Clone, Debug)]
 pub struct Policy {
     pub file: PathBuf,
     pub compression: Option<String>,
+    pub capacity_auto: bool,
 }
 
 impl Policy {
     fn shipped(name: &str) -> Self {
-        Self { file: workspace_root().join("policies").join(name), compression: None }
+        Self {
+            file: workspace_root().join("policies").join(name),
+            compression: None,
+            capacity_auto: false,
+        }
     }
 
     /// The policy text for a host of `site` ("Hk" or "Us").
     pub fn for_site(&self, site: &str, capacity_bps: Option<f64>) -> anyhow::Result<String> {
         let mut text = fs::read_to_string(&self.file)
             .with_context(|| format!("reading {}", self.file.display()))?;
-        if let Some(bps) = capacity_bps {
+        let capacity = match capacity_bps {
+            _ if self.capacity_auto => Some("auto".to_owned()),
+            Some(bps) => Some(format!("{}Mbit/s", (bps / 1e6).round())),
+            None => None,
+        };
+        if let Some(capacity) = capacity {
             let declared =
                 text.lines().filter(|l| l.trim_start().starts_with("capacity =")).count();
             if declared != 1 {
                 bail!("{}: {declared} capacity lines, expected one", self.file.display());
             }
-            text = replace_lines(
-                &text,
-                "capacity =",
-                &format!("capacity = \"{}Mbit/s\"", (bps / 1e6).round()),
-            );
+            text = replace_lines(&text, "capacity =", &format!("capacity = \"{capacity}\""));
         }
         if site == "Us" {
             // The far side of a US host is Hong Kong.
@@ -188,6 +196,11 @@ pub fn all() -> Vec<Config> {
             ..base("adaptive-2x", Hook::Board, Some(Policy::shipped("hk-us.toml")))
         },
         base("board-ignored", Hook::IgnoresBoard, Some(Policy::shipped("hk-us.toml"))),
+        base(
+            "adaptive-auto",
+            Hook::Board,
+            Some(Policy { capacity_auto: true, ..Policy::shipped("hk-us.toml") }),
+        ),
     ];
     // Every H steps: the static recipe's hosts with a fixed plan, and the shipped policy
     // choosing, with one and with two ranks per site.
@@ -271,6 +284,7 @@ impl Config {
                     .as_ref()
                     .map(|c| format!(", compression fixed to {c}"))
                     .unwrap_or_default()
+                    + if p.capacity_auto { ", capacity auto" } else { "" }
             ),
         };
         let hook = match self.hook {

@@ -46,8 +46,9 @@ const SCENARIO: &str = "hk-us-day";
 /// a busy machine.
 const READER_SLACK_MS: f64 = 50.0;
 const FRESH_WITHIN_MS: f64 = 1000.0;
-/// One link per program `run` attaches: TCX ingress and egress, three tracepoints.
-const ATTACHMENTS: usize = 5;
+/// One link per program `run` attaches: TCX ingress and egress, three tracepoints, and the
+/// sock_ops program on the cgroup v2 root (hk-us.toml gives the far site a transport profile).
+const ATTACHMENTS: usize = 6;
 /// The namespace's sysctls the policy changes (tcp buffers and `[host]` tcp_ecn and
 /// tcp_slow_start_after_idle); the state file's keys are added to them.
 const SYSCTLS: [&str; 4] = [
@@ -152,8 +153,8 @@ fn bpftool_links() -> anyhow::Result<BTreeMap<u64, String>> {
         .collect())
 }
 
-/// Exactly one set: the daemon holds one link per program it attaches (2 TCX, 3 tracepoints),
-/// bpftool lists each of them with our program's name, once.
+/// Exactly one set: the daemon holds one link per program it attaches (2 TCX, 3 tracepoints,
+/// sock_ops), bpftool lists each of them with our program's name, once.
 fn one_set(pid: u32) -> anyhow::Result<BTreeSet<u64>> {
     let held = held_links(pid)?;
     let listed = bpftool_links()?;
@@ -162,15 +163,17 @@ fn one_set(pid: u32) -> anyhow::Result<BTreeSet<u64>> {
     let want: BTreeSet<&str> = linkpilot_common::PROGRAM_NAMES
         .into_iter()
         .filter(|n| *n != linkpilot_common::PROG_TC_NOOP)
+        .chain([linkpilot_common::transport::PROG_SOCK_OPS])
         .collect();
     let kinds: Vec<&str> = held.values().map(String::as_str).collect();
     ensure!(
         held.len() == want.len() && names == want,
         "the daemon holds links {held:?}, bpftool names them {names:?}; want one of each of {want:?}"
     );
+    let count = |kind: &str| kinds.iter().filter(|k| **k == kind).count();
     ensure!(
-        kinds.iter().filter(|k| **k == "tcx").count() == 2,
-        "want 2 TCX links and the rest perf (tracepoints): {kinds:?}"
+        count("tcx") == 2 && count("cgroup") == 1,
+        "want 2 TCX links, 1 cgroup link (sock_ops) and the rest perf (tracepoints): {kinds:?}"
     );
     Ok(held.keys().copied().collect())
 }
