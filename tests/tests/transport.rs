@@ -173,11 +173,14 @@ fn first_flight(from: &Host, to: &Host, port: u16, pcap: &std::path::Path) -> (u
 
 #[test]
 fn the_peers_connections_follow_the_links_state_and_no_other_connection_changes() {
+    // A queue of 2 MiB (the default is 150 kB, under the 250 kB path BDP): the other host's
+    // connection starts in BBR, whose start-up overshoot would overflow the default queue, and
+    // the drops would move the link to "lossy" before the calm phase's checks.
     let toml = "name = \"t\"\n\
                 [[phase]]\nname = \"calm\"\nduration = \"25s\"\n[phase.link]\ndelay = \"10ms\"\n\
-                rate = \"100Mbit/s\"\n\
+                rate = \"100Mbit/s\"\nqueue = \"2MiB\"\n\
                 [[phase]]\nname = \"lossy\"\nduration = \"10min\"\n[phase.link]\ndelay = \"10ms\"\n\
-                rate = \"100Mbit/s\"\nloss = { model = \"bernoulli\", rate = \"3%\" }\n";
+                rate = \"100Mbit/s\"\nqueue = \"2MiB\"\nloss = { model = \"bernoulli\", rate = \"3%\" }\n";
     let scenario = Scenario::parse(toml, "<test>", None).expect("scenario");
     let cfg = LabConfig { name: "dtp".into(), hosts_per_site: 2, ..LabConfig::default() };
     let lab = Lab::start(cfg, scenario).expect("lab");
@@ -222,7 +225,9 @@ fn the_peers_connections_follow_the_links_state_and_no_other_connection_changes(
     let other_ns = wait_all(&hk2.netns, "dport = :5202", (false, 2), &default_cc, secs5);
     assert!(other_ns.len() >= 2 && other_ns.iter().all(|c| *c == default_cc), "{other_ns:?}");
     // The first flight of a new connection to the peer is the profile's initial window (20
-    // segments); from the other host, the kernel's (10).
+    // segments); from the other host, the kernel's (10). Still "healthy": "lossy" has none.
+    let st = status_json(&dir);
+    assert_eq!(st["links"][0]["state"], "healthy", "{st}");
     let (ours, mss) = first_flight(&hk, &us, 5301, &dir.join("iw-ours.pcap"));
     let (theirs, mss2) = first_flight(&hk2, &us, 5302, &dir.join("iw-theirs.pcap"));
     eprintln!("first flights: profiled {ours} bytes, default {theirs} bytes (MSS {mss})");
