@@ -385,28 +385,8 @@ pub fn congestion_controls(proc_sys: &std::path::Path) -> std::io::Result<Vec<St
 /// `net.ipv4.tcp_congestion_control` would. Distribution kernels ship BBR as a module that
 /// nothing loads until asked. Nothing else on the host changes.
 pub fn load_congestion_control(name: &str) -> std::io::Result<()> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    // SAFETY: socket(2) with constant arguments; the descriptor is owned (and closed) below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just returned by socket(2) and nothing else owns it.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: the option value is `name`'s bytes with their length; the kernel copies them.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            name.as_ptr().cast(),
-            libc::socklen_t::try_from(name.len()).map_err(std::io::Error::other)?,
-        )
-    };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    use socket2::{Domain, Socket, Type};
+    Socket::new(Domain::IPV4, Type::STREAM, None)?.set_tcp_congestion(name.as_bytes())
 }
 
 #[cfg(test)]
