@@ -341,6 +341,11 @@ pub struct FlowState {
     pub peer: u32,
     pub snd_cwnd: u32,
     pub _pad: u32,
+    /// Segments received CE-marked, counted by the TC ingress program (only for flows in the
+    /// table): with the jobs' sockets, which marks fall on a job's flows and which on others'.
+    pub ce_segs: u64,
+    /// Segments received with TCP ECE set (the peer echoing marks on what this host sent).
+    pub ece_segs: u64,
 }
 
 /// RTT samples of one (interface, peer), from the flows' smoothed RTTs.
@@ -552,12 +557,12 @@ const _: () = assert!(core::mem::size_of::<RoceCounters>() == 16 * 8);
 const _: () = assert!(core::mem::size_of::<QpKey>() == 28);
 const _: () = assert!(core::mem::size_of::<PeerStats>() == 2 * 72 + 2 * 128 + 32 + 8 + 32 + 64 * 8);
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 40);
-const _: () = assert!(core::mem::size_of::<FlowState>() == 48);
+const _: () = assert!(core::mem::size_of::<FlowState>() == 64);
 const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 16);
 const _: () = assert!(core::mem::size_of::<LocalAddr>() == 20);
 const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 24);
 const _: () = assert!(core::mem::size_of::<PeerCacheEntry>() == 24);
-const _: () = assert!(core::mem::size_of::<DatapathLosses>() == 5 * 8);
+const _: () = assert!(core::mem::size_of::<DatapathLosses>() == 6 * 8);
 
 #[cfg(feature = "user")]
 mod pod {

@@ -232,10 +232,13 @@ pub enum Loss {
     UnknownLinkType = 1,
     /// A map insert that failed (a full table).
     MapInsertFailed = 2,
+    /// A map remove of a present key that failed (the kernel could not take the bucket's
+    /// lock): a closed flow stays in the table until the LRU evicts it.
+    MapRemoveFailed = 3,
 }
 
 /// Number of [`Loss`] kinds.
-pub const LOSS_KINDS: usize = 3;
+pub const LOSS_KINDS: usize = 4;
 
 /// Why `parse` found no IP header in `p` (it returned `None`), if that loses an IP packet:
 /// ARP, LLDP and the like lose nothing.

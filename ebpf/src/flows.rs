@@ -1,9 +1,11 @@
 //! TCP connections opening and closing, from `sock:inet_sock_set_state`: counted per (interface,
 //! peer), and a closed connection leaves the flow table at once instead of waiting for the LRU.
+//! The ingress classifier adds each flow's received congestion marks ([`count_marks`]).
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
 use linkpilot_common::{
-    packet::Loss, sock_state_record as rec, tcp_state as st, FlowKey, FlowState,
+    packet::{Headers, Loss},
+    sock_state_record as rec, tcp_state as st, FlowKey, FlowState, AF_INET, AF_INET6,
 };
 
 use crate::{
@@ -16,6 +18,8 @@ use crate::{
 
 /// -EEXIST: the flow is there already (tcp_probe saw it first).
 const EEXIST: i32 = -17;
+/// -ENOENT: the flow is not there (evicted, or opened before the program was attached).
+const ENOENT: i32 = -2;
 
 const IPPROTO_TCP: u16 = 6;
 /// BPF_NOEXIST: never overwrite what tcp_probe already recorded.
@@ -108,11 +112,48 @@ fn try_state(ctx: &TracePointContext) -> Result<(), i64> {
                 Err(_) => lost(ctx, Loss::MapInsertFailed),
             }
         }
-        Event::Close | Event::FailedOpen => {
-            if FLOWS.remove(key).is_ok() {
-                flow_table(true);
-            }
-        }
+        Event::Close | Event::FailedOpen => match FLOWS.remove(key) {
+            Ok(()) => flow_table(true),
+            Err(ENOENT) => {}
+            Err(_) => lost(ctx, Loss::MapRemoveFailed),
+        },
     }
     Ok(())
+}
+
+/// Counts a received segment's CE mark or ECE flag on its flow, if the flow is in the table:
+/// which marks fall on whose flows (a job's or others'). Only marked segments pay the lookup.
+#[inline(always)]
+pub(crate) fn count_marks(h: &Headers, segs: u64) {
+    let ce = h.tos & 3 == 3;
+    let ece = h.tcp_flags & 0x40 != 0;
+    if !(ce || ece) {
+        return;
+    }
+    // Received: the packet's destination is this host's end of the flow.
+    let mut key = FlowKey {
+        family: if h.version == 4 { AF_INET } else { AF_INET6 },
+        local_port: h.dport,
+        remote_port: h.sport,
+        _pad: 0,
+        local: h.dst,
+        remote: h.src,
+    };
+    let mut f = FLOWS.get_ptr_mut(key);
+    if f.is_none() && h.version == 4 {
+        // A dual-stack (AF_INET6) socket speaking IPv4 is keyed by its family.
+        key.family = AF_INET6;
+        f = FLOWS.get_ptr_mut(key);
+    }
+    let Some(f) = f else { return };
+    // SAFETY: an LRU value. Plain adds (this target has no atomic read-modify-write in
+    // `core`): a flow's segments are received on one CPU at a time (its RX queue's, kept by
+    // RSS/RPS), so two CPUs adding to one flow at once is rare and loses one count.
+    let f = unsafe { &mut *f };
+    if ce {
+        f.ce_segs += segs;
+    }
+    if ece {
+        f.ece_segs += segs;
+    }
 }

@@ -50,6 +50,11 @@ pub(crate) fn lost<C: EbpfContext>(ctx: &C, kind: Loss) {
             ctx,
             "datapath loss: a map insert failed, the table is full (this CPU: {} so far)", total
         ),
+        Loss::MapRemoveFailed => warn!(
+            ctx,
+            "datapath loss: a closed flow's remove failed, it stays until evicted (this CPU: {} so far)",
+            total
+        ),
     }
 }
 

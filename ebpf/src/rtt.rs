@@ -146,7 +146,7 @@ fn try_probe(ctx: &TracePointContext) -> Result<(), i64> {
                 ifindex,
                 peer,
                 snd_cwnd: cwnd,
-                _pad: 0,
+                ..FlowState::default()
             };
             match FLOWS.insert(key, state, 0) {
                 Ok(()) => flow_table(false),

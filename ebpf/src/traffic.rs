@@ -196,6 +196,7 @@ enum Direction {
 static ROCE_QPS: LruHashMap<QpKey, u32> = LruHashMap::with_max_entries(MAX_ROCE_QPS, 0);
 
 const IPPROTO_UDP: u8 = 17;
+const IPPROTO_TCP: u8 = 6;
 
 #[classifier]
 pub fn lp_tc_ingress(ctx: TcContext) -> i32 {
@@ -258,6 +259,9 @@ fn count(ctx: &TcContext, dir: Direction) {
     // SAFETY: a per-CPU value, as above.
     let ps = unsafe { &mut *ps };
     count_peer(ps, dir, &h, segs, bytes);
+    if dir == Direction::Rx && h.proto == IPPROTO_TCP && h.l4 != 0 {
+        crate::flows::count_marks(&h, segs);
+    }
     if h.proto == IPPROTO_UDP && h.l4 != 0 && h.dport == ROCEV2_PORT {
         let roce = if dir == Direction::Rx { &mut ps.rx_roce } else { &mut ps.tx_roce };
         let qp = QpKey { ifindex, direction: dir as u32, dest_qp: 0, remote };

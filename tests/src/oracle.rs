@@ -197,16 +197,48 @@ pub struct KernelTrace {
 
 impl KernelTrace {
     pub fn start(name: &str, events: &[&str]) -> Self {
+        Self::start_sized(name, events, 8192)
+    }
+
+    /// [`KernelTrace::start`] with a buffer of `kib` KiB per CPU.
+    pub fn start_sized(name: &str, events: &[&str], kib: u64) -> Self {
         let dir = std::path::Path::new("/sys/kernel/tracing/instances").join(name);
         let _ = std::fs::remove_dir(&dir);
         std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
-        std::fs::write(dir.join("buffer_size_kb"), "8192").expect("buffer_size_kb");
+        std::fs::write(dir.join("buffer_size_kb"), kib.to_string()).expect("buffer_size_kb");
         for e in events {
             let enable = dir.join("events").join(e).join("enable");
             std::fs::write(&enable, "1")
                 .unwrap_or_else(|err| panic!("{}: {err}", enable.display()));
         }
         Self { dir, events: events.iter().map(|e| (*e).to_owned()).collect() }
+    }
+
+    /// How many events the buffer holds, from the per-CPU counters (no text to format). Panics
+    /// if the buffer lost any (overrun or dropped): the count would be short.
+    pub fn recorded(&self) -> u64 {
+        let mut total = 0;
+        let cpus = std::fs::read_dir(self.dir.join("per_cpu")).expect("the trace's per_cpu");
+        for cpu in cpus {
+            let path = cpu.expect("a per_cpu entry").path().join("stats");
+            let stats = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let field = |name: &str| -> u64 {
+                stats
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+                    .unwrap_or_else(|| panic!("no {name} in {}:\n{stats}", path.display()))
+            };
+            let lost = field("overrun:") + field("dropped events:");
+            assert_eq!(
+                lost,
+                0,
+                "the trace lost {lost} event(s) ({}): make it larger",
+                path.display()
+            );
+            total += field("entries:");
+        }
+        total
     }
 
     /// Every event recorded so far, one line each (the header's comment lines left out).

@@ -29,8 +29,10 @@ fn ipv4(total: usize, proto: u8) -> Vec<u8> {
     h
 }
 
-/// 1514-byte TCP/IPv4, 1086-byte RoCEv2 (UDP 4791, BTH RC SEND ONLY), 1514-byte TCP/IPv6, and a
-/// malformed 1514-byte IPv4 packet (header length 16 bytes): the slow path and a counted loss.
+/// 1514-byte TCP/IPv4, 1086-byte RoCEv2 (UDP 4791, BTH RC SEND ONLY), 1514-byte TCP/IPv6, a
+/// malformed 1514-byte IPv4 packet (header length 16 bytes): the slow path and a counted loss;
+/// and the TCP/IPv4 packet CE-marked: on ingress, the flow-table lookup every marked segment
+/// pays (a miss here: the bench opens no connection).
 pub fn fixtures() -> Vec<Fixture> {
     let tcp = |mut p: Vec<u8>, total: usize| {
         p.extend_from_slice(&[
@@ -51,11 +53,14 @@ pub fn fixtures() -> Vec<Fixture> {
     let tcp6 = tcp(ip6, 1514);
     let mut malformed = tcp4.clone();
     malformed[14] = 0x44;
+    let mut tcp4_ce = tcp4.clone();
+    tcp4_ce[15] |= 3;
     vec![
         Fixture { name: "tcp4", bytes: tcp4 },
         Fixture { name: "rocev2", bytes: roce },
         Fixture { name: "tcp6", bytes: tcp6 },
         Fixture { name: "malformed", bytes: malformed },
+        Fixture { name: "tcp4-ce", bytes: tcp4_ce },
     ]
 }
 

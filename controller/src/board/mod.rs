@@ -5,6 +5,7 @@
 
 pub mod drop_dir;
 pub mod feed;
+pub mod job_flows;
 pub mod job_reports;
 pub mod tuner_stats;
 

@@ -87,6 +87,7 @@ fn value(signal: &str, s: &Signals) -> Option<f64> {
         "rtt_p99" => s.rtt_p99_ms,
         "jitter" => s.rtt_p99_ms.map(|_| s.jitter_ms),
         "ce_fraction" => Some(s.ce_fraction),
+        "cross_ce_fraction" => Some(s.cross_ce_fraction),
         "retrans" => Some(s.retrans),
         "cnp_rate" => Some(s.cnp_per_s),
         "goodput_below" => s.active.then_some(s.goodput_fraction),

@@ -36,6 +36,10 @@ pub struct Signals {
     /// CE share of received packets, or ECE share of received segments (a sender sees the marks
     /// echoed), whichever is higher; EWMA.
     pub ce_fraction: f64,
+    /// The same, counting only the marks that were not on the flows of jobs reporting on this
+    /// host: congestion from others' traffic. Equal to `ce_fraction` when no job reports.
+    #[serde(default)]
+    pub cross_ce_fraction: f64,
     pub retrans: f64,
     pub cnp_per_s: f64,
     pub goodput_bps: f64,
@@ -123,6 +127,7 @@ pub struct Estimator {
     /// Shares are ratios of EWMAs (marked over all packets), so each packet weighs the same
     /// however the ticks slice them.
     ce_pps: Ewma,
+    cross_ce_pps: Ewma,
     rx_pps: Ewma,
     retrans_pps: Ewma,
     tx_pps: Ewma,
@@ -157,6 +162,7 @@ impl Estimator {
             srtt_seen: None,
             percentiles_seen: None,
             ce_pps: e(),
+            cross_ce_pps: e(),
             rx_pps: e(),
             retrans_pps: e(),
             tx_pps: e(),
@@ -207,6 +213,7 @@ impl Estimator {
         s.unanswered_ms =
             self.unanswered_since.map_or(0.0, |t| now.saturating_sub(t).as_secs_f64() * 1e3);
         s.ce_fraction = share(ce, rx);
+        s.cross_ce_fraction = share(self.cross_ce_pps.update(a.cross_ce_pps, dt), rx);
         s.retrans = share(re, tx);
         s.cnp_per_s = self.cnp.update(a.cnp_per_s, dt);
         s.goodput_bps = self.goodput.update(a.goodput_bps, dt);
@@ -276,6 +283,8 @@ pub struct Aggregate {
     pub rx_pps: f64,
     pub tx_pps: f64,
     pub ce_pps: f64,
+    /// Marks not on the reporting jobs' flows.
+    pub cross_ce_pps: f64,
     pub retrans_per_s: f64,
     pub cnp_per_s: f64,
     pub goodput_bps: f64,
@@ -301,6 +310,9 @@ impl Aggregate {
         self.tx_pps += p.tx_pps;
         // A receiver sees CE, a sender sees it echoed as ECE: either is congestion on the path.
         self.ce_pps += p.ce_fraction.max(p.ece_fraction) * p.rx_pps;
+        let cross =
+            (p.ce_fraction * (1.0 - p.job_ce_share)).max(p.ece_fraction * (1.0 - p.job_ece_share));
+        self.cross_ce_pps += cross * p.rx_pps;
         self.retrans_per_s += p.retrans_per_s;
         self.cnp_per_s += p.cnp_per_s;
         self.goodput_bps += p.goodput_bps;
@@ -419,6 +431,26 @@ mod tests {
         let s = e.update(&snap(10, 180.0, 0.1));
         assert!((s.ce_fraction - 0.1 * (1.0 - 0.5f64.powi(10))).abs() < 1e-12);
         assert_eq!(s.goodput_fraction, 0.5);
+    }
+
+    #[test]
+    fn cross_traffic_ce_leaves_out_the_jobs_own_marks() {
+        let mut e = Fed::new();
+        let mut own = snap(0, 180.0, 0.1);
+        own.peers[0].job_ce_share = 1.0;
+        let s = e.update(&own);
+        assert_eq!((s.ce_fraction, s.cross_ce_fraction), (0.1, 0.0));
+        // Half the CE marks on others' flows, and echoed marks (ECE) all on the job's.
+        let mut e = Fed::new();
+        let mut shared = snap(0, 180.0, 0.1);
+        (shared.peers[0].job_ce_share, shared.peers[0].ece_fraction) = (0.5, 0.2);
+        shared.peers[0].job_ece_share = 1.0;
+        let s = e.update(&shared);
+        assert!((s.ce_fraction - 0.2).abs() < 1e-12, "{}", s.ce_fraction);
+        assert!((s.cross_ce_fraction - 0.05).abs() < 1e-12, "{}", s.cross_ce_fraction);
+        // No job reports: the two are one.
+        let s = Fed::new().update(&snap(0, 180.0, 0.1));
+        assert_eq!(s.cross_ce_fraction, s.ce_fraction);
     }
 
     #[test]

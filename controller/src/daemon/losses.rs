@@ -1,6 +1,6 @@
 //! What the programs lost, as one counter per kind (`linkpilot_datapath_lost_total{kind}`).
 //! The programs count and warn about truncated headers, unknown link types and failed map
-//! inserts themselves (aya-log); evictions from the flow table they cannot see, so they count
+//! inserts and removes themselves (aya-log); evictions from the flow table they cannot see, so they count
 //! inserts and removes and the evictions are derived here, each time the table is read:
 //! inserts - removes - entries present. An evicted flow was live (closed ones leave at once).
 //! Runs of the tracepoint programs that the kernel skipped (another BPF program or a map
@@ -19,6 +19,7 @@ pub const KINDS: [&str; LOSS_KINDS + 2] = [
     "truncated_header",
     "unknown_link_type",
     "map_insert_failed",
+    "map_remove_failed",
     "flow_evicted",
     "program_skipped",
 ];
@@ -93,7 +94,7 @@ mod tests {
     fn counters_follow_the_totals_and_evictions_never_step_back() {
         let f = Family::default();
         let mut r = LossReport::default();
-        let mut l = DatapathLosses { by_kind: [2, 0, 1], flow_inserts: 10, flow_removes: 3 };
+        let mut l = DatapathLosses { by_kind: [2, 0, 1, 2], flow_inserts: 10, flow_removes: 3 };
         r.update(&l, Some(7), 0, &f);
         assert_eq!((value(&f, "truncated_header"), value(&f, "flow_evicted")), (2, 0));
         l.by_kind[0] = 5;
@@ -104,6 +105,7 @@ mod tests {
         r.update(&l, Some(14), 0, &f);
         r.update(&l, None, 3, &f);
         assert_eq!((value(&f, "flow_evicted"), value(&f, "map_insert_failed")), (5, 1));
+        assert_eq!(value(&f, "map_remove_failed"), 2);
         // Skipped runs are the kernel's running total: only what is new is added.
         r.update(&l, None, 3, &f);
         r.update(&l, None, 4, &f);

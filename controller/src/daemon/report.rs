@@ -10,7 +10,7 @@ use super::{
     Daemon,
 };
 use crate::{
-    board::{job_reports, tuner_stats},
+    board::{job_flows, job_reports, tuner_stats},
     sense::sensors::{JobProgress, Snapshot},
 };
 
@@ -104,6 +104,8 @@ impl Daemon {
                     rx_bps: p.rx_bps,
                     tx_bps: p.tx_bps,
                     ce_fraction: p.ce_fraction,
+                    job_ce_share: p.job_ce_share,
+                    job_ece_share: p.job_ece_share,
                     retrans_per_s: p.retrans_per_s,
                     flows: p.flows,
                 })
@@ -138,6 +140,11 @@ impl Daemon {
         let reports = job_reports::scan(&self.o.job_reports, !self.o.dry_run, |file, why| {
             malformed.push((why, file.to_owned()));
         });
+        // Their owners' connections, so that the marks their own bursts get are told from
+        // others'.
+        let names: Vec<String> = reports.iter().map(|(n, _)| n.clone()).collect();
+        let owners = job_flows::report_owners(&self.o.job_reports, &names);
+        self.sensors.set_job_flows(job_flows::job_flows(&owners));
         let links = &self.core.policy().links;
         let link_bps = |name: Option<&str>| {
             let l = match name {

@@ -125,6 +125,11 @@ pub struct PeerStatus {
     pub rx_bps: f64,
     pub tx_bps: f64,
     pub ce_fraction: f64,
+    /// Share of the CE and ECE marks received that were on reporting jobs' flows.
+    #[serde(default)]
+    pub job_ce_share: f64,
+    #[serde(default)]
+    pub job_ece_share: f64,
     pub retrans_per_s: f64,
     pub flows: usize,
 }
@@ -357,12 +362,12 @@ pub fn render(s: &Status) -> String {
     out += &render_tuner(&s.nccl_tuner);
     out += &jobs::render(&s.jobs, &s.job_reports_refused);
     out += &format!(
-        "\n{:<12} {:<12} {:>9} {:>9} {:>11} {:>11} {:>7} {:>8} {:>6}\n",
-        "INTERFACE", "PEER", "SRTT", "P99", "RX", "TX", "CE", "RETX/s", "FLOWS"
+        "\n{:<12} {:<12} {:>9} {:>9} {:>11} {:>11} {:>7} {:>8} {:>8} {:>6}\n",
+        "INTERFACE", "PEER", "SRTT", "P99", "RX", "TX", "CE", "JOB-CE", "RETX/s", "FLOWS"
     );
     for p in &s.peers {
         out += &format!(
-            "{:<12} {:<12} {:>9} {:>9} {:>6.1}Mb/s {:>6.1}Mb/s {:>6.2}% {:>8.1} {:>6}\n",
+            "{:<12} {:<12} {:>9} {:>9} {:>6.1}Mb/s {:>6.1}Mb/s {:>6.2}% {:>7.0}% {:>8.1} {:>6}\n",
             p.interface,
             p.peer,
             ms(p.srtt_ms),
@@ -370,6 +375,7 @@ pub fn render(s: &Status) -> String {
             p.rx_bps / 1e6,
             p.tx_bps / 1e6,
             p.ce_fraction * 100.0,
+            p.job_ce_share.max(p.job_ece_share) * 100.0,
             p.retrans_per_s,
             p.flows
         );

@@ -3,14 +3,14 @@
 //! and flows that come and go are tested without a kernel.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     time::Duration,
 };
 
 use linkpilot_common::{FlowKey, FlowState, PeerStats};
 use serde::{Deserialize, Serialize};
 
-use crate::{rdma::RdmaPort, sense::rtt_window::RttWindow};
+use crate::{board::job_flows::JobMarks, rdma::RdmaPort, sense::rtt_window::RttWindow};
 
 /// One (interface, peer) row of a reading.
 #[derive(Clone, Debug, Default)]
@@ -88,6 +88,25 @@ pub struct PeerSnapshot {
     pub opens_per_s: f64,
     pub closes_per_s: f64,
     pub failed_opens_per_s: f64,
+    /// Of the CE-marked packets and the ECE segments received, the shares that were on the
+    /// flows of jobs reporting on this host (their own bursts' marks), as of the last
+    /// flow-table reading.
+    pub job_ce_share: f64,
+    pub job_ece_share: f64,
+    /// Marks counted at flow-table readings, each over the interval since the previous one
+    /// (0 on ticks without a reading): CE-marked packets and ECE segments received, and how many
+    /// of them were on the jobs' flows.
+    pub marks: MarkCounts,
+}
+
+/// CE-marked packets and ECE segments received, all and on the jobs' flows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MarkCounts {
+    pub ce: u64,
+    pub ece: u64,
+    pub job_ce: u64,
+    pub job_ece: u64,
 }
 
 /// What the RDMA NIC behind a link counted over the last tick: RoCE traffic the NIC offloads
@@ -151,6 +170,11 @@ struct PeerState {
     rtt: RttWindow,
     /// Flows with a fresh sample at the last flow-table reading.
     flows: usize,
+    /// (CE, ECE) received since the last flow-table reading, and the jobs' shares at it.
+    marks_since: (u64, u64),
+    job_share: (f64, f64),
+    /// Job marks seen on flows before their peer's counters had them.
+    job_carry: (u64, u64),
 }
 
 /// Turns readings into snapshots.
@@ -163,6 +187,9 @@ pub struct Sensors {
     last_kernel_ns: u64,
     /// NIC counters at the previous tick, by (link, device, port, counter).
     nic_prev: HashMap<(String, String, u32, String), u64>,
+    /// The reporting jobs' flows, as last found ([`Self::set_job_flows`]), and their marks.
+    job_flows: HashSet<FlowKey>,
+    job_marks: JobMarks,
 }
 
 /// Counter delta that survives a reset (a reading below the previous one counts from zero).
@@ -183,7 +210,20 @@ impl Sensors {
             peers: HashMap::new(),
             last_kernel_ns: 0,
             nic_prev: HashMap::new(),
+            job_flows: HashSet::new(),
+            job_marks: JobMarks::default(),
         }
+    }
+
+    /// The reporting jobs' TCP flows from now on: their marks are told from the others'.
+    pub fn set_job_flows(&mut self, flows: HashSet<FlowKey>) {
+        if flows.is_empty() {
+            // No job: no share of the marks is a job's, whatever the last one was.
+            for p in self.peers.values_mut() {
+                (p.job_share, p.job_carry) = ((0.0, 0.0), (0, 0));
+            }
+        }
+        self.job_flows = flows;
     }
 
     /// One tick at time `now` (monotonic, since start).
@@ -204,6 +244,13 @@ impl Sensors {
             }
             self.last_kernel_ns = r.kernel_ns;
         }
+        let mut job_marks = if r.flows_skipped {
+            HashMap::new()
+        } else {
+            let rows =
+                r.flows.iter().map(|(k, f)| (k, (f.ifindex, f.peer), (f.ce_segs, f.ece_segs)));
+            self.job_marks.added(&self.job_flows, rows)
+        };
 
         let mut out = Vec::with_capacity(r.peers.len());
         for PeerReading { link, ifindex, peer, id, stats } in &r.peers {
@@ -212,6 +259,9 @@ impl Sensors {
                 prev: None,
                 rtt: RttWindow::new(window),
                 flows: 0,
+                marks_since: (0, 0),
+                job_share: (0.0, 0.0),
+                job_carry: (0, 0),
             });
             let prev = state.prev.unwrap_or(*stats);
             let d = |f: fn(&PeerStats) -> u64| delta(f(&prev), f(stats));
@@ -219,6 +269,36 @@ impl Sensors {
             let ce = d(|s| s.rx.ecn[3]);
             let tx_pkts = d(|s| s.tx.packets);
             let retrans = d(|s| s.retrans_segs);
+            state.marks_since.0 += ce;
+            state.marks_since.1 += d(|s| s.rx.tcp_ece);
+            let mut marks = MarkCounts::default();
+            if !r.flows_skipped {
+                let (job_ce, job_ece) = job_marks.remove(&(*ifindex, *id)).unwrap_or_default();
+                let (ce, ece) = std::mem::take(&mut state.marks_since);
+                // The flow table is read just after the counters: a mark in between is already
+                // on its flow but not yet on its peer. What runs ahead is carried to the next
+                // reading, where the peer has it, so over readings the two agree exactly.
+                // Only this reading's marks may wait for the next: an older remainder (marks
+                // a peer's counters never had: a flow's row changed) is dropped, not held
+                // against later marks.
+                let credit = |raw: u64, carry: &mut u64, all: u64| {
+                    let owed = raw.saturating_add(*carry);
+                    let now = owed.min(all);
+                    *carry = (owed - now).min(raw);
+                    now
+                };
+                let job_ce = credit(job_ce, &mut state.job_carry.0, ce);
+                let job_ece = credit(job_ece, &mut state.job_carry.1, ece);
+                marks = MarkCounts { ce, ece, job_ce, job_ece };
+                // A reading without marks says nothing of whose they are: the last share holds
+                // (it also stands for the ticks until the next reading).
+                if ce > 0 {
+                    state.job_share.0 = job_ce as f64 / ce as f64;
+                }
+                if ece > 0 {
+                    state.job_share.1 = job_ece as f64 / ece as f64;
+                }
+            }
             let samples = fresh.remove(&(*ifindex, *id)).unwrap_or_default();
             if !r.flows_skipped {
                 state.flows = samples.len();
@@ -259,6 +339,9 @@ impl Sensors {
                 opens_per_s: per_s(d(|s| s.flows.active_opens) + d(|s| s.flows.passive_opens)),
                 closes_per_s: per_s(d(|s| s.flows.closes)),
                 failed_opens_per_s: per_s(d(|s| s.flows.failed_opens)),
+                job_ce_share: state.job_share.0,
+                job_ece_share: state.job_share.1,
+                marks,
             });
             state.prev = Some(*stats);
         }
@@ -369,6 +452,43 @@ mod tests {
         assert_eq!(p.ce_fraction, 0.1);
         assert_eq!(p.retrans_fraction, 0.01);
         assert_eq!(p.goodput_bps, 2000.0 * 1000.0 * 8.0 * 0.99);
+    }
+
+    #[test]
+    fn marks_on_job_flows_are_told_from_others_and_agree_over_readings() {
+        let mut s = Sensors::new(Duration::from_secs(10));
+        let (job, other) = (flow(1, 0, 0), flow(2, 0, 0));
+        s.set_job_flows([job.0].into());
+        let with = |job_ce: u64, other_ce: u64| {
+            let (mut j, mut o) = (job, other);
+            (j.1.ce_segs, o.1.ce_segs) = (job_ce, other_ce);
+            vec![j, o]
+        };
+        s.tick(Duration::ZERO, &readings(stats(0, 0, 0, 0, 0), with(0, 0)));
+        // 30 marks by the counters, 20 on the job's flow and 10 on the other.
+        let snap = s.tick(S, &readings(stats(1000, 900, 30, 0, 0), with(20, 10)));
+        let p = &snap.peers[0];
+        assert_eq!((p.marks.ce, p.marks.job_ce), (30, 20));
+        assert!((p.job_ce_share - 2.0 / 3.0).abs() < 1e-12, "{}", p.job_ce_share);
+        // Read after the counters: 5 more marks are on the job's flow but not yet counted for
+        // the peer. Credited at the next reading, where the counters have them.
+        let snap = s.tick(2 * S, &readings(stats(2000, 1800, 40, 0, 0), with(35, 10)));
+        assert_eq!((snap.peers[0].marks.ce, snap.peers[0].marks.job_ce), (10, 10));
+        let snap = s.tick(3 * S, &readings(stats(3000, 2700, 45, 0, 0), with(35, 10)));
+        assert_eq!((snap.peers[0].marks.ce, snap.peers[0].marks.job_ce), (5, 5));
+        // No marks, no reading of whose they are: the share holds, also between readings.
+        let snap = s.tick(4 * S, &readings(stats(4000, 3600, 45, 0, 0), with(35, 10)));
+        assert_eq!(snap.peers[0].job_ce_share, 1.0);
+        let skipped =
+            Readings { flows_skipped: true, ..readings(stats(5000, 4500, 60, 0, 0), vec![]) };
+        let snap = s.tick(5 * S, &skipped);
+        assert_eq!((snap.peers[0].marks, snap.peers[0].job_ce_share), (MarkCounts::default(), 1.0));
+        let snap = s.tick(6 * S, &readings(stats(6000, 5400, 60, 0, 0), with(50, 10)));
+        assert_eq!((snap.peers[0].marks.ce, snap.peers[0].marks.job_ce), (15, 15));
+        // The job is gone: every mark is someone else's.
+        s.set_job_flows(HashSet::new());
+        let snap = s.tick(7 * S, &readings(stats(7000, 6300, 70, 0, 0), with(60, 10)));
+        assert_eq!((snap.peers[0].marks.job_ce, snap.peers[0].job_ce_share), (0, 0.0));
     }
 
     #[test]

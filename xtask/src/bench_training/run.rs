@@ -260,6 +260,8 @@ fn start_daemon(
         .args(["--sysctl-state", &p("sysctl-originals.json"), "--lock", &p("lock")])
         .args(["--roce-tc-state", &p("roce-tc-originals.json")])
         .args(["--decision-log", &p("decisions.jsonl"), "--status-socket", &p("status.sock")])
+        // The snapshots it decided from, for `linkpilot replay`.
+        .args(["--record", &p("trace.jsonl")])
         .args(["--metrics-addr", "off", "--tuner-stats", &p("tuner")])
         .args(["--job-reports", &p("jobs")])
         .env("RUST_LOG", "info")
@@ -317,6 +319,8 @@ fn start_rank(
         .args(c.rank_args(&dir.join(format!("{tag}-knobs")), &dir.join(format!("{tag}-nccl.env"))))
         .env("PYTHONUNBUFFERED", "1")
         .env("OMP_NUM_THREADS", "1")
+        // Its job report goes to its host's daemon, as on a cluster (none without a daemon).
+        .env("LINKPILOT_JOBS", dir.join(format!("{tag}-jobs")))
         .stdout(Stdio::piped())
         .stderr(fs::File::create(dir.join(format!("rank{rank}.log")))?);
     let mut child = cmd.spawn().context("starting a training rank")?;

@@ -364,6 +364,9 @@ pub struct Thresholds {
     /// RTT p99 minus p50 over the window.
     pub jitter: Option<Nanos>,
     pub ce_fraction: Option<Fraction>,
+    /// `ce_fraction` without the marks on the flows of jobs reporting on this host: their own
+    /// bursts' queue does not count.
+    pub cross_ce_fraction: Option<Fraction>,
     /// Retransmitted segments per segment sent.
     pub retrans: Option<Fraction>,
     /// RoCE CNPs per second (TC-seen and NIC-handled).

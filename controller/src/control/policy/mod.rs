@@ -352,11 +352,12 @@ impl Errors<'_> {
 }
 
 /// The signals a threshold can name, with how to compare them: `true` if higher is worse.
-const SIGNALS: [(&str, bool); 8] = [
+const SIGNALS: [(&str, bool); 9] = [
     ("rtt_inflation", true),
     ("rtt_p99", true),
     ("jitter", true),
     ("ce_fraction", true),
+    ("cross_ce_fraction", true),
     ("retrans", true),
     ("cnp_rate", true),
     ("goodput_below", false),
@@ -372,6 +373,7 @@ impl Thresholds {
             ("rtt_p99", self.rtt_p99.map(|x| x.0 as f64 / 1e6)),
             ("jitter", self.jitter.map(|x| x.0 as f64 / 1e6)),
             ("ce_fraction", self.ce_fraction.map(|x| x.0)),
+            ("cross_ce_fraction", self.cross_ce_fraction.map(|x| x.0)),
             ("retrans", self.retrans.map(|x| x.0)),
             ("cnp_rate", self.cnp_rate.map(|x| x.0)),
             ("goodput_below", self.goodput_below.map(|x| x.0)),
@@ -395,6 +397,9 @@ impl Thresholds {
         }
         if let Some(x) = self.ce_fraction {
             v.push(("ce_fraction", x.0, x.to_string()));
+        }
+        if let Some(x) = self.cross_ce_fraction {
+            v.push(("cross_ce_fraction", x.0, x.to_string()));
         }
         if let Some(x) = self.retrans {
             v.push(("retrans", x.0, x.to_string()));

@@ -71,6 +71,7 @@ pub struct Metrics {
     peer_rtt: Family<Labels, F64>,
     peer_bits: Family<Labels, F64>,
     peer_f64: Vec<(&'static str, Family<Labels, F64>)>,
+    peer_marks: Family<Labels, Counter>,
     nic: Vec<(&'static str, Family<Labels, F64>)>,
     pub ticks: Counter,
     pub tick_duration: Histogram,
@@ -127,6 +128,11 @@ impl Metrics {
             ("link_jitter_seconds", "RTT p99 - p50"),
             ("link_rtt_inflation_ratio", "RTT EWMA over baseline, minus one"),
             ("link_ce_fraction", "CE (or echoed ECE) share of packets, EWMA"),
+            (
+                "link_cross_ce_fraction",
+                "CE (or echoed ECE) share of packets, EWMA, without the marks on the reporting \
+                 jobs' flows",
+            ),
             ("link_retrans_fraction", "Retransmitted share of segments sent, EWMA"),
             ("link_cnp_per_second", "RoCE congestion notifications per second"),
             ("link_goodput_bytes_per_second", "Goodput EWMA"),
@@ -175,6 +181,12 @@ impl Metrics {
         ]
         .map(|(n, h)| (n, family(r, n, h)))
         .to_vec();
+        let peer_marks = family(
+            r,
+            "peer_marks",
+            "Congestion marks received: CE-marked packets (mark=ce) and ECE segments (mark=ece), \
+             on the flows of jobs reporting on this host (flows=job) or on others' (flows=other)",
+        );
         let nic = [
             ("nic_cnp_handled_per_second", "CNPs the RDMA NIC reacted to"),
             ("nic_cnp_sent_per_second", "CNPs the RDMA NIC sent"),
@@ -228,7 +240,7 @@ impl Metrics {
             r,
             "datapath_lost",
             "Packets or flows the eBPF programs could not count, by kind: truncated_header, \
-             unknown_link_type, map_insert_failed, flow_evicted (from the full flow table), \
+             unknown_link_type, map_insert_failed, map_remove_failed (a closed flow left in the table), flow_evicted (from the full flow table), \
              program_skipped (tracepoint runs the kernel skipped: events not seen)",
         );
         for k in crate::daemon::losses::KINDS {
@@ -305,6 +317,7 @@ impl Metrics {
             peer_rtt,
             peer_bits,
             peer_f64,
+            peer_marks,
             nic,
             ticks,
             tick_duration,
@@ -386,6 +399,7 @@ impl Metrics {
             ("link_jitter_seconds", s.jitter_ms / 1e3),
             ("link_rtt_inflation_ratio", s.rtt_inflation),
             ("link_ce_fraction", s.ce_fraction),
+            ("link_cross_ce_fraction", s.cross_ce_fraction),
             ("link_retrans_fraction", s.retrans),
             ("link_cnp_per_second", s.cnp_per_s),
             ("link_goodput_bytes_per_second", s.goodput_bps / 8.0),
@@ -477,6 +491,17 @@ impl Metrics {
             ] {
                 Self::set(&self.peer_f64, name, &l, v);
             }
+            let m = &p.marks;
+            for (mark, flows, n) in [
+                ("ce", "job", m.job_ce),
+                ("ce", "other", m.ce.saturating_sub(m.job_ce)),
+                ("ece", "job", m.job_ece),
+                ("ece", "other", m.ece.saturating_sub(m.job_ece)),
+            ] {
+                let mut ls = l.clone();
+                ls.extend(labels(&[("mark", mark), ("flows", flows)]));
+                self.peer_marks.get_or_create(&ls).inc_by(n);
+            }
         }
         for n in &snap.links {
             let l = labels(&[("interface", &n.link)]);
@@ -527,6 +552,13 @@ impl Metrics {
                 DIRECTIONS.iter().for_each(|d| _ = self.peer_bits.remove(&at("direction", d)));
                 let l = labels(&[("interface", iface), ("peer", peer)]);
                 self.peer_f64.iter().for_each(|(_, f)| _ = f.remove(&l));
+                for mark in ["ce", "ece"] {
+                    for flows in ["job", "other"] {
+                        let mut ls = l.clone();
+                        ls.extend(labels(&[("mark", mark), ("flows", flows)]));
+                        self.peer_marks.remove(&ls);
+                    }
+                }
             }
         }
         shown.links.retain(|l| links.contains(l));
