@@ -106,7 +106,8 @@ def init_process_group(
     if ``required``, else logs a warning; a
     garbage file always raises :class:`EnvFileError`. When ``LINKPILOT_COLLECTIVE_TIMEOUT_S`` is set, the group's
     timeout is at least that many seconds: it is the timeout when none is given, and a given
-    one is raised to it, never lowered.
+    one is raised to it, never lowered. Once the group is up, the process's job report starts
+    (:meth:`linkpilot.jobreport.JobReport.at_init`), where the daemon's directory exists.
     """
     try:
         load_env_file(env_file, override=override)
@@ -125,6 +126,12 @@ def init_process_group(
     import torch.distributed  # lazily: the module is useful without torch
 
     torch.distributed.init_process_group(*args, **kwargs)
+    # The job's connections exist from here on: report the process now, so the daemon counts
+    # them as the job's before the hook's first step (the model broadcast, the first buckets).
+    from linkpilot.jobreport import JobReport
+
+    JobReport.at_init(rank=torch.distributed.get_rank(),
+                      world=torch.distributed.get_world_size())
 
 
 def _timeout_floor() -> datetime.timedelta | None:

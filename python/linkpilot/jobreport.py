@@ -12,7 +12,11 @@ Counters are totals since the process started (steps, step seconds, compute seco
 communication wait, wire bytes, failed collectives), so the daemon's rates do not depend on
 when it reads. :class:`linkpilot.ddp.LinkpilotHook` and :class:`linkpilot.outer.OuterSync`
 publish through :meth:`JobReport.auto` when the directory exists; a training loop may add its
-loss with :meth:`JobReport.set_loss`. Standard library only.
+loss with :meth:`JobReport.set_loss`. :func:`linkpilot.init_process_group` starts the process's
+report (kind "init", no steps yet) as soon as its process group is up, so the daemon knows the
+job's connections from the start (the model broadcast, the first steps) and not only from the
+hook's first step; the first hook or synchronizer then takes that report over. Standard
+library only.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ VERSION = 1
 #: Rewrites at most this often (the daemon reads once a second); the last one on close.
 _MIN_INTERVAL_S = 0.25
 _NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+#: The report :meth:`JobReport.at_init` started and no hook has taken over yet.
+_unclaimed: JobReport | None = None
 
 
 def job_name() -> str:
@@ -49,6 +55,13 @@ def job_name() -> str:
         if value:
             return re.sub(r"[^A-Za-z0-9_.:-]", "_", value)[:64]
     return "default"
+
+
+def _check(*, rank: int, world: int, link: str | None) -> None:
+    if link is not None and not _NAME.fullmatch(link):
+        raise ValueError(f"link name {link!r}: 1-64 of [A-Za-z0-9_.:-]")
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} must be in [0, world {world})")
 
 
 @dataclass
@@ -62,7 +75,8 @@ class _Totals:
 
 
 class JobReport:
-    """One process's report file. ``kind``: what publishes it ("ddp", "outer"); ``link``: the
+    """One process's report file. ``kind``: what publishes it ("ddp", "outer", or "init" until
+    a hook takes it over); ``link``: the
     policy link the job's cross-site traffic takes (None: the daemon's first link)."""
 
     def __init__(self, directory: str, *, rank: int, world: int, kind: str,
@@ -70,10 +84,7 @@ class JobReport:
         self.job = job if job is not None else job_name()
         if not _NAME.fullmatch(self.job):
             raise ValueError(f"job name {self.job!r}: 1-64 of [A-Za-z0-9_.:-]")
-        if link is not None and not _NAME.fullmatch(link):
-            raise ValueError(f"link name {link!r}: 1-64 of [A-Za-z0-9_.:-]")
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} must be in [0, world {world})")
+        _check(rank=rank, world=world, link=link)
         self.rank, self.world, self.kind, self.link = rank, world, kind, link
         self.path = os.path.join(directory, f"{os.getpid()}-{secrets.token_hex(8)}")
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -91,7 +102,33 @@ class JobReport:
     def auto(*, rank: int, world: int, kind: str,
              link: str | None = None) -> JobReport | None:
         """A report in ``LINKPILOT_JOBS`` (default :data:`DEFAULT_DIR`) when that directory
-        exists and takes files; None otherwise (said once in the log, not an error)."""
+        exists and takes files; None otherwise (said once in the log, not an error). The
+        report :meth:`at_init` started is taken over (once) instead of a new file."""
+        global _unclaimed
+        started, _unclaimed = _unclaimed, None
+        if started is not None and started._fd is not None:
+            try:
+                _check(rank=rank, world=world, link=link)
+            except ValueError as e:
+                log.warning("no job report: %s", e)
+                started.close()
+                return None
+            started.rank, started.world, started.kind, started.link = rank, world, kind, link
+            started.publish(force=True)
+            return started
+        return JobReport._create(rank=rank, world=world, kind=kind, link=link)
+
+    @staticmethod
+    def at_init(*, rank: int, world: int) -> JobReport | None:
+        """The process's report as its process group comes up (kind "init"), for the next
+        :meth:`auto` to take over; None where :meth:`auto` would give none."""
+        global _unclaimed
+        if _unclaimed is None:
+            _unclaimed = JobReport._create(rank=rank, world=world, kind="init", link=None)
+        return _unclaimed
+
+    @staticmethod
+    def _create(*, rank: int, world: int, kind: str, link: str | None) -> JobReport | None:
         directory = os.environ.get("LINKPILOT_JOBS", DEFAULT_DIR)
         if not os.path.isdir(directory):
             return None

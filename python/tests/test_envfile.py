@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import os
 import socket
@@ -97,9 +98,13 @@ def test_default_path_from_the_environment(daemon_env_file: Path) -> None:
 
 
 @pytest.fixture
-def clean_environ() -> Iterator[None]:
-    """Restores os.environ, which init_process_group changes on purpose."""
+def clean_environ(tmp_path: Path) -> Iterator[None]:
+    """Restores os.environ, which init_process_group changes on purpose; no job report unless
+    a test makes the directory."""
+    from linkpilot import jobreport
+
     saved = dict(os.environ)
+    os.environ["LINKPILOT_JOBS"] = str(tmp_path / "no-jobs")
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -109,6 +114,9 @@ def clean_environ() -> Iterator[None]:
     yield
     os.environ.clear()
     os.environ.update(saved)
+    if jobreport._unclaimed is not None:
+        jobreport._unclaimed.close()
+        jobreport._unclaimed = None
 
 
 def group_timeout() -> datetime.timedelta:
@@ -164,3 +172,26 @@ def test_a_garbage_file_stops_init(clean_environ: None, tmp_path: Path) -> None:
     import torch.distributed as dist
 
     assert "NCCL_IB_TIMEOUT" not in os.environ and not dist.is_initialized()
+
+
+def test_the_job_report_starts_with_the_group_and_the_hook_takes_it_over(
+    clean_environ: None, daemon_env_file: Path, tmp_path: Path
+) -> None:
+    from linkpilot import jobreport
+
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    os.environ["LINKPILOT_JOBS"] = str(jobs)
+    init_process_group("gloo", rank=0, world_size=1, env_file=daemon_env_file)
+    group_timeout()  # destroys the group: the report outlives it, as in a job
+    (path,) = jobs.iterdir()
+    doc = json.loads(path.read_bytes())
+    assert (doc["kind"], doc["rank"], doc["world"], doc["steps"]) == ("init", 0, 1, 0)
+    hook = jobreport.JobReport.auto(rank=0, world=1, kind="ddp", link="wan")
+    assert hook is not None and hook.path == str(path)
+    assert (json.loads(path.read_bytes())["kind"], hook.link) == ("ddp", "wan")
+    other = jobreport.JobReport.auto(rank=0, world=1, kind="outer")  # taken over once only
+    assert other is not None and other.path != hook.path
+    hook.close()
+    other.close()
+    assert list(jobs.iterdir()) == []

@@ -66,6 +66,20 @@ def test_bad_names_are_refused_and_a_missing_directory_means_no_report(
     assert job_name() == "run_42_x"
 
 
+def test_a_takeover_with_a_bad_rank_ends_the_started_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("LINKPILOT_JOBS", str(tmp_path))
+    monkeypatch.setattr(jobreport, "_unclaimed", None)
+    started = JobReport.at_init(rank=1, world=2)
+    assert started is not None and read(started.path)["kind"] == "init"
+    assert JobReport.at_init(rank=1, world=2) is started  # one per process
+    assert JobReport.auto(rank=2, world=2, kind="ddp") is None
+    assert "rank 2 must be in [0, world 2)" in caplog.text
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("LINKPILOT_JOBS", str(tmp_path / "absent"))
+    assert JobReport.at_init(rank=0, world=1) is None
+
+
 def test_the_clock_counts_the_wait_after_the_last_hand_over() -> None:
     c = StepClock()
     assert c.begin() is None

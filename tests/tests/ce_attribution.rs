@@ -1,9 +1,11 @@
-//! Whose queue: the daemon splits the CE marks it receives into those on the flows of a job
-//! that reports on its host and those on everyone else's, and the split is judged against
-//! tshark's per-flow CE count of the same packets, without and with iperf3 as cross traffic.
+//! Whose queue: the daemon splits the congestion marks it receives into those on the flows of
+//! a job that reports on its host and those on everyone else's, and the split is judged against
+//! tshark's per-flow count of the same packets, without and with iperf3 as cross traffic: CE on
+//! the data a receiving job gets, and ECE on what comes back to a sending job.
 
 use std::{
     io::Write,
+    path::{Path, PathBuf},
     process::{Child, ChildStdin, Stdio},
     sync::mpsc,
     thread,
@@ -39,13 +41,14 @@ dscp = 0
 roce_traffic_class = 106
 "#;
 
-/// The job: a process that publishes a job report (the Python package's writer, as a training
-/// rank does) and receives one TCP connection on JOB_PORT until it closes. It runs as `nobody`:
-/// the daemon takes a report owner's connections as the job's, and iperf3 runs as root.
-const JOB: &str = r#"
+/// The receiving end: accepts one TCP connection on argv[1]:argv[2] and reads it until it
+/// closes. With `LINKPILOT_JOBS` set it is the job: it publishes a job report first (the Python
+/// package's writer, as a training rank does).
+const RECEIVER: &str = r#"
 import os, socket, sys
-from linkpilot.jobreport import JobReport
-report = JobReport(os.environ["LINKPILOT_JOBS"], rank=0, world=1, kind="ddp", job="ce-job")
+if "LINKPILOT_JOBS" in os.environ:
+    from linkpilot.jobreport import JobReport
+    report = JobReport(os.environ["LINKPILOT_JOBS"], rank=0, world=1, kind="ddp", job="ce-job")
 listener = socket.create_server((sys.argv[1], int(sys.argv[2])))
 print("listening", flush=True)
 conn, _ = listener.accept()
@@ -53,10 +56,14 @@ while conn.recv(1 << 20):
     pass
 "#;
 
-/// The job's far end: connects, then sends for as many seconds as each line of stdin says,
-/// keeping the connection open between bursts (a closed flow leaves the flow table).
+/// The sending end: connects, then sends for as many seconds as each line of stdin says,
+/// keeping the connection open between bursts (a closed flow leaves the flow table). The job
+/// too with `LINKPILOT_JOBS` set.
 const SENDER: &str = r#"
-import socket, sys, time
+import os, socket, sys, time
+if "LINKPILOT_JOBS" in os.environ:
+    from linkpilot.jobreport import JobReport
+    report = JobReport(os.environ["LINKPILOT_JOBS"], rank=0, world=1, kind="ddp", job="ce-job")
 s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
 print("connected", flush=True)
 buf = bytes(1 << 16)
@@ -67,6 +74,29 @@ for line in sys.stdin:
     print("sent", flush=True)
 "#;
 
+/// `script` on `host` with `to`'s address and JOB_PORT as arguments; as the job when `jobs` is
+/// its report directory: the daemon takes a report owner's connections as the job's, so the job
+/// runs as `nobody` and everything else (iperf3, the other end) as root.
+fn python(host: &Host, script: &str, to: &Host, jobs: Option<&Path>) -> Child {
+    let mut cmd = match jobs {
+        Some(jobs) => {
+            let mut c = host.command("setpriv");
+            c.args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+                .arg(linkpilot_tests::python())
+                .current_dir("/")
+                .env("LINKPILOT_JOBS", jobs);
+            c
+        }
+        None => host.command(&linkpilot_tests::python().display().to_string()),
+    };
+    cmd.args(["-c", script, &to.ipv4.to_string(), &JOB_PORT.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3")
+}
+
 struct Sender {
     child: Child,
     stdin: ChildStdin,
@@ -74,15 +104,8 @@ struct Sender {
 }
 
 impl Sender {
-    fn start(hk: &Host, us: &Host) -> Self {
-        let mut child = hk
-            .command(&linkpilot_tests::python().display().to_string())
-            .args(["-c", SENDER, &us.ipv4.to_string(), &JOB_PORT.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("sender");
+    fn start(from: &Host, to: &Host, jobs: Option<&Path>) -> Self {
+        let mut child = python(from, SENDER, to, jobs);
         let stdin = child.stdin.take().expect("stdin");
         let lines = lines_of(&mut child);
         let mut s = Self { child, stdin, lines };
@@ -114,36 +137,47 @@ fn lines_of(child: &mut Child) -> mpsc::Receiver<String> {
     linkpilot_tests::pipe_output(child).0
 }
 
-/// (job, other) CE marks the daemon has counted from the HK peer.
-fn daemon_marks(netns: &str) -> (f64, f64) {
+/// Which marks a phase counts on the daemon's (US) host: CE on the data the job receives, or
+/// ECE on the segments that come back for the data it sends.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mark {
+    Ce,
+    Ece,
+}
+
+/// (job, other) marks the daemon has counted from the HK peer.
+fn daemon_marks(netns: &str, mark: Mark) -> (f64, f64) {
     let m = scrape(netns);
+    let name = if mark == Mark::Ce { "ce" } else { "ece" };
     let at = |flows: &str| {
         let series = format!(
-            "linkpilot_peer_marks_total{{interface=\"eth0\",peer=\"hk\",mark=\"ce\",flows=\"{flows}\"}}"
+            "linkpilot_peer_marks_total{{interface=\"eth0\",peer=\"hk\",mark=\"{name}\",flows=\"{flows}\"}}"
         );
         sample(&m, &series).unwrap_or(0.0)
     };
     (at("job"), at("other"))
 }
 
-/// (CE marks on the job's flow, all CE marks) in a capture, per tshark.
-fn tshark_marks(pcap: &str) -> (u64, u64) {
-    let fields = linkpilot_tests::sh(&[
-        "tshark",
-        "-r",
-        pcap,
-        "-T",
-        "fields",
-        "-e",
-        "tcp.dstport",
-        "-e",
-        "ip.dsfield.ecn",
-    ]);
+/// (marks on the job's flow, all marks) in a capture of what HK sent, per tshark: CE in the IP
+/// header, or the TCP header's ECE flag. The job's flow is the one with JOB_PORT at its
+/// receiving end: US's for CE, HK's for ECE.
+fn tshark_marks(pcap: &str, mark: Mark) -> (u64, u64) {
+    let (port, field) = match mark {
+        Mark::Ce => ("tcp.dstport", "ip.dsfield.ecn"),
+        Mark::Ece => ("tcp.srcport", "tcp.flags.ece"),
+    };
+    let fields =
+        linkpilot_tests::sh(&["tshark", "-r", pcap, "-T", "fields", "-e", port, "-e", field]);
     let (mut job, mut all) = (0, 0);
     for l in fields.lines() {
         let mut f = l.split('\t');
-        let (port, ecn) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
-        if ecn == "3" {
+        let (port, value) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
+        // tshark prints a flag as 1 or True, depending on its version.
+        let marked = match mark {
+            Mark::Ce => value == "3",
+            Mark::Ece => matches!(value, "1" | "True"),
+        };
+        if marked {
             all += 1;
             if port == JOB_PORT.to_string() {
                 job += 1;
@@ -153,30 +187,39 @@ fn tshark_marks(pcap: &str) -> (u64, u64) {
     (job, all)
 }
 
-/// One phase: the job sends for 6 s (with iperf3 beside it if `cross`); returns the daemon's
-/// and tshark's share of the CE marks that fell on the job's flow, and the link's CE and
-/// cross-traffic CE fractions read from status during the phase.
-fn phase(hk: &Host, us: &Host, sender: &mut Sender, cross: bool) -> (f64, f64, f64, f64) {
-    let pcap = std::env::temp_dir().join(format!("lp-ceattr-{}-{cross}.pcap", std::process::id()));
+/// One phase: the job's data crosses for 6 s (with iperf3's in the same direction beside it if
+/// `cross`); returns the daemon's and tshark's share of the `mark`s that fell on the job's flow,
+/// and the link's CE and cross-traffic CE fractions read from status during the phase.
+fn phase(
+    hk: &Host,
+    us: &Host,
+    dir: &Path,
+    sender: &mut Sender,
+    mark: Mark,
+    cross: bool,
+) -> (f64, f64, f64, f64) {
+    let pcap = std::env::temp_dir()
+        .join(format!("lp-ceattr-{}-{mark:?}-{cross}.pcap", std::process::id()));
     let pcap_s = pcap.display().to_string();
     let dump = selftest::start_capture(us, &format!("tcp and src host {}", hk.ipv4), &pcap_s)
         .expect("tcpdump");
-    let before = daemon_marks(&us.netns);
+    let before = daemon_marks(&us.netns, mark);
+    // iperf3 sends the way the job's data goes: to US for CE, from US for ECE.
+    let (from, to) = if mark == Mark::Ce { (hk, us) } else { (us, hk) };
     let iperf = cross.then(|| {
-        let server = iperf3_server(us);
-        let client = hk
+        let server = iperf3_server(to);
+        let client = from
             .command("iperf3")
-            .args(["-c", &us.ipv4.to_string(), "-t", "6"])
+            .args(["-c", &to.ipv4.to_string(), "-t", "6"])
             .stdout(Stdio::null())
             .spawn()
             .expect("iperf3 -c");
         (server, client)
     });
-    let dir = std::env::temp_dir().join(format!("lp-ceattr-{}", std::process::id()));
     let signals = thread::scope(|s| {
         let watch = s.spawn(|| {
             thread::sleep(Duration::from_secs(4));
-            let st = status_json(&dir);
+            let st = status_json(dir);
             let g = &st["links"][0]["signals"];
             (
                 g["ce_fraction"].as_f64().unwrap_or(-1.0),
@@ -192,77 +235,98 @@ fn phase(hk: &Host, us: &Host, sender: &mut Sender, cross: bool) -> (f64, f64, f
     }
     // Two readings of the flow table after the last mark, then the counters.
     thread::sleep(Duration::from_millis(1500));
-    let after = daemon_marks(&us.netns);
+    let after = daemon_marks(&us.netns, mark);
     let dropped = selftest::stop_capture(dump).expect("stop tcpdump");
     assert_eq!(dropped, 0, "tcpdump dropped packets");
-    let (job_ce, all_ce) = tshark_marks(&pcap_s);
+    let (job_marks, all_marks) = tshark_marks(&pcap_s, mark);
     let _ = std::fs::remove_file(&pcap);
     let (job, other) = (after.0 - before.0, after.1 - before.1);
     eprintln!(
-        "cross {cross}: daemon job {job} other {other}; tshark job {job_ce} of {all_ce}; \
-         status ce_fraction {:.4} cross_ce_fraction {:.4}",
+        "{mark:?}, cross {cross}: daemon job {job} other {other}; tshark job {job_marks} of \
+         {all_marks}; status ce_fraction {:.4} cross_ce_fraction {:.4}",
         signals.0, signals.1
     );
-    assert!(all_ce > 200, "the queue hardly reached the marking threshold: {all_ce} CE marks");
-    (job / (job + other), job_ce as f64 / all_ce as f64, signals.0, signals.1)
+    assert!(all_marks > 200, "the queue hardly reached the marking threshold: {all_marks} marks");
+    (job / (job + other), job_marks as f64 / all_marks as f64, signals.0, signals.1)
 }
 
-#[test]
-fn marks_on_the_jobs_flows_are_told_from_cross_traffics_as_tshark_counts_them() {
+/// The lab both tests use: a 2 ms path at 50 Mbit/s whose queue marks CE above 5 ms, ECN and
+/// Reno on both hosts (a loss-based sender answers ECE, so the flows hold the queue near the
+/// marking step; Reno is allowed in a namespace everywhere; BBR ignores marks), and the daemon
+/// on the US host with its job-report directory.
+fn marking_lab(name: &str) -> (linkpilot_lab::lab::Lab, Host, Host, PathBuf, Daemon) {
     let lab = lab_with(
-        "ceattr",
+        name,
         "delay = \"2ms\"\nrate = \"50Mbit/s\"\nqueue = \"2MiB\"\n\
          ecn = { mode = \"step\", threshold = \"5ms\" }",
     );
     let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
     for h in [&hk, &us] {
         h.exec(&["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]).expect("sysctl");
-        // A loss-based sender answers ECE, so both flows hold the queue near the marking step
-        // (Reno: allowed in a namespace everywhere; BBR ignores marks).
         h.exec(&["sysctl", "-qw", "net.ipv4.tcp_congestion_control=reno"]).expect("sysctl");
     }
-    let dir = std::env::temp_dir().join(format!("lp-ceattr-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("lp-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let daemon = Daemon::start(&us.netns, &dir, POLICY);
-    let jobs = dir.join("jobs");
-    wait_for("the job-report directory", Duration::from_secs(20), || jobs.is_dir());
-    let mut job = us
-        .command("setpriv")
-        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
-        .arg(linkpilot_tests::python())
-        .args(["-c", JOB, &us.ipv4.to_string(), &JOB_PORT.to_string()])
-        .current_dir("/")
-        .env("LINKPILOT_JOBS", &jobs)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("job");
-    let job_lines = lines_of(&mut job);
-    assert_eq!(job_lines.recv_timeout(Duration::from_secs(30)).expect("job"), "listening");
-    let mut sender = Sender::start(&hk, &us);
-    // The daemon finds the job's flow from its report (read once a second).
+    wait_for("the job-report directory", Duration::from_secs(20), || dir.join("jobs").is_dir());
+    (lab, hk, us, dir, daemon)
+}
+
+/// Waits until the daemon has found the job's flow from its report (read once a second).
+fn wait_for_the_job(dir: &Path) {
     wait_for("the job in status", Duration::from_secs(10), || {
-        status_json(&dir)["jobs"].as_array().is_some_and(|j| !j.is_empty())
+        status_json(dir)["jobs"].as_array().is_some_and(|j| !j.is_empty())
     });
     thread::sleep(Duration::from_millis(2500));
+}
 
-    let (alone, alone_oracle, ce, cross_ce) = phase(&hk, &us, &mut sender, false);
+/// Both phases of `mark`, judged against tshark: the job alone (its marks are its own, not
+/// cross traffic's) and beside iperf3 (iperf3's count as cross traffic).
+fn judge(hk: &Host, us: &Host, dir: &Path, sender: &mut Sender, mark: Mark) {
+    let (alone, alone_oracle, ce, cross_ce) = phase(hk, us, dir, sender, mark, false);
     assert!(
         (alone - alone_oracle).abs() <= 0.1 * alone_oracle,
-        "job alone: daemon {alone:.3}, tshark {alone_oracle:.3}"
+        "{mark:?}, job alone: daemon {alone:.3}, tshark {alone_oracle:.3}"
     );
-    assert!(ce > 0.0, "the job's bursts were marked: ce_fraction {ce}");
+    assert!(ce > 0.0, "the job's data was marked: ce_fraction {ce}");
     assert!(cross_ce < 0.1 * ce, "its own marks are not cross traffic's: {cross_ce} of {ce}");
 
-    let (shared, shared_oracle, ce, cross_ce) = phase(&hk, &us, &mut sender, true);
+    let (shared, shared_oracle, ce, cross_ce) = phase(hk, us, dir, sender, mark, true);
     assert!(
         (shared - shared_oracle).abs() <= 0.1 * shared_oracle,
-        "with iperf3: daemon {shared:.3}, tshark {shared_oracle:.3}"
+        "{mark:?}, with iperf3: daemon {shared:.3}, tshark {shared_oracle:.3}"
     );
     assert!(shared_oracle < 0.9, "iperf3 got marks of its own: {shared_oracle:.3}");
     assert!(cross_ce > 0.1 * ce, "iperf3's marks count as cross traffic: {cross_ce} of {ce}");
+}
+
+#[test]
+fn marks_on_the_jobs_flows_are_told_from_cross_traffics_as_tshark_counts_them() {
+    let (_lab, hk, us, dir, daemon) = marking_lab("ceattr");
+    let mut job = python(&us, RECEIVER, &us, Some(&dir.join("jobs")));
+    let job_lines = lines_of(&mut job);
+    assert_eq!(job_lines.recv_timeout(Duration::from_secs(30)).expect("job"), "listening");
+    let mut sender = Sender::start(&hk, &us, None);
+    wait_for_the_job(&dir);
+    judge(&hk, &us, &dir, &mut sender, Mark::Ce);
     drop(sender);
     let _ = job.kill();
     let _ = job.wait();
+    drop(daemon);
+}
+
+/// The same for a job that sends: the marks come back to its host as ECE.
+#[test]
+fn echoed_marks_on_the_jobs_flows_are_told_from_cross_traffics_as_tshark_counts_them() {
+    let (_lab, hk, us, dir, daemon) = marking_lab("eceattr");
+    let mut sink = python(&hk, RECEIVER, &hk, None);
+    let sink_lines = lines_of(&mut sink);
+    assert_eq!(sink_lines.recv_timeout(Duration::from_secs(30)).expect("sink"), "listening");
+    let mut job = Sender::start(&us, &hk, Some(&dir.join("jobs")));
+    wait_for_the_job(&dir);
+    judge(&hk, &us, &dir, &mut job, Mark::Ece);
+    drop(job);
+    let _ = sink.kill();
+    let _ = sink.wait();
     drop(daemon);
 }

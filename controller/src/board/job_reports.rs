@@ -28,7 +28,8 @@ pub struct JobReport {
     pub job: String,
     pub rank: u32,
     pub world: u32,
-    /// What publishes it: "ddp" or "outer".
+    /// What publishes it: "ddp" or "outer"; "init" from the process group's start until one
+    /// of those takes the report over.
     pub kind: String,
     /// The policy link the job's cross-site traffic takes (None: the policy's first).
     #[serde(default)]
@@ -74,8 +75,8 @@ pub fn parse(bytes: &[u8]) -> Result<JobReport, String> {
     if r.link.as_deref().is_some_and(|l| !label_like(l)) {
         return Err("link: 1-64 of [A-Za-z0-9_.:-]".into());
     }
-    if !matches!(r.kind.as_str(), "ddp" | "outer") {
-        return Err("kind: \"ddp\" or \"outer\"".into());
+    if !matches!(r.kind.as_str(), "ddp" | "outer" | "init") {
+        return Err("kind: \"ddp\", \"outer\" or \"init\"".into());
     }
     if r.codec.len() > 16 || !label_like(&r.codec) {
         return Err("codec: 1-16 of [A-Za-z0-9_.:-]".into());
@@ -133,6 +134,9 @@ mod tests {
         assert_eq!((r.job.as_str(), r.rank, r.world, r.steps), ("lm-7", 1, 4, 12));
         assert_eq!((r.wait_s, r.wire_bytes, r.codec.as_str()), (0.75, 1_200_000, "int8"));
         assert_eq!((r.link.as_deref(), r.sync_every, r.loss), (Some("wan"), None, Some(2.25)));
+        // Started with the process group, before a hook took it over.
+        let started = parse(&padded(&WRITTEN.replace(r#""ddp""#, r#""init""#))).unwrap();
+        assert_eq!(started.kind, "init");
     }
 
     #[test]

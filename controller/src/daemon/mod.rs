@@ -176,15 +176,17 @@ fn flow_read_interval(cost: Duration, tick: Duration) -> Duration {
     (cost * 100).min(Duration::from_secs(2)).max(tick)
 }
 
-/// Half a tick early counts as due: ticks are not exactly a tick apart, and a small table read
-/// 99.8 ms after the last one at 100 ms ticks was skipped (about one tick in ten here), so
-/// that tick's RTT samples and job marks waited for the next.
+/// Reads come on ticks, so the interval counts in whole ticks (rounded up: the reads stay
+/// within their share of a core), and half a tick early counts as due: ticks are not exactly a
+/// tick apart, and a small table read 99.8 ms after the last one at 100 ms ticks was skipped
+/// (about one tick in ten here), so that tick's RTT samples and job marks waited for the next.
 fn flow_read_due(last: Option<(Instant, Duration)>, tick: Duration) -> bool {
     last.is_none_or(|(at, cost)| flow_read_elapsed_due(at.elapsed(), cost, tick))
 }
 
 fn flow_read_elapsed_due(elapsed: Duration, cost: Duration, tick: Duration) -> bool {
-    elapsed + tick / 2 >= flow_read_interval(cost, tick)
+    let ticks = flow_read_interval(cost, tick).as_nanos().div_ceil(tick.as_nanos().max(1));
+    elapsed + tick / 2 >= tick * u32::try_from(ticks).unwrap_or(u32::MAX)
 }
 
 /// Why a policy that names no peers changes nothing on the host.
@@ -601,5 +603,9 @@ mod tests {
         assert!(flow_read_elapsed_due(ms(99), ms(0), ms(100)), "a tick a little early");
         assert!(!flow_read_elapsed_due(ms(99), ms(5), ms(100)), "a big table waits");
         assert!(flow_read_elapsed_due(ms(460), ms(5), ms(100)));
+        // 1.5 ms a read: every second tick, not every tick (1.5% of a core).
+        let cost = Duration::from_micros(1500);
+        assert!(!flow_read_elapsed_due(ms(101), cost, ms(100)), "within the share of a core");
+        assert!(flow_read_elapsed_due(ms(199), cost, ms(100)));
     }
 }
