@@ -340,12 +340,22 @@ pub struct FlowState {
     pub ifindex: u32,
     pub peer: u32,
     pub snd_cwnd: u32,
-    pub _pad: u32,
+    /// `snd_nxt` at the last RTT sample: once `snd_una` reaches it, everything the flow had in
+    /// flight was acknowledged, so its own queue at the bottleneck had drained.
+    pub snd_nxt: u32,
     /// Segments received CE-marked, counted by the TC ingress program (only for flows in the
     /// table): with the jobs' sockets, which marks fall on a job's flows and which on others'.
     pub ce_segs: u64,
     /// Segments received with TCP ECE set (the peer echoing marks on what this host sent).
     pub ece_segs: u64,
+    /// The RTT of the first segment a flow sent after its flight emptied (a job's burst after
+    /// an idle gap), microseconds: it queued only behind others' traffic, not the flow's own.
+    /// Derived from the first smoothed RTT that moved (`srtt += (m - srtt) / 8`, within 8 us).
+    pub burst_rtt_us: u32,
+    /// Non-zero while waiting for that sample: the smoothed RTT the burst started from.
+    pub burst_from_us: u32,
+    /// `bpf_ktime_get_ns` when `burst_rtt_us` was taken (0: never).
+    pub burst_ns: u64,
 }
 
 /// RTT samples of one (interface, peer), from the flows' smoothed RTTs.
@@ -557,7 +567,7 @@ const _: () = assert!(core::mem::size_of::<RoceCounters>() == 16 * 8);
 const _: () = assert!(core::mem::size_of::<QpKey>() == 28);
 const _: () = assert!(core::mem::size_of::<PeerStats>() == 2 * 72 + 2 * 128 + 32 + 8 + 32 + 64 * 8);
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 40);
-const _: () = assert!(core::mem::size_of::<FlowState>() == 64);
+const _: () = assert!(core::mem::size_of::<FlowState>() == 80);
 const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 16);
 const _: () = assert!(core::mem::size_of::<LocalAddr>() == 20);
 const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 24);

@@ -132,9 +132,11 @@ fn try_probe(ctx: &TracePointContext) -> Result<(), i64> {
             if srtt < f.min_srtt_us || f.min_srtt_us == 0 {
                 f.min_srtt_us = srtt;
             }
+            burst_sample(f, srtt, snd_una, now);
             f.rtt_samples += 1;
             f.last_ns = now;
             f.snd_cwnd = cwnd;
+            f.snd_nxt = snd_nxt;
         }
         None => {
             let state = FlowState {
@@ -146,6 +148,7 @@ fn try_probe(ctx: &TracePointContext) -> Result<(), i64> {
                 ifindex,
                 peer,
                 snd_cwnd: cwnd,
+                snd_nxt,
                 ..FlowState::default()
             };
             match FLOWS.insert(key, state, 0) {
@@ -155,4 +158,23 @@ fn try_probe(ctx: &TracePointContext) -> Result<(), i64> {
         }
     }
     Ok(())
+}
+
+/// The first RTT sample of each burst: a segment sent after the flow's flight emptied queued
+/// behind others' traffic only. The record carries the smoothed RTT from before this segment's
+/// ACK is processed, so a burst notes the value it starts from and the first value that moves
+/// gives the sample: the kernel adds `m - srtt/8` to `8 * srtt`, hence `m = 8 * s1 - 7 * s0`
+/// to within 8 us of rounding.
+#[inline(always)]
+fn burst_sample(f: &mut FlowState, srtt: u32, snd_una: u32, now: u64) {
+    if f.burst_from_us != 0 && srtt != f.burst_from_us {
+        let m = (8 * i64::from(srtt) - 7 * i64::from(f.burst_from_us)).max(1);
+        f.burst_rtt_us = m.min(i64::from(u32::MAX)) as u32;
+        f.burst_ns = now;
+        f.burst_from_us = 0;
+    }
+    // Everything in flight at the last sample acknowledged since (sequence space wraps).
+    if f.rtt_samples > 0 && snd_una.wrapping_sub(f.snd_nxt) as i32 >= 0 {
+        f.burst_from_us = srtt;
+    }
 }

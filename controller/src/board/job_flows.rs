@@ -10,12 +10,7 @@
 //! cost of that: every connection of a reporting user counts as the job's, whatever process
 //! holds it (a job run as root takes every root connection in the namespace along).
 
-use std::{
-    collections::{HashMap, HashSet},
-    fs,
-    os::unix::fs::MetadataExt,
-    path::Path,
-};
+use std::{collections::HashSet, fs, os::unix::fs::MetadataExt, path::Path};
 
 use linkpilot_common::{v4_mapped, FlowKey, AF_INET, AF_INET6};
 
@@ -92,38 +87,6 @@ fn endpoint(s: &str) -> Option<([u8; 16], u16)> {
     Some((bytes, port))
 }
 
-/// Marks of each job flow at the previous flow-table reading, to count what each adds.
-#[derive(Default)]
-pub struct JobMarks {
-    prev: HashMap<FlowKey, (u64, u64)>,
-}
-
-impl JobMarks {
-    /// (CE, ECE) segments the job flows among `flows` received since the previous reading, by
-    /// (ifindex, peer id). A job flow seen for the first time starts counting now: its marks
-    /// before the daemon knew it for a job's are the others'.
-    pub fn added<'a>(
-        &mut self,
-        jobs: &HashSet<FlowKey>,
-        flows: impl Iterator<Item = (&'a FlowKey, (u32, u32), (u64, u64))>,
-    ) -> HashMap<(u32, u32), (u64, u64)> {
-        let mut out: HashMap<(u32, u32), (u64, u64)> = HashMap::new();
-        let mut now = HashMap::with_capacity(self.prev.len());
-        if !jobs.is_empty() {
-            for (k, row, marks) in flows.filter(|(k, _, _)| jobs.contains(k)) {
-                if let Some(&(ce, ece)) = self.prev.get(k) {
-                    let e = out.entry(row).or_default();
-                    e.0 += marks.0.saturating_sub(ce);
-                    e.1 += marks.1.saturating_sub(ece);
-                }
-                now.insert(*k, marks);
-            }
-        }
-        self.prev = now;
-        out
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,21 +112,6 @@ mod tests {
         ] {
             assert!(parse_proc_net_tcp(bad, AF_INET).is_empty(), "{bad}");
         }
-    }
-
-    #[test]
-    fn job_marks_count_what_each_job_flow_adds() {
-        let k = |port| FlowKey { local_port: port, ..FlowKey::default() };
-        let jobs: HashSet<FlowKey> = [k(1)].into();
-        let mut m = JobMarks::default();
-        let rows = |ce: u64| vec![(k(1), (3, 1), (ce, 0)), (k(2), (3, 1), (ce * 2, 0))];
-        let r = rows(10);
-        assert!(m.added(&jobs, r.iter().map(|(a, b, c)| (a, *b, *c))).is_empty(), "first sight");
-        let r = rows(15);
-        let added = m.added(&jobs, r.iter().map(|(a, b, c)| (a, *b, *c)));
-        assert_eq!(added[&(3, 1)], (5, 0), "only the job's flow, only what it added");
-        assert!(m.added(&HashSet::new(), r.iter().map(|(a, b, c)| (a, *b, *c))).is_empty());
-        assert!(m.prev.is_empty(), "no job: nothing kept");
     }
 
     #[test]

@@ -84,6 +84,7 @@ pub struct Core {
 fn value(signal: &str, s: &Signals) -> Option<f64> {
     match signal {
         "rtt_inflation" => s.rtt_ms.map(|_| s.rtt_inflation),
+        "cross_rtt_inflation" => s.cross_rtt_ms.map(|_| s.cross_rtt_inflation),
         "rtt_p99" => s.rtt_p99_ms,
         "jitter" => s.rtt_p99_ms.map(|_| s.jitter_ms),
         "ce_fraction" => Some(s.ce_fraction),

@@ -25,6 +25,13 @@ pub struct Signals {
     pub baseline_ms: Option<f64>,
     /// `rtt_ms / baseline_ms - 1`.
     pub rtt_inflation: f64,
+    /// EWMA of the RTT samples that show others' queue (`RttSnapshot::cross_srtt_ms`), ms.
+    #[serde(default)]
+    pub cross_rtt_ms: Option<f64>,
+    /// `cross_rtt_ms / baseline_ms - 1`: the queueing delay others' traffic causes, without what
+    /// a reporting job's own bursts add. Equal to `rtt_inflation` while no job reports.
+    #[serde(default)]
+    pub cross_rtt_inflation: f64,
     pub rtt_p50_ms: Option<f64>,
     pub rtt_p99_ms: Option<f64>,
     /// p99 - p50.
@@ -120,6 +127,8 @@ pub struct Estimator {
     peer_names: HashSet<String>,
     last: Option<Duration>,
     rtt: Ewma,
+    cross_rtt: Ewma,
+    cross_seen: Option<Duration>,
     /// When the last srtt sample and the last percentiles came: RTT signals older than the
     /// window are unmeasured.
     srtt_seen: Option<Duration>,
@@ -159,6 +168,8 @@ impl Estimator {
             link,
             last: None,
             rtt: e(),
+            cross_rtt: e(),
+            cross_seen: None,
             srtt_seen: None,
             percentiles_seen: None,
             ce_pps: e(),
@@ -247,6 +258,16 @@ impl Estimator {
             self.rtt.value = None;
             (s.rtt_ms, s.rtt_gradient) = (None, 0.0);
         }
+        if a.cross_weight > 0.0 {
+            // A job's flows give such a sample once a burst: weighed by the time since the
+            // last one, so sparse samples move the EWMA as the half-life says, not by ticks.
+            let since = self.cross_seen.map_or(0.0, |t| now.saturating_sub(t).as_secs_f64());
+            s.cross_rtt_ms = Some(self.cross_rtt.update(a.cross_sum / a.cross_weight, since));
+            self.cross_seen = Some(now);
+        } else if aged(self.cross_seen) {
+            self.cross_rtt.value = None;
+            s.cross_rtt_ms = None;
+        }
         if let Some(min) = a.min_ms {
             self.baseline.push(now, -min, dur(self.cfg.baseline_window));
         }
@@ -268,10 +289,12 @@ impl Estimator {
             (Some(a), Some(b)) => (b - a).max(0.0),
             _ => 0.0,
         };
-        s.rtt_inflation = match (s.rtt_ms, s.baseline_ms) {
+        let inflation = |r: Option<f64>| match (r, s.baseline_ms) {
             (Some(r), Some(b)) if b > 0.0 => (r / b - 1.0).max(0.0),
             _ => 0.0,
         };
+        s.rtt_inflation = inflation(s.rtt_ms);
+        s.cross_rtt_inflation = inflation(s.cross_rtt_ms);
         *s
     }
 }
@@ -291,6 +314,9 @@ pub struct Aggregate {
     pub rx_bps: f64,
     pub srtt_sum: f64,
     pub srtt_weight: f64,
+    /// Samples of others' queue, summed and counted.
+    pub cross_sum: f64,
+    pub cross_weight: f64,
     pub min_ms: Option<f64>,
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
@@ -321,6 +347,11 @@ impl Aggregate {
             let w = p.flows.max(1) as f64;
             self.srtt_sum += srtt * w;
             self.srtt_weight += w;
+        }
+        if let Some(ms) = p.rtt.cross_srtt_ms {
+            let w = p.rtt.cross_samples.max(1) as f64;
+            self.cross_sum += ms * w;
+            self.cross_weight += w;
         }
         self.min_ms = match (self.min_ms, p.rtt.min_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -392,6 +423,8 @@ mod tests {
                 p50_ms: Some(rtt),
                 p99_ms: Some(rtt * 1.1),
                 samples: 10,
+                cross_srtt_ms: Some(rtt),
+                cross_samples: 1,
             },
             flows: 1,
             ..PeerSnapshot::default()
@@ -451,6 +484,36 @@ mod tests {
         // No job reports: the two are one.
         let s = Fed::new().update(&snap(0, 180.0, 0.1));
         assert_eq!(s.cross_ce_fraction, s.ce_fraction);
+    }
+
+    #[test]
+    fn cross_inflation_follows_the_samples_of_others_queue() {
+        let mut e = Fed::new();
+        e.update(&snap(0, 180.0, 0.0));
+        // The job's own queue doubles its flows' RTT; the first samples of its bursts (and the
+        // other flows) still see 198 ms.
+        let mut own = snap(1, 360.0, 0.0);
+        own.peers[0].rtt.min_ms = Some(180.0);
+        own.peers[0].rtt.cross_srtt_ms = Some(198.0);
+        let s = e.update(&own);
+        assert!((s.rtt_inflation - 0.5).abs() < 1e-9, "{s:?}");
+        assert!((s.cross_rtt_inflation - 0.05).abs() < 1e-9, "{s:?}");
+        // Ticks without such a sample keep the last value, for a window; then it is unmeasured.
+        let mut none = snap(2, 360.0, 0.0);
+        none.peers[0].rtt.cross_srtt_ms = None;
+        assert!((e.update(&none).cross_rtt_inflation - 0.05).abs() < 1e-9);
+        // The next sample, 2 s (two half-lives) after the last, weighs as that time: 3/4.
+        let mut later = own.clone();
+        later.at_ms = 3000;
+        later.peers[0].rtt.cross_srtt_ms = Some(217.0);
+        let s = e.update(&later);
+        assert!((s.cross_rtt_ms.unwrap() - 210.0).abs() < 1e-9, "{s:?}");
+        none.at_ms = 14_000;
+        let s = e.update(&none);
+        assert_eq!((s.cross_rtt_ms, s.cross_rtt_inflation), (None, 0.0));
+        // No job reports: every sample is another's, the two are one.
+        let s = Fed::new().update(&snap(0, 180.0, 0.0));
+        assert_eq!((s.cross_rtt_ms, s.cross_rtt_inflation), (s.rtt_ms, s.rtt_inflation));
     }
 
     #[test]

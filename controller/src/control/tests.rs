@@ -83,6 +83,8 @@ pub(super) fn snap(at_ms: u64, rtt: f64, p99: f64, ce: f64, retrans: f64) -> Sna
             p50_ms: Some(rtt),
             p99_ms: Some(p99),
             samples: 100,
+            cross_srtt_ms: Some(rtt),
+            cross_samples: 4,
         },
         flows: 4,
         ..PeerSnapshot::default()

@@ -10,7 +10,13 @@ use std::{
 use linkpilot_common::{FlowKey, FlowState, PeerStats};
 use serde::{Deserialize, Serialize};
 
-use crate::{board::job_flows::JobMarks, rdma::RdmaPort, sense::rtt_window::RttWindow};
+use crate::{
+    rdma::RdmaPort,
+    sense::{
+        job_marks::{Added, JobMarks, MarkSplit},
+        rtt_window::RttWindow,
+    },
+};
 
 /// One (interface, peer) row of a reading.
 #[derive(Clone, Debug, Default)]
@@ -54,6 +60,14 @@ pub struct RttSnapshot {
     pub p99_ms: Option<f64>,
     /// Flow samples in the window. Percentiles are within 0.5% (log buckets); min is exact.
     pub samples: usize,
+    /// Mean of this tick's samples that show others' queue: the smoothed RTTs of flows that
+    /// are not a reporting job's, and the first sample of each burst of a job's flow (sent
+    /// after its own flight emptied). Equal to `srtt_ms` while no job reports.
+    #[serde(default)]
+    pub cross_srtt_ms: Option<f64>,
+    /// How many samples `cross_srtt_ms` is the mean of.
+    #[serde(default)]
+    pub cross_samples: usize,
 }
 
 /// Signals of one peer of one link over the last tick. Fields added later default to zero when
@@ -170,11 +184,7 @@ struct PeerState {
     rtt: RttWindow,
     /// Flows with a fresh sample at the last flow-table reading.
     flows: usize,
-    /// (CE, ECE) received since the last flow-table reading, and the jobs' shares at it.
-    marks_since: (u64, u64),
-    job_share: (f64, f64),
-    /// Job marks seen on flows before their peer's counters had them.
-    job_carry: (u64, u64),
+    marks: MarkSplit,
 }
 
 /// Turns readings into snapshots.
@@ -220,7 +230,7 @@ impl Sensors {
         if flows.is_empty() {
             // No job: no share of the marks is a job's, whatever the last one was.
             for p in self.peers.values_mut() {
-                (p.job_share, p.job_carry) = ((0.0, 0.0), (0, 0));
+                p.marks.clear_jobs();
             }
         }
         self.job_flows = flows;
@@ -236,21 +246,32 @@ impl Sensors {
         // Fresh RTT samples: flows the tracepoint updated since the last reading, by (interface,
         // peer): one peer may be reached over several interfaces, each another link's.
         let mut fresh: HashMap<(u32, u32), Vec<u32>> = HashMap::new();
+        // Samples of others' queue by the same key: a job's own flows count only with the first
+        // sample of a burst, the one that did not queue behind the burst itself.
+        let mut cross: HashMap<(u32, u32), (u64, usize)> = HashMap::new();
+        let mut job_marks = Added::new();
         if !r.flows_skipped {
-            for (_, f) in &r.flows {
-                if f.last_ns > self.last_kernel_ns && f.srtt_us > 0 && f.rtt_samples > 0 {
-                    fresh.entry((f.ifindex, f.peer)).or_default().push(f.srtt_us);
+            let last = self.last_kernel_ns;
+            for (k, f) in &r.flows {
+                let row = (f.ifindex, f.peer);
+                let sampled = f.last_ns > last && f.srtt_us > 0 && f.rtt_samples > 0;
+                if sampled {
+                    fresh.entry(row).or_default().push(f.srtt_us);
+                }
+                let others = if self.job_flows.contains(k) {
+                    self.job_marks.add(k, row, (f.ce_segs, f.ece_segs), &mut job_marks);
+                    (f.burst_ns > last && f.burst_rtt_us > 0).then_some(f.burst_rtt_us)
+                } else {
+                    sampled.then_some(f.srtt_us)
+                };
+                if let Some(us) = others {
+                    let e = cross.entry(row).or_default();
+                    (e.0, e.1) = (e.0 + u64::from(us), e.1 + 1);
                 }
             }
+            self.job_marks.end_reading();
             self.last_kernel_ns = r.kernel_ns;
         }
-        let mut job_marks = if r.flows_skipped {
-            HashMap::new()
-        } else {
-            let rows =
-                r.flows.iter().map(|(k, f)| (k, (f.ifindex, f.peer), (f.ce_segs, f.ece_segs)));
-            self.job_marks.added(&self.job_flows, rows)
-        };
 
         let mut out = Vec::with_capacity(r.peers.len());
         for PeerReading { link, ifindex, peer, id, stats } in &r.peers {
@@ -259,9 +280,7 @@ impl Sensors {
                 prev: None,
                 rtt: RttWindow::new(window),
                 flows: 0,
-                marks_since: (0, 0),
-                job_share: (0.0, 0.0),
-                job_carry: (0, 0),
+                marks: MarkSplit::default(),
             });
             let prev = state.prev.unwrap_or(*stats);
             let d = |f: fn(&PeerStats) -> u64| delta(f(&prev), f(stats));
@@ -269,36 +288,12 @@ impl Sensors {
             let ce = d(|s| s.rx.ecn[3]);
             let tx_pkts = d(|s| s.tx.packets);
             let retrans = d(|s| s.retrans_segs);
-            state.marks_since.0 += ce;
-            state.marks_since.1 += d(|s| s.rx.tcp_ece);
-            let mut marks = MarkCounts::default();
-            if !r.flows_skipped {
-                let (job_ce, job_ece) = job_marks.remove(&(*ifindex, *id)).unwrap_or_default();
-                let (ce, ece) = std::mem::take(&mut state.marks_since);
-                // The flow table is read just after the counters: a mark in between is already
-                // on its flow but not yet on its peer. What runs ahead is carried to the next
-                // reading, where the peer has it, so over readings the two agree exactly.
-                // Only this reading's marks may wait for the next: an older remainder (marks
-                // a peer's counters never had: a flow's row changed) is dropped, not held
-                // against later marks.
-                let credit = |raw: u64, carry: &mut u64, all: u64| {
-                    let owed = raw.saturating_add(*carry);
-                    let now = owed.min(all);
-                    *carry = (owed - now).min(raw);
-                    now
-                };
-                let job_ce = credit(job_ce, &mut state.job_carry.0, ce);
-                let job_ece = credit(job_ece, &mut state.job_carry.1, ece);
-                marks = MarkCounts { ce, ece, job_ce, job_ece };
-                // A reading without marks says nothing of whose they are: the last share holds
-                // (it also stands for the ticks until the next reading).
-                if ce > 0 {
-                    state.job_share.0 = job_ce as f64 / ce as f64;
-                }
-                if ece > 0 {
-                    state.job_share.1 = job_ece as f64 / ece as f64;
-                }
-            }
+            state.marks.count(ce, d(|s| s.rx.tcp_ece));
+            let marks = if r.flows_skipped {
+                MarkCounts::default()
+            } else {
+                state.marks.reading(job_marks.remove(&(*ifindex, *id)).unwrap_or_default())
+            };
             let samples = fresh.remove(&(*ifindex, *id)).unwrap_or_default();
             if !r.flows_skipped {
                 state.flows = samples.len();
@@ -306,6 +301,9 @@ impl Sensors {
             let srtt_ms = (!samples.is_empty()).then(|| {
                 samples.iter().map(|&us| f64::from(us)).sum::<f64>() / samples.len() as f64 / 1e3
             });
+            let (cross_sum, cross_samples) = cross.remove(&(*ifindex, *id)).unwrap_or_default();
+            let cross_ms =
+                (cross_samples > 0).then(|| cross_sum as f64 / cross_samples as f64 / 1e3);
             for &us in &samples {
                 state.rtt.push(now, us);
             }
@@ -334,13 +332,15 @@ impl Sensors {
                     p50_ms: state.rtt.quantile_ms(0.5),
                     p99_ms: state.rtt.quantile_ms(0.99),
                     samples: state.rtt.samples() as usize,
+                    cross_srtt_ms: cross_ms,
+                    cross_samples,
                 },
                 flows: state.flows,
                 opens_per_s: per_s(d(|s| s.flows.active_opens) + d(|s| s.flows.passive_opens)),
                 closes_per_s: per_s(d(|s| s.flows.closes)),
                 failed_opens_per_s: per_s(d(|s| s.flows.failed_opens)),
-                job_ce_share: state.job_share.0,
-                job_ece_share: state.job_share.1,
+                job_ce_share: state.marks.share.0,
+                job_ece_share: state.marks.share.1,
                 marks,
             });
             state.prev = Some(*stats);
@@ -536,6 +536,37 @@ mod tests {
         // Past the window they are gone.
         let snap = s.tick(15 * S, &readings_at(base, vec![], 400));
         assert_eq!(snap.peers[0].rtt, RttSnapshot::default());
+    }
+
+    #[test]
+    fn a_jobs_flows_show_others_queue_only_in_the_first_sample_of_a_burst() {
+        let mut s = Sensors::new(Duration::from_secs(10));
+        let base = stats(0, 0, 0, 0, 0);
+        let (mut job, other) = (flow(1, 360_000, 150), flow(2, 200_000, 150));
+        (job.1.burst_rtt_us, job.1.burst_ns) = (190_000, 120);
+        s.tick(Duration::ZERO, &readings_at(base, vec![], 100));
+        // No job reports yet: every flow's smoothed RTT is a sample of others' queue.
+        let snap = s.tick(S, &readings_at(base, vec![job, other], 200));
+        assert_eq!(snap.peers[0].rtt.cross_srtt_ms, snap.peers[0].rtt.srtt_ms);
+        assert_eq!(snap.peers[0].rtt.cross_samples, 2);
+        s.set_job_flows([job.0].into());
+        (job.1.last_ns, job.1.burst_ns) = (250, 220);
+        let other = flow(2, 200_000, 250);
+        let snap = s.tick(2 * S, &readings_at(base, vec![job, other], 300));
+        let rtt = snap.peers[0].rtt;
+        assert_eq!(
+            (rtt.srtt_ms, rtt.cross_srtt_ms, rtt.cross_samples),
+            (Some(280.0), Some(195.0), 2)
+        );
+        // The job's flow sampled again inside the same burst: its queue is its own.
+        job.1.last_ns = 350;
+        let snap = s.tick(3 * S, &readings_at(base, vec![job, flow(2, 200_000, 350)], 400));
+        assert_eq!(
+            (snap.peers[0].rtt.cross_srtt_ms, snap.peers[0].rtt.cross_samples),
+            (Some(200.0), 1)
+        );
+        let snap = s.tick(4 * S, &readings_at(base, vec![job], 500));
+        assert_eq!((snap.peers[0].rtt.cross_srtt_ms, snap.peers[0].rtt.cross_samples), (None, 0));
     }
 
     /// Two links reaching peer "us" (id 1) over their own interfaces, 20 ms and 60 ms away, and a

@@ -329,7 +329,7 @@ fn check_states(raw: &[Spanned<RawState>], b: &Bounds, e: &mut Errors) -> (Vec<S
             e.at(enter_span.clone(), format!("state {name:?} is the first (healthiest) state: it has no enter thresholds; remove them or put a healthier state first"));
         }
         if i > 0 && enter.conditions().is_empty() {
-            e.at(enter_span.clone(), format!("state {name:?} needs enter thresholds (any of rtt_inflation, rtt_p99, jitter, ce_fraction, cross_ce_fraction, retrans, cnp_rate, goodput_below, unanswered)"));
+            e.at(enter_span.clone(), format!("state {name:?} needs enter thresholds (any of rtt_inflation, cross_rtt_inflation, rtt_p99, jitter, ce_fraction, cross_ce_fraction, retrans, cnp_rate, goodput_below, unanswered)"));
         }
         let exit = match &s.exit {
             None => enter,
@@ -544,6 +544,7 @@ fn merge(into: &mut Thresholds, from: &Thresholds) {
     }
     take!(
         rtt_inflation,
+        cross_rtt_inflation,
         rtt_p99,
         jitter,
         ce_fraction,

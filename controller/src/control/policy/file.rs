@@ -360,6 +360,9 @@ pub(super) struct RawTransport {
 pub struct Thresholds {
     /// RTT over its windowed-min baseline, as a share of the baseline.
     pub rtt_inflation: Option<Percent>,
+    /// The same from the RTT samples that show others' queue: the flows of jobs reporting on
+    /// this host count only with the first sample of each burst, so their own queue does not.
+    pub cross_rtt_inflation: Option<Percent>,
     pub rtt_p99: Option<Nanos>,
     /// RTT p99 minus p50 over the window.
     pub jitter: Option<Nanos>,

@@ -352,8 +352,9 @@ impl Errors<'_> {
 }
 
 /// The signals a threshold can name, with how to compare them: `true` if higher is worse.
-const SIGNALS: [(&str, bool); 9] = [
+const SIGNALS: [(&str, bool); 10] = [
     ("rtt_inflation", true),
+    ("cross_rtt_inflation", true),
     ("rtt_p99", true),
     ("jitter", true),
     ("ce_fraction", true),
@@ -370,6 +371,7 @@ impl Thresholds {
     pub fn values(&self) -> impl Iterator<Item = (&'static str, f64)> {
         [
             ("rtt_inflation", self.rtt_inflation.map(|x| x.0)),
+            ("cross_rtt_inflation", self.cross_rtt_inflation.map(|x| x.0)),
             ("rtt_p99", self.rtt_p99.map(|x| x.0 as f64 / 1e6)),
             ("jitter", self.jitter.map(|x| x.0 as f64 / 1e6)),
             ("ce_fraction", self.ce_fraction.map(|x| x.0)),
@@ -388,6 +390,9 @@ impl Thresholds {
         let mut v = Vec::new();
         if let Some(x) = self.rtt_inflation {
             v.push(("rtt_inflation", x.0, x.to_string()));
+        }
+        if let Some(x) = self.cross_rtt_inflation {
+            v.push(("cross_rtt_inflation", x.0, x.to_string()));
         }
         if let Some(x) = self.rtt_p99 {
             v.push(("rtt_p99", x.0 as f64 / 1e6, format!("{}ms", x.0 as f64 / 1e6)));

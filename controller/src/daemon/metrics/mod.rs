@@ -127,6 +127,11 @@ impl Metrics {
         let link_f64 = [
             ("link_jitter_seconds", "RTT p99 - p50"),
             ("link_rtt_inflation_ratio", "RTT EWMA over baseline, minus one"),
+            (
+                "link_cross_rtt_inflation_ratio",
+                "RTT inflation from others' traffic: the reporting jobs' flows count only with the \
+                 first sample of each burst",
+            ),
             ("link_ce_fraction", "CE (or echoed ECE) share of packets, EWMA"),
             (
                 "link_cross_ce_fraction",
@@ -398,6 +403,7 @@ impl Metrics {
         for (name, v) in [
             ("link_jitter_seconds", s.jitter_ms / 1e3),
             ("link_rtt_inflation_ratio", s.rtt_inflation),
+            ("link_cross_rtt_inflation_ratio", s.cross_rtt_inflation),
             ("link_ce_fraction", s.ce_fraction),
             ("link_cross_ce_fraction", s.cross_ce_fraction),
             ("link_retrans_fraction", s.retrans),

@@ -1,0 +1,130 @@
+//! Whose congestion marks: of the CE-marked packets and ECE segments a peer's counters show,
+//! how many fell on the flows of jobs reporting on this host. The flow table gives each job
+//! flow's marks ([`JobMarks`]); each peer's counters give all of them ([`MarkSplit`]).
+
+use std::collections::HashMap;
+
+use linkpilot_common::FlowKey;
+
+use super::sensors::MarkCounts;
+
+/// Marks of each job flow at the previous flow-table reading, to count what each adds.
+#[derive(Default)]
+pub struct JobMarks {
+    prev: HashMap<FlowKey, (u64, u64)>,
+    now: HashMap<FlowKey, (u64, u64)>,
+}
+
+/// (CE, ECE) added on the jobs' flows, by (ifindex, peer id).
+pub type Added = HashMap<(u32, u32), (u64, u64)>;
+
+impl JobMarks {
+    /// A job flow of this reading, of (ifindex, peer id) `row`, with (CE, ECE) `marks` so far:
+    /// what it received since the previous reading goes to `out`. A job flow seen for the first
+    /// time starts counting now: its marks before the daemon knew it for a job's are the
+    /// others'.
+    pub fn add(&mut self, k: &FlowKey, row: (u32, u32), marks: (u64, u64), out: &mut Added) {
+        if let Some(&(ce, ece)) = self.prev.get(k) {
+            let e = out.entry(row).or_default();
+            e.0 += marks.0.saturating_sub(ce);
+            e.1 += marks.1.saturating_sub(ece);
+        }
+        self.now.insert(*k, marks);
+    }
+
+    /// The reading is over: its job flows are what the next one counts from (a flow gone from
+    /// the table or no longer a job's is forgotten).
+    pub fn end_reading(&mut self) {
+        self.prev = std::mem::take(&mut self.now);
+    }
+}
+
+/// One peer's marks between flow-table readings, and the jobs' shares at the last one.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MarkSplit {
+    /// (CE, ECE) received since the last flow-table reading.
+    since: (u64, u64),
+    /// The jobs' shares of (CE, ECE) at the last reading that had marks.
+    pub share: (f64, f64),
+    /// Job marks seen on flows before the peer's counters had them.
+    carry: (u64, u64),
+}
+
+impl MarkSplit {
+    /// The peer's counters moved by (`ce`, `ece`) this tick.
+    pub fn count(&mut self, ce: u64, ece: u64) {
+        self.since.0 += ce;
+        self.since.1 += ece;
+    }
+
+    /// No job reports: no share of the marks is a job's, whatever the last one was.
+    pub fn clear_jobs(&mut self) {
+        (self.share, self.carry) = ((0.0, 0.0), (0, 0));
+    }
+
+    /// A flow-table reading that found `job` (CE, ECE) added on the jobs' flows to this peer:
+    /// the marks since the last reading, all and the jobs'.
+    pub fn reading(&mut self, job: (u64, u64)) -> MarkCounts {
+        let (ce, ece) = std::mem::take(&mut self.since);
+        // The flow table is read just after the counters: a mark in between is already on its
+        // flow but not yet on its peer. What runs ahead is carried to the next reading, where
+        // the peer has it, so over readings the two agree exactly. Only this reading's marks
+        // may wait for the next: an older remainder (marks a peer's counters never had: a
+        // flow's row changed) is dropped, not held against later marks.
+        let credit = |raw: u64, carry: &mut u64, all: u64| {
+            let owed = raw.saturating_add(*carry);
+            let now = owed.min(all);
+            *carry = (owed - now).min(raw);
+            now
+        };
+        let job_ce = credit(job.0, &mut self.carry.0, ce);
+        let job_ece = credit(job.1, &mut self.carry.1, ece);
+        // A reading without marks says nothing of whose they are: the last share holds (it
+        // also stands for the ticks until the next reading).
+        if ce > 0 {
+            self.share.0 = job_ce as f64 / ce as f64;
+        }
+        if ece > 0 {
+            self.share.1 = job_ece as f64 / ece as f64;
+        }
+        MarkCounts { ce, ece, job_ce, job_ece }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_marks_count_what_each_job_flow_adds() {
+        let k = |port| FlowKey { local_port: port, ..FlowKey::default() };
+        let mut m = JobMarks::default();
+        let mut out = Added::new();
+        m.add(&k(1), (3, 1), (10, 0), &mut out);
+        m.end_reading();
+        assert!(out.is_empty(), "first sight");
+        m.add(&k(1), (3, 1), (15, 2), &mut out);
+        m.end_reading();
+        assert_eq!(out[&(3, 1)], (5, 2), "what it added");
+        m.end_reading();
+        assert!(m.prev.is_empty(), "a reading without it: forgotten");
+        let mut out = Added::new();
+        m.add(&k(1), (3, 1), (20, 2), &mut out);
+        assert!(out.is_empty(), "seen again: counts from now");
+    }
+
+    #[test]
+    fn marks_running_ahead_of_the_counters_are_carried_to_the_next_reading() {
+        let mut p = MarkSplit::default();
+        p.count(10, 0);
+        // The flow table shows 12 job marks: 2 came after the counters were read.
+        assert_eq!(p.reading((12, 0)), MarkCounts { ce: 10, job_ce: 10, ..MarkCounts::default() });
+        p.count(5, 0);
+        assert_eq!(p.reading((3, 0)).job_ce, 5, "3 new and the 2 carried");
+        assert_eq!(p.share.0, 1.0);
+        assert_eq!(p.reading((0, 0)), MarkCounts::default());
+        assert_eq!(p.share.0, 1.0, "a reading without marks keeps the share");
+        p.clear_jobs();
+        assert_eq!(p.share, (0.0, 0.0));
+    }
+}
