@@ -13,6 +13,7 @@ pub mod grafana;
 pub mod netns;
 pub mod oracle;
 pub mod prometheus;
+pub mod sink;
 pub mod tuner;
 pub mod watcher;
 

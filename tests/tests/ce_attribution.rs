@@ -16,8 +16,9 @@ use linkpilot_lab::{
     lab::{Host, Site},
     selftest,
 };
-use linkpilot_tests::daemon::{
-    iperf3_server, lab_with, sample, scrape, status_json, wait_for, Daemon,
+use linkpilot_tests::{
+    daemon::{iperf3_server, lab_with, sample, scrape, status_json, wait_for, Daemon},
+    sink::RECEIVER,
 };
 
 /// The job's port on the receiving (US) host.
@@ -39,21 +40,6 @@ name = "healthy"
 compression = "none"
 dscp = 0
 roce_traffic_class = 106
-"#;
-
-/// The receiving end: accepts one TCP connection on argv[1]:argv[2] and reads it until it
-/// closes. With `LINKPILOT_JOBS` set it is the job: it publishes a job report first (the Python
-/// package's writer, as a training rank does).
-const RECEIVER: &str = r#"
-import os, socket, sys
-if "LINKPILOT_JOBS" in os.environ:
-    from linkpilot.jobreport import JobReport
-    report = JobReport(os.environ["LINKPILOT_JOBS"], rank=0, world=1, kind="ddp", job="ce-job")
-listener = socket.create_server((sys.argv[1], int(sys.argv[2])))
-print("listening", flush=True)
-conn, _ = listener.accept()
-while conn.recv(1 << 20):
-    pass
 "#;
 
 /// The sending end: connects, then sends for as many seconds as each line of stdin says,

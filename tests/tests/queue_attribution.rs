@@ -17,7 +17,10 @@ use linkpilot_lab::{
     lab::{Host, Lab, LabConfig, Site},
     scenario::Scenario,
 };
-use linkpilot_tests::daemon::{iperf3_server, status_json, wait_for, Daemon};
+use linkpilot_tests::{
+    daemon::{iperf3_server, status_json, wait_for, Daemon},
+    sink::RECEIVER,
+};
 
 const JOB_PORT: u16 = 6000;
 
@@ -46,16 +49,6 @@ name = "healthy"
 compression = "none"
 dscp = 0
 roce_traffic_class = 106
-"#;
-
-/// The far end: accepts one connection and reads it until it closes.
-const SINK: &str = r#"
-import socket, sys
-listener = socket.create_server((sys.argv[1], int(sys.argv[2])))
-print("listening", flush=True)
-conn, _ = listener.accept()
-while conn.recv(1 << 20):
-    pass
 "#;
 
 /// The job: publishes a job report, connects, and for as many seconds as each line of stdin
@@ -283,7 +276,7 @@ fn queueing_delay_of_a_jobs_own_bursts_is_told_from_cross_traffics_as_ping_sees_
     assert!(base_ms.is_finite(), "no ping reply");
     let mut sink = spawn_python(
         &mut s.us.command(&linkpilot_tests::python().display().to_string()),
-        SINK,
+        RECEIVER,
         &s.us,
     );
     let sink_lines = linkpilot_tests::pipe_output(&mut sink).0;

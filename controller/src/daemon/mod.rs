@@ -4,6 +4,7 @@
 //! policy reload (SIGHUP, file change), Prometheus metrics and the status socket.
 
 mod actuate;
+mod flow_reads;
 mod health;
 mod ifaces;
 pub mod jobs;
@@ -167,26 +168,6 @@ struct Daemon {
     /// Watched interfaces that are gone now (ifaces.rs).
     missing: Vec<String>,
     losses: losses::LossReport,
-}
-
-/// Reading the flow table costs ~0.5 us per flow: a big table is read less often than the
-/// counters, keeping that cost near 1% of a core, but at least every 2 s (or every tick, if
-/// ticks are longer) so RTT stays fresh.
-fn flow_read_interval(cost: Duration, tick: Duration) -> Duration {
-    (cost * 100).min(Duration::from_secs(2)).max(tick)
-}
-
-/// Reads come on ticks, so the interval counts in whole ticks (rounded up: the reads stay
-/// within their share of a core), and half a tick early counts as due: ticks are not exactly a
-/// tick apart, and a small table read 99.8 ms after the last one at 100 ms ticks was skipped
-/// (about one tick in ten here), so that tick's RTT samples and job marks waited for the next.
-fn flow_read_due(last: Option<(Instant, Duration)>, tick: Duration) -> bool {
-    last.is_none_or(|(at, cost)| flow_read_elapsed_due(at.elapsed(), cost, tick))
-}
-
-fn flow_read_elapsed_due(elapsed: Duration, cost: Duration, tick: Duration) -> bool {
-    let ticks = flow_read_interval(cost, tick).as_nanos().div_ceil(tick.as_nanos().max(1));
-    elapsed + tick / 2 >= tick * u32::try_from(ticks).unwrap_or(u32::MAX)
 }
 
 /// Why a policy that names no peers changes nothing on the host.
@@ -429,7 +410,7 @@ impl Daemon {
         // shorter, and a bursty sender's short interval could hold none of its bursts (0 bit/s).
         self.probes.read_rows(&self.ifaces, &self.rows, &self.ports, &mut readings)?;
         let read_at = self.started.elapsed();
-        if flow_read_due(self.flows_read, tick) {
+        if flow_reads::due(self.flows_read, tick) {
             let t = Instant::now();
             readings.flows = self.probes.flows()?;
             self.flows_read = Some((t, t.elapsed()));
@@ -591,21 +572,5 @@ mod tests {
         let e = format!("{:#}", lock(&path).unwrap_err());
         assert!(e.contains("is a symbolic link; refusing to follow it"), "{e}");
         assert_eq!(fs::read_to_string(&target).unwrap(), "precious", "not truncated");
-    }
-
-    #[test]
-    fn big_flow_tables_are_read_less_often_but_at_least_every_two_seconds_or_tick() {
-        let ms = Duration::from_millis;
-        assert_eq!(flow_read_interval(ms(0), ms(100)), ms(100), "small tables every tick");
-        assert_eq!(flow_read_interval(ms(5), ms(100)), ms(500), "1% of a core");
-        assert_eq!(flow_read_interval(ms(60), ms(100)), ms(2000), "at least every 2 s");
-        assert_eq!(flow_read_interval(ms(60), ms(5000)), ms(5000), "never more than once a tick");
-        assert!(flow_read_elapsed_due(ms(99), ms(0), ms(100)), "a tick a little early");
-        assert!(!flow_read_elapsed_due(ms(99), ms(5), ms(100)), "a big table waits");
-        assert!(flow_read_elapsed_due(ms(460), ms(5), ms(100)));
-        // 1.5 ms a read: every second tick, not every tick (1.5% of a core).
-        let cost = Duration::from_micros(1500);
-        assert!(!flow_read_elapsed_due(ms(101), cost, ms(100)), "within the share of a core");
-        assert!(flow_read_elapsed_due(ms(199), cost, ms(100)));
     }
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use linkpilot_common::FlowKey;
 
-use super::sensors::MarkCounts;
+use super::snapshot::MarkCounts;
 
 /// Marks of each job flow at the previous flow-table reading, to count what each adds.
 #[derive(Default)]

@@ -25,6 +25,7 @@ use crate::{
 
 mod jobs;
 mod outcome;
+mod peers;
 mod transport;
 
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
@@ -37,8 +38,6 @@ fn labels(pairs: &[(&str, &str)]) -> Labels {
 }
 
 const LINK_RTT_STATS: [&str; 5] = ["ewma", "baseline", "p50", "p99", "peak_p99"];
-const PEER_RTT_STATS: [&str; 4] = ["srtt", "min", "p50", "p99"];
-const DIRECTIONS: [&str; 2] = ["rx", "tx"];
 
 /// The label values the per-link and per-peer series were written with, so that a reload can
 /// remove the series of links, states and peers the new policy no longer has (they would
@@ -68,10 +67,7 @@ pub struct Metrics {
     knob_compression: Family<Labels, Gauge>,
     knobs: Vec<(&'static str, Family<Labels, F64>)>,
     decisions: Family<Labels, Counter>,
-    peer_rtt: Family<Labels, F64>,
-    peer_bits: Family<Labels, F64>,
-    peer_f64: Vec<(&'static str, Family<Labels, F64>)>,
-    peer_marks: Family<Labels, Counter>,
+    peers: peers::PeerMetrics,
     nic: Vec<(&'static str, Family<Labels, F64>)>,
     pub ticks: Counter,
     pub tick_duration: Histogram,
@@ -169,29 +165,7 @@ impl Metrics {
         .map(|(n, h)| (n, family(r, n, h)))
         .to_vec();
         let decisions = family(r, "decisions", "Decisions made, by the state they chose");
-        let peer_rtt = family(
-            r,
-            "peer_rtt_seconds",
-            "Peer RTT: srtt (mean of the last flow-table reading), min, p50, p99",
-        );
-        let peer_bits =
-            family(r, "peer_bytes_per_second", "Bytes per second on the wire, by direction");
-        let peer_f64 = [
-            ("peer_goodput_bytes_per_second", "Goodput (acknowledged payload)"),
-            ("peer_ce_fraction", "CE share of received packets"),
-            ("peer_ece_fraction", "ECE share of received TCP segments"),
-            ("peer_retrans_per_second", "TCP segments retransmitted per second"),
-            ("peer_cnp_per_second", "RoCEv2 CNPs per second"),
-            ("peer_flows", "TCP flows with a fresh RTT sample"),
-        ]
-        .map(|(n, h)| (n, family(r, n, h)))
-        .to_vec();
-        let peer_marks = family(
-            r,
-            "peer_marks",
-            "Congestion marks received: CE-marked packets (mark=ce) and ECE segments (mark=ece), \
-             on the flows of jobs reporting on this host (flows=job) or on others' (flows=other)",
-        );
+        let peers = peers::PeerMetrics::register(r);
         let nic = [
             ("nic_cnp_handled_per_second", "CNPs the RDMA NIC reacted to"),
             ("nic_cnp_sent_per_second", "CNPs the RDMA NIC sent"),
@@ -319,10 +293,7 @@ impl Metrics {
             knob_compression,
             knobs,
             decisions,
-            peer_rtt,
-            peer_bits,
-            peer_f64,
-            peer_marks,
+            peers,
             nic,
             ticks,
             tick_duration,
@@ -457,8 +428,7 @@ impl Metrics {
     }
 
     /// Per (interface, peer) and per NIC figures of a snapshot. `flows_read`: the flow table
-    /// was read this tick; when it was not (a large table is read less often than ticks come),
-    /// srtt keeps the value of the last reading rather than vanishing between two scrapes.
+    /// was read this tick (see [`peers::PeerMetrics::row`]).
     pub fn snapshot(&self, snap: &Snapshot, flows_read: bool) {
         if let Ok(mut shown) = self.shown.lock() {
             for p in &snap.peers {
@@ -469,45 +439,7 @@ impl Metrics {
             }
         }
         for p in &snap.peers {
-            let l = labels(&[("interface", &p.link), ("peer", &p.peer)]);
-            let rtt = [p.rtt.srtt_ms, p.rtt.min_ms, p.rtt.p50_ms, p.rtt.p99_ms];
-            for (stat, v) in PEER_RTT_STATS.into_iter().zip(rtt) {
-                if stat == "srtt" && !flows_read {
-                    continue;
-                }
-                let mut ls = l.clone();
-                ls.push(("stat".into(), stat.into()));
-                match v {
-                    Some(v) => _ = self.peer_rtt.get_or_create(&ls).set(v / 1e3),
-                    None => _ = self.peer_rtt.remove(&ls),
-                }
-            }
-            for (dir, v) in DIRECTIONS.into_iter().zip([p.rx_bps / 8.0, p.tx_bps / 8.0]) {
-                let mut ls = l.clone();
-                ls.push(("direction".into(), dir.into()));
-                self.peer_bits.get_or_create(&ls).set(v);
-            }
-            for (name, v) in [
-                ("peer_goodput_bytes_per_second", p.goodput_bps / 8.0),
-                ("peer_ce_fraction", p.ce_fraction),
-                ("peer_ece_fraction", p.ece_fraction),
-                ("peer_retrans_per_second", p.retrans_per_s),
-                ("peer_cnp_per_second", p.cnp_per_s),
-                ("peer_flows", p.flows as f64),
-            ] {
-                Self::set(&self.peer_f64, name, &l, v);
-            }
-            let m = &p.marks;
-            for (mark, flows, n) in [
-                ("ce", "job", m.job_ce),
-                ("ce", "other", m.ce.saturating_sub(m.job_ce)),
-                ("ece", "job", m.job_ece),
-                ("ece", "other", m.ece.saturating_sub(m.job_ece)),
-            ] {
-                let mut ls = l.clone();
-                ls.extend(labels(&[("mark", mark), ("flows", flows)]));
-                self.peer_marks.get_or_create(&ls).inc_by(n);
-            }
+            self.peers.row(p, flows_read);
         }
         for n in &snap.links {
             let l = labels(&[("interface", &n.link)]);
@@ -553,18 +485,7 @@ impl Metrics {
         }
         for (iface, names) in &shown.peers {
             for peer in names.iter().filter(|p| !peers.contains(&(iface.clone(), (*p).clone()))) {
-                let at = |k: &str, v: &str| labels(&[("interface", iface), ("peer", peer), (k, v)]);
-                PEER_RTT_STATS.iter().for_each(|st| _ = self.peer_rtt.remove(&at("stat", st)));
-                DIRECTIONS.iter().for_each(|d| _ = self.peer_bits.remove(&at("direction", d)));
-                let l = labels(&[("interface", iface), ("peer", peer)]);
-                self.peer_f64.iter().for_each(|(_, f)| _ = f.remove(&l));
-                for mark in ["ce", "ece"] {
-                    for flows in ["job", "other"] {
-                        let mut ls = l.clone();
-                        ls.extend(labels(&[("mark", mark), ("flows", flows)]));
-                        self.peer_marks.remove(&ls);
-                    }
-                }
+                self.peers.remove(iface, peer);
             }
         }
         shown.links.retain(|l| links.contains(l));
