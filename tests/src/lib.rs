@@ -4,6 +4,7 @@
 //! Addresses come from the benchmarking range 198.18.0.0/15 (RFC 2544); traffic never leaves the
 //! namespaces a test made.
 
+pub mod burst_rtt;
 pub mod configmap;
 pub mod connections;
 pub mod daemon;

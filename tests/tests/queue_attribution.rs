@@ -3,7 +3,9 @@
 //! (other flows', and the first sample of each of the job's bursts, sent after its own flight
 //! emptied). Judged against ping through the same queue: its samples while the job is idle
 //! between bursts are the delay others' traffic causes, its samples during bursts include the
-//! job's own. Without cross traffic, and with iperf3 from another host of the same site.
+//! job's own. Without cross traffic, and with iperf3 from another host of the same site. And
+//! the daemon's figure within 10% of tshark's: the RTT of each burst's first segment on the
+//! wire, captured on the job's host.
 
 use std::{
     io::Write,
@@ -16,8 +18,10 @@ use std::{
 use linkpilot_lab::{
     lab::{Host, Lab, LabConfig, Site},
     scenario::Scenario,
+    selftest,
 };
 use linkpilot_tests::{
+    burst_rtt::first_segment_rtts,
     daemon::{iperf3_server, status_json, wait_for, Daemon},
     sink::RECEIVER,
 };
@@ -140,6 +144,10 @@ fn ping_samples(child: Child) -> Vec<(f64, f64)> {
         .collect()
 }
 
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs_f64()
+}
+
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
@@ -157,6 +165,9 @@ struct Phase {
     ping_burst_ms: f64,
     /// Mean of status reads of `cross_rtt_inflation`.
     cross_rtt_inflation: f64,
+    /// tshark's RTT of each burst's first segment (ms), for the bursts whose sample falls in
+    /// the stretch of trace the daemon's samples come from.
+    wire_ms: Vec<f64>,
 }
 
 /// (samples, their mean in ms) of others' queue in trace lines `from..to`.
@@ -205,12 +216,16 @@ fn phase(
         thread::sleep(Duration::from_secs(2));
         (server, client)
     });
+    let pcap = std::env::temp_dir().join(format!("lp-qattr-{}-{cross}.pcap", std::process::id()));
+    let pcap_s = pcap.display().to_string();
+    let dump =
+        selftest::start_capture(&s.hk, &format!("tcp port {JOB_PORT}"), &pcap_s).expect("tcpdump");
     let pinger = ping(&s.hk, &s.us, PHASE_S);
     writeln!(job.stdin.as_mut().expect("stdin"), "{PHASE_S}").expect("job stdin");
     let started = Instant::now();
     let (mut all, mut cross_infl, mut base) = (Vec::new(), Vec::new(), f64::NAN);
     thread::sleep(Duration::from_secs(4));
-    let first_line = trace_lines(&s.trace);
+    let (first_line, traced_from) = (trace_lines(&s.trace), unix_now());
     while started.elapsed() < Duration::from_secs(PHASE_S.into()) {
         let st = status_json(&s.dir);
         let g = &st["links"][0]["signals"];
@@ -223,13 +238,20 @@ fn phase(
         }
         thread::sleep(Duration::from_millis(500));
     }
-    let (cross_samples, cross_ms) =
-        traced_cross_samples(&s.trace, first_line, trace_lines(&s.trace));
+    let (last_line, traced_to) = (trace_lines(&s.trace), unix_now());
+    let (cross_samples, cross_ms) = traced_cross_samples(&s.trace, first_line, last_line);
     let bursts: Vec<(f64, f64)> = serde_json::from_str(
         &lines.recv_timeout(Duration::from_secs(30)).expect("the job's bursts"),
     )
     .expect("bursts json");
     let pings = ping_samples(pinger);
+    assert_eq!(selftest::stop_capture(dump).expect("stop tcpdump"), 0, "tcpdump dropped packets");
+    let wire_ms: Vec<f64> = first_segment_rtts(&pcap_s, JOB_PORT)
+        .into_iter()
+        .filter(|&(at, _)| at >= traced_from && at < traced_to)
+        .map(|(_, ms)| ms)
+        .collect();
+    let _ = std::fs::remove_file(&pcap);
     if let Some((mut server, mut client)) = iperf {
         assert!(client.wait().expect("iperf3 -c").success());
         server.wait().expect("iperf3 -s");
@@ -264,6 +286,7 @@ fn phase(
         ping_idle_ms: mean(&idle) - base_ms,
         ping_burst_ms: mean(&busy) - base_ms,
         cross_rtt_inflation: mean(&cross_infl),
+        wire_ms,
     }
 }
 
@@ -311,7 +334,7 @@ fn queueing_delay_of_a_jobs_own_bursts_is_told_from_cross_traffics_as_ping_sees_
     );
     assert!(alone.cross_rtt_inflation < 0.1, "job alone: {alone:?}");
     // Beside iperf3: others' queue shows as ping sees it, well above what the job alone left.
-    // Not held closer than that here: the samples (one a burst, ~45) and ping's idle echoes
+    // Not held closer than that to ping: the samples (one a burst, ~45) and ping's idle echoes
     // catch iperf3's swinging queue at different moments, and over 9 runs the two differed by
     // -2.4 to +2.3 ms (-13% to +28%) around a 8-18 ms queue; a 10% bound failed 4 of 9 times.
     assert!(shared.ping_idle_ms > 3.0 * tol, "iperf3 built no queue: {shared:?}");
@@ -322,6 +345,29 @@ fn queueing_delay_of_a_jobs_own_bursts_is_told_from_cross_traffics_as_ping_sees_
         shared.ping_idle_ms
     );
     assert!(shared.cross_rtt_inflation > 0.3, "beside iperf3: {shared:?}");
+    // The same samples on the wire: tshark's RTT of each burst's first segment, above the least
+    // of them with the job alone (the path's RTT as such a segment sees it): the same moments
+    // of the queue, so here it is held to 10%.
+    let wire_base = alone.wire_ms.iter().copied().fold(f64::INFINITY, f64::min);
+    let (wire_alone, wire_shared) =
+        (mean(&alone.wire_ms) - wire_base, mean(&shared.wire_ms) - wire_base);
+    eprintln!(
+        "others' queue, daemon / tshark: alone {:.2} / {wire_alone:.2} ms ({} / {} samples), \
+         beside iperf3 {:.2} / {wire_shared:.2} ms ({} / {} samples), wire base {wire_base:.2} ms",
+        alone.cross_queue_ms,
+        alone.cross_samples,
+        alone.wire_ms.len(),
+        shared.cross_queue_ms,
+        shared.cross_samples,
+        shared.wire_ms.len()
+    );
+    assert!(alone.wire_ms.len() >= 10 && shared.wire_ms.len() >= 10, "too few bursts captured");
+    assert!((alone.cross_queue_ms - wire_alone).abs() <= tol, "job alone, against tshark");
+    assert!(
+        (shared.cross_queue_ms - wire_shared).abs() <= 0.1 * wire_shared,
+        "beside iperf3: others' queue {:.2} ms, tshark's {wire_shared:.2} ms",
+        shared.cross_queue_ms
+    );
     let _ = job.kill();
     let _ = job.wait();
     let _ = sink.kill();

@@ -152,6 +152,7 @@ pub fn markdown(s: &Value) -> String {
             );
         }
     }
+    out += &states_table(&configs);
     if let Some(oracle) = s["oracle"].as_array().filter(|o| !o.is_empty()) {
         out += "\nOracle (per phase, the fixed configuration with the most progress per second: \
                 median steps/s x fewest steps to the static target / its steps to it):\n\n\
@@ -215,4 +216,38 @@ pub fn markdown(s: &Value) -> String {
         );
     }
     out
+}
+
+/// Seconds each host's daemon held each state, per phase (configurations with a daemon only).
+fn states_table(configs: &[Value]) -> String {
+    let mut out =
+        "\nStates per phase (seconds each host's daemon held each state, from its decision \
+                   log against the lab's clock; `-` before its first decision):\n\n\
+                   | configuration | host | phase | states |\n|---|---|---|---|\n"
+            .to_owned();
+    let mut any = false;
+    for c in configs {
+        for (host, phases) in c["states"].as_object().into_iter().flatten() {
+            for p in phases.as_array().into_iter().flatten() {
+                let phase = p["phase"].as_str().unwrap_or("?");
+                let held = p["states"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(state, s)| format!("{state} {}", spread(s, 0)))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                out += &format!(
+                    "| {} | {host} | {phase} | {held} |\n",
+                    c["name"].as_str().unwrap_or("?")
+                );
+                any = true;
+            }
+        }
+    }
+    if any {
+        out
+    } else {
+        String::new()
+    }
 }

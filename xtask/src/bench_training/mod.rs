@@ -13,6 +13,7 @@ mod plot;
 mod report;
 mod run;
 mod runs;
+mod states;
 pub mod stats;
 pub mod transport;
 

@@ -151,6 +151,7 @@ pub fn summarize(scenario: &str, runs: &[Run], failures: &[Value]) -> Value {
                 .map(|(h, v)| (h, spread_json(Spread::of(v))))
                 .collect::<Map<String, Value>>(),
             "phases": phases,
+            "states": super::states::summarize(&mine),
             "transport": transport_of(&mine),
         }));
     }
