@@ -17,13 +17,19 @@ const UNDECIDED: &str = "-";
 /// Per state: seconds held in one phase, one value per run.
 type PhaseStates = BTreeMap<String, Vec<f64>>;
 
-/// Seconds of `p` spent in each state, from one host's decisions (any order).
-fn seconds_in(decisions: &[Value], p: &Phase) -> BTreeMap<String, f64> {
+/// One host's (unix seconds, state) of each decision, in time order. The benchmark's policies
+/// have one link, so a host's decisions are one timeline.
+fn timeline(decisions: &[Value]) -> Vec<(f64, &str)> {
     let mut d: Vec<(f64, &str)> = decisions
         .iter()
         .filter_map(|d| Some((d["unix_ms"].as_f64()? / 1e3, d["state"].as_str()?)))
         .collect();
     d.sort_by(|a, b| a.0.total_cmp(&b.0));
+    d
+}
+
+/// Seconds of `p` spent in each state, from one host's [`timeline`].
+fn seconds_in(d: &[(f64, &str)], p: &Phase) -> BTreeMap<String, f64> {
     let mut state = d.iter().rev().find(|(t, _)| *t <= p.start).map_or(UNDECIDED, |x| x.1);
     let mut since = p.start;
     let mut out: BTreeMap<String, f64> = BTreeMap::new();
@@ -43,6 +49,7 @@ pub fn summarize(runs: &[&Run]) -> Value {
     for (i, r) in runs.iter().enumerate() {
         for (host, decisions) in &r.decisions {
             let phases = acc.entry(host.clone()).or_default();
+            let d = timeline(decisions);
             for p in r.phases() {
                 let at = match phases.iter().position(|(n, _)| *n == p.name) {
                     Some(at) => at,
@@ -52,7 +59,7 @@ pub fn summarize(runs: &[&Run]) -> Value {
                     }
                 };
                 let states = &mut phases[at].1;
-                for (state, s) in seconds_in(decisions, &p) {
+                for (state, s) in seconds_in(&d, &p) {
                     let v = states.entry(state).or_default();
                     v.resize(i, 0.0);
                     v.push(s);
@@ -94,6 +101,7 @@ mod tests {
             json!({"unix_ms": 95_000.0, "state": "congested"}),
             json!({"unix_ms": 130_000.0, "state": "congested"}),
         ];
+        let d = timeline(&d);
         let s = seconds_in(&d, &phase(100.0, 160.0));
         assert_eq!(s.get("congested"), Some(&(5.0 + 30.0)));
         assert_eq!(s.get("healthy"), Some(&25.0));
