@@ -286,18 +286,50 @@ fn judge(hk: &Host, us: &Host, dir: &Path, sender: &mut Sender, mark: Mark) {
     assert!(cross_ce > 0.1 * ce, "iperf3's marks count as cross traffic: {cross_ce} of {ce}");
 }
 
+/// A job on the US host that receives (as `nobody`, reporting), from a plain sender on the HK
+/// host, once the daemon has found its flow.
+fn receiving_job(hk: &Host, us: &Host, dir: &Path) -> (Child, Sender) {
+    let mut job = python(us, RECEIVER, us, Some(&dir.join("jobs")));
+    let job_lines = lines_of(&mut job);
+    assert_eq!(job_lines.recv_timeout(Duration::from_secs(30)).expect("job"), "listening");
+    let sender = Sender::start(hk, us, None);
+    wait_for_the_job(dir);
+    (job, sender)
+}
+
+fn stop(mut child: Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 #[test]
 fn marks_on_the_jobs_flows_are_told_from_cross_traffics_as_tshark_counts_them() {
     let (_lab, hk, us, dir, daemon) = marking_lab("ceattr");
-    let mut job = python(&us, RECEIVER, &us, Some(&dir.join("jobs")));
-    let job_lines = lines_of(&mut job);
-    assert_eq!(job_lines.recv_timeout(Duration::from_secs(30)).expect("job"), "listening");
-    let mut sender = Sender::start(&hk, &us, None);
+    let (job, mut sender) = receiving_job(&hk, &us, &dir);
+    judge(&hk, &us, &dir, &mut sender, Mark::Ce);
+    drop(sender);
+    stop(job);
+    drop(daemon);
+}
+
+/// A daemon restarted under a running job: the job's connection, which only receives, opened
+/// before this daemon ran, so no tracepoint put it in the flow table; the daemon writes the
+/// connections already open into the table at its start, and their marks are the job's again.
+#[test]
+fn marks_on_a_receiving_jobs_flow_opened_before_the_daemon_started_are_the_jobs() {
+    let (_lab, hk, us, dir, daemon) = marking_lab("ceseed");
+    let (job, mut sender) = receiving_job(&hk, &us, &dir);
+    // Killed as a crash or an upgrade would: the next one starts with an empty flow table.
+    drop(daemon);
+    // The killed one's socket stays behind: the new one is up when its own appears.
+    let socket = dir.join("status.sock");
+    std::fs::remove_file(&socket).expect("the killed daemon's status socket");
+    let daemon = Daemon::start(&us.netns, &dir, POLICY);
+    wait_for("the restarted daemon", Duration::from_secs(20), || socket.exists());
     wait_for_the_job(&dir);
     judge(&hk, &us, &dir, &mut sender, Mark::Ce);
     drop(sender);
-    let _ = job.kill();
-    let _ = job.wait();
+    stop(job);
     drop(daemon);
 }
 
@@ -312,7 +344,6 @@ fn echoed_marks_on_the_jobs_flows_are_told_from_cross_traffics_as_tshark_counts_
     wait_for_the_job(&dir);
     judge(&hk, &us, &dir, &mut job, Mark::Ece);
     drop(job);
-    let _ = sink.kill();
-    let _ = sink.wait();
+    stop(sink);
     drop(daemon);
 }

@@ -235,6 +235,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         probes.watch(iface)?;
     }
     probes.attach_tracepoints()?;
+    flow_reads::seed_open_flows(&mut probes);
     // Only a run that acts may change connections.
     let transport_path = if instance_lock.is_some() && !observe_only {
         transport::start(&mut probes, &policy, o.cgroup.as_deref())

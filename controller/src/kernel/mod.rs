@@ -10,3 +10,4 @@ pub mod iface;
 pub mod peers;
 mod probe_error;
 pub mod probes;
+pub mod sockets;

@@ -28,6 +28,7 @@ use tracing::{debug, info};
 pub use super::probe_error::ProbeError;
 
 mod counters;
+mod seed;
 mod transport;
 use super::probe_error::{load_error, map_error};
 use crate::kernel::iface::Iface;
