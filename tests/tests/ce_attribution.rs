@@ -42,28 +42,32 @@ dscp = 0
 roce_traffic_class = 106
 "#;
 
-/// The sending end: connects, then sends for as many seconds as each line of stdin says,
-/// keeping the connection open between bursts (a closed flow leaves the flow table). The job
-/// too with `LINKPILOT_JOBS` set.
+/// The sending end: connects (at once, or with a third argument "late" at its first burst, so
+/// that the flow is marked from its first seconds), then sends for as many seconds as each line
+/// of stdin says, keeping the connection open between bursts (a closed flow leaves the flow
+/// table). The job too with `LINKPILOT_JOBS` set.
 const SENDER: &str = r#"
 import os, socket, sys, time
 if "LINKPILOT_JOBS" in os.environ:
     from linkpilot.jobreport import JobReport
     report = JobReport(os.environ["LINKPILOT_JOBS"], rank=0, world=1, kind="ddp", job="ce-job")
-s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
-print("connected", flush=True)
+def connect():
+    return socket.create_connection((sys.argv[1], int(sys.argv[2])))
+s = None if sys.argv[3:] == ["late"] else connect()
+print("started", flush=True)
 buf = bytes(1 << 16)
 for line in sys.stdin:
+    s = s or connect()
     end = time.monotonic() + float(line)
     while time.monotonic() < end:
         s.sendall(buf)
     print("sent", flush=True)
 "#;
 
-/// `script` on `host` with `to`'s address and JOB_PORT as arguments; as the job when `jobs` is
+/// `script` on `host` with `to`'s address, JOB_PORT and `more` as arguments; as the job when `jobs` is
 /// its report directory: the daemon takes a report owner's connections as the job's, so the job
 /// runs as `nobody` and everything else (iperf3, the other end) as root.
-fn python(host: &Host, script: &str, to: &Host, jobs: Option<&Path>) -> Child {
+fn python(host: &Host, script: &str, to: &Host, jobs: Option<&Path>, more: &[&str]) -> Child {
     let mut cmd = match jobs {
         Some(jobs) => {
             let mut c = host.command("setpriv");
@@ -76,6 +80,7 @@ fn python(host: &Host, script: &str, to: &Host, jobs: Option<&Path>) -> Child {
         None => host.command(&linkpilot_tests::python().display().to_string()),
     };
     cmd.args(["-c", script, &to.ipv4.to_string(), &JOB_PORT.to_string()])
+        .args(more)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -90,12 +95,13 @@ struct Sender {
 }
 
 impl Sender {
-    fn start(from: &Host, to: &Host, jobs: Option<&Path>) -> Self {
-        let mut child = python(from, SENDER, to, jobs);
+    /// Connected at once, or at its first burst if `late`.
+    fn start(from: &Host, to: &Host, jobs: Option<&Path>, late: bool) -> Self {
+        let mut child = python(from, SENDER, to, jobs, if late { &["late"] } else { &[] });
         let stdin = child.stdin.take().expect("stdin");
         let lines = lines_of(&mut child);
         let mut s = Self { child, stdin, lines };
-        s.expect("connected");
+        s.expect("started");
         s
     }
 
@@ -289,10 +295,10 @@ fn judge(hk: &Host, us: &Host, dir: &Path, sender: &mut Sender, mark: Mark) {
 /// A job on the US host that receives (as `nobody`, reporting), from a plain sender on the HK
 /// host, once the daemon has found its flow.
 fn receiving_job(hk: &Host, us: &Host, dir: &Path) -> (Child, Sender) {
-    let mut job = python(us, RECEIVER, us, Some(&dir.join("jobs")));
+    let mut job = python(us, RECEIVER, us, Some(&dir.join("jobs")), &[]);
     let job_lines = lines_of(&mut job);
     assert_eq!(job_lines.recv_timeout(Duration::from_secs(30)).expect("job"), "listening");
-    let sender = Sender::start(hk, us, None);
+    let sender = Sender::start(hk, us, None, false);
     wait_for_the_job(dir);
     (job, sender)
 }
@@ -333,14 +339,33 @@ fn marks_on_a_receiving_jobs_flow_opened_before_the_daemon_started_are_the_jobs(
     drop(daemon);
 }
 
+/// A job connection marked from its first seconds: it opens while the job already reports
+/// (a rank connecting to a new peer, or the synchronizer's first round), and the daemon has to
+/// tell it for the job's before its marks count as anyone's.
+#[test]
+fn marks_on_a_job_connection_from_its_open_on_are_the_jobs() {
+    let (_lab, hk, us, dir, daemon) = marking_lab("cenew");
+    let mut job = python(&us, RECEIVER, &us, Some(&dir.join("jobs")), &[]);
+    let job_lines = lines_of(&mut job);
+    assert_eq!(job_lines.recv_timeout(Duration::from_secs(30)).expect("job"), "listening");
+    wait_for_the_job(&dir);
+    let mut sender = Sender::start(&hk, &us, None, true);
+    let (share, oracle, ce, cross_ce) = phase(&hk, &us, &dir, &mut sender, Mark::Ce, false);
+    assert!((share - oracle).abs() <= 0.1 * oracle, "daemon {share:.3}, tshark {oracle:.3}");
+    assert!(cross_ce < 0.1 * ce, "its own marks are not cross traffic's: {cross_ce} of {ce}");
+    drop(sender);
+    stop(job);
+    drop(daemon);
+}
+
 /// The same for a job that sends: the marks come back to its host as ECE.
 #[test]
 fn echoed_marks_on_the_jobs_flows_are_told_from_cross_traffics_as_tshark_counts_them() {
     let (_lab, hk, us, dir, daemon) = marking_lab("eceattr");
-    let mut sink = python(&hk, RECEIVER, &hk, None);
+    let mut sink = python(&hk, RECEIVER, &hk, None, &[]);
     let sink_lines = lines_of(&mut sink);
     assert_eq!(sink_lines.recv_timeout(Duration::from_secs(30)).expect("sink"), "listening");
-    let mut job = Sender::start(&us, &hk, Some(&dir.join("jobs")));
+    let mut job = Sender::start(&us, &hk, Some(&dir.join("jobs")), false);
     wait_for_the_job(&dir);
     judge(&hk, &us, &dir, &mut job, Mark::Ece);
     drop(job);

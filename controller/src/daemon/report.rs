@@ -142,9 +142,7 @@ impl Daemon {
         });
         // Their owners' connections, so that the marks their own bursts get are told from
         // others'.
-        let names: Vec<String> = reports.iter().map(|(n, _)| n.clone()).collect();
-        let owners = job_flows::report_owners(&self.o.job_reports, &names);
-        self.sensors.set_job_flows(job_flows::job_flows(&owners));
+        self.set_job_flows(&reports);
         let links = &self.core.policy().links;
         let link_bps = |name: Option<&str>| {
             let l = match name {
@@ -178,6 +176,20 @@ impl Daemon {
             .collect();
         self.job_status = reading.jobs;
         progress
+    }
+
+    /// The jobs' connections, looked up again between the reads of their reports (a marked
+    /// flow of unknown owner appeared): the reports' owners and their established connections;
+    /// what is wrong with a report is said by the next read.
+    pub(super) fn look_up_job_flows(&mut self) {
+        let reports = job_reports::scan(&self.o.job_reports, !self.o.dry_run, |_, _| {});
+        self.set_job_flows(&reports);
+    }
+
+    fn set_job_flows(&mut self, reports: &[(String, job_reports::JobReport)]) {
+        let names: Vec<String> = reports.iter().map(|(n, _)| n.clone()).collect();
+        let owners = job_flows::report_owners(&self.o.job_reports, &names);
+        self.sensors.set_job_flows(job_flows::job_flows(&owners));
     }
 
     /// Removes the metric series of links, states and peers the running policy no longer has.

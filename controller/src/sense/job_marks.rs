@@ -2,40 +2,85 @@
 //! how many fell on the flows of jobs reporting on this host. The flow table gives each job
 //! flow's marks ([`JobMarks`]); each peer's counters give all of them ([`MarkSplit`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use linkpilot_common::FlowKey;
+use linkpilot_common::{FlowKey, FlowState};
 
 use super::snapshot::MarkCounts;
 
-/// Marks of each job flow at the previous flow-table reading, to count what each adds.
+/// Marks of each marked flow (the jobs' and everyone else's) at the previous flow-table
+/// reading, to count what each adds, and whether the jobs' flows were looked up since the flow
+/// was first marked. Memory grows with the marked flows only.
 #[derive(Default)]
 pub struct JobMarks {
-    prev: HashMap<FlowKey, (u64, u64)>,
-    now: HashMap<FlowKey, (u64, u64)>,
+    prev: HashMap<FlowKey, Seen>,
+    now: HashMap<FlowKey, Seen>,
+    /// The jobs' flows were looked up for the reading under way.
+    looked_up: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    marks: (u64, u64),
+    looked_up: bool,
 }
 
 /// (CE, ECE) added on the jobs' flows, by (ifindex, peer id).
 pub type Added = HashMap<(u32, u32), (u64, u64)>;
 
 impl JobMarks {
-    /// A job flow of this reading, of (ifindex, peer id) `row`, with (CE, ECE) `marks` so far:
-    /// what it received since the previous reading goes to `out`. A job flow seen for the first
-    /// time starts counting now: its marks before the daemon knew it for a job's are the
-    /// others'.
-    pub fn add(&mut self, k: &FlowKey, row: (u32, u32), marks: (u64, u64), out: &mut Added) {
-        if let Some(&(ce, ece)) = self.prev.get(k) {
+    /// Whether `flows` (a flow-table reading) hold a marked flow, not one of `jobs`, first
+    /// marked since the jobs' flows were last looked up: a job connection that opened since
+    /// then would have its marks counted as others' until the next look-up.
+    pub fn unknown_owner(&self, flows: &[(FlowKey, FlowState)], jobs: &HashSet<FlowKey>) -> bool {
+        flows.iter().any(|(k, f)| {
+            (f.ce_segs, f.ece_segs) != (0, 0)
+                && !jobs.contains(k)
+                && !self.prev.get(k).is_some_and(|s| s.looked_up)
+        })
+    }
+
+    /// The jobs' flows were just looked up: every flow marked so far, and every one of the
+    /// coming reading, has had its owner checked.
+    pub fn looked_up(&mut self) {
+        self.looked_up = true;
+        for s in self.prev.values_mut() {
+            s.looked_up = true;
+        }
+    }
+
+    /// A flow of this reading, of (ifindex, peer id) `row`, with (CE, ECE) `marks` so far; if
+    /// it is a `job`'s, what it received since the previous reading goes to `out`. A flow
+    /// without marks at the previous reading counts from zero: its entry starts at zero when
+    /// it opens, so all its marks came since (also those before the daemon knew it for a
+    /// job's, as long as it was told within the reading that first saw them).
+    pub fn add(
+        &mut self,
+        k: &FlowKey,
+        row: (u32, u32),
+        marks: (u64, u64),
+        job: bool,
+        out: &mut Added,
+    ) {
+        if marks == (0, 0) {
+            return;
+        }
+        let prev = self.prev.get(k);
+        if job {
+            let (ce, ece) = prev.map_or((0, 0), |s| s.marks);
             let e = out.entry(row).or_default();
             e.0 += marks.0.saturating_sub(ce);
             e.1 += marks.1.saturating_sub(ece);
         }
-        self.now.insert(*k, marks);
+        let looked_up = self.looked_up || prev.is_some_and(|s| s.looked_up);
+        self.now.insert(*k, Seen { marks, looked_up });
     }
 
-    /// The reading is over: its job flows are what the next one counts from (a flow gone from
-    /// the table or no longer a job's is forgotten).
+    /// The reading is over: its marked flows are what the next one counts from (a flow gone
+    /// from the table is forgotten).
     pub fn end_reading(&mut self) {
         self.prev = std::mem::take(&mut self.now);
+        self.looked_up = false;
     }
 }
 
@@ -100,17 +145,45 @@ mod tests {
         let k = |port| FlowKey { local_port: port, ..FlowKey::default() };
         let mut m = JobMarks::default();
         let mut out = Added::new();
-        m.add(&k(1), (3, 1), (10, 0), &mut out);
+        m.add(&k(1), (3, 1), (10, 0), true, &mut out);
         m.end_reading();
-        assert!(out.is_empty(), "first sight");
-        m.add(&k(1), (3, 1), (15, 2), &mut out);
+        assert_eq!(out[&(3, 1)], (10, 0), "first marked: all its marks came since");
+        let mut out = Added::new();
+        m.add(&k(1), (3, 1), (15, 2), true, &mut out);
         m.end_reading();
         assert_eq!(out[&(3, 1)], (5, 2), "what it added");
+        // Another's flow marked 4 times, then found to be a job's: only what came after.
+        m.add(&k(2), (3, 1), (4, 0), false, &mut out);
         m.end_reading();
-        assert!(m.prev.is_empty(), "a reading without it: forgotten");
+        assert_eq!(out[&(3, 1)], (5, 2), "not a job's");
         let mut out = Added::new();
-        m.add(&k(1), (3, 1), (20, 2), &mut out);
-        assert!(out.is_empty(), "seen again: counts from now");
+        m.add(&k(2), (3, 1), (6, 0), true, &mut out);
+        assert_eq!(out[&(3, 1)], (2, 0));
+        m.end_reading();
+        m.end_reading();
+        assert!(m.prev.is_empty(), "a reading without them: forgotten");
+    }
+
+    #[test]
+    fn a_flow_marked_since_the_last_look_up_asks_for_another() {
+        let k = |port| FlowKey { local_port: port, ..FlowKey::default() };
+        let marked = |port, ce| (k(port), FlowState { ce_segs: ce, ..FlowState::default() });
+        let jobs: HashSet<FlowKey> = [k(1)].into();
+        let mut m = JobMarks::default();
+        let mut out = Added::new();
+        assert!(!m.unknown_owner(&[marked(1, 5), marked(2, 0)], &jobs), "a job's, an unmarked");
+        assert!(m.unknown_owner(&[marked(2, 1)], &jobs), "newly marked, owner unknown");
+        m.add(&k(2), (3, 1), (1, 0), false, &mut out);
+        m.end_reading();
+        assert!(m.unknown_owner(&[marked(2, 2)], &jobs), "still not looked up");
+        m.looked_up();
+        assert!(!m.unknown_owner(&[marked(2, 2)], &jobs), "looked up: another's");
+        m.add(&k(3), (3, 1), (1, 0), false, &mut out);
+        m.end_reading();
+        assert!(!m.unknown_owner(&[marked(3, 1)], &jobs), "marked in the looked-up reading");
+        m.add(&k(4), (3, 1), (1, 0), false, &mut out);
+        m.end_reading();
+        assert!(m.unknown_owner(&[marked(4, 1)], &jobs), "marked after it");
     }
 
     #[test]

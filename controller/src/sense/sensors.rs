@@ -109,6 +109,14 @@ impl Sensors {
             }
         }
         self.job_flows = flows;
+        self.job_marks.looked_up();
+    }
+
+    /// Whether a flow of `flows` (this tick's flow-table reading) was marked since the jobs'
+    /// flows were last set and is not one of them: a job's new connection may be, so look
+    /// them up again before [`Self::tick`] gives its marks to anyone.
+    pub fn unknown_owner(&self, flows: &[(FlowKey, FlowState)]) -> bool {
+        self.job_marks.unknown_owner(flows, &self.job_flows)
     }
 
     /// One tick at time `now` (monotonic, since start).
@@ -133,8 +141,9 @@ impl Sensors {
                 if sampled {
                     fresh.entry(row).or_default().push(f.srtt_us);
                 }
-                let others = if self.job_flows.contains(k) {
-                    self.job_marks.add(k, row, (f.ce_segs, f.ece_segs), &mut job_marks);
+                let job = self.job_flows.contains(k);
+                self.job_marks.add(k, row, (f.ce_segs, f.ece_segs), job, &mut job_marks);
+                let others = if job {
                     (f.burst_ns > last && f.burst_rtt_us > 0).then_some(f.burst_rtt_us)
                 } else {
                     sampled.then_some(f.srtt_us)
