@@ -1,38 +1,7 @@
 //! When the daemon reads the flow table: every tick while that is cheap, less often as the
-//! table grows; and the connections already open when it starts, written into the table.
+//! table grows.
 
-use std::{
-    collections::HashSet,
-    time::{Duration, Instant},
-};
-
-use linkpilot_common::FlowKey;
-use tracing::{info, warn};
-
-use crate::kernel::{probes::Probes, sockets};
-
-/// Writes the connections open before the start into the flow table (`Probes::seed_flows`),
-/// then takes out those that closed meanwhile: a close between the listing and the write came
-/// before the entry, so nothing else would remove it. Call with the tracepoints attached, so
-/// that a connection opening after the listing is theirs. A failure costs only those flows'
-/// marks and RTT samples, so it is said, not fatal.
-pub(super) fn seed_open_flows(probes: &mut Probes) {
-    let listed: Vec<FlowKey> = sockets::established().into_iter().map(|(_, k)| k).collect();
-    let seeded = probes.seed_flows(&listed).and_then(|written| {
-        let open: HashSet<FlowKey> = sockets::established().into_iter().map(|(_, k)| k).collect();
-        let closed: Vec<FlowKey> = written.iter().filter(|k| !open.contains(k)).copied().collect();
-        probes.unseed_flows(&closed)?;
-        Ok(written.len() - closed.len())
-    });
-    match seeded {
-        Ok(0) => {}
-        Ok(n) => info!("connections open before the start, written into the flow table: {n}"),
-        Err(e) => warn!(
-            "writing the connections open before the start into the flow table: {e}; the marks \
-             on those that only receive count as others'"
-        ),
-    }
-}
+use std::time::{Duration, Instant};
 
 /// Reading the flow table costs ~0.5 us per flow: a big table is read less often than the
 /// counters, keeping that cost near 1% of a core, but at least every 2 s (or every tick, if

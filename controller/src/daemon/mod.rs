@@ -238,7 +238,15 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         probes.watch(iface)?;
     }
     probes.attach_tracepoints()?;
-    flow_reads::seed_open_flows(&mut probes);
+    // A failure costs only those connections' marks and RTT samples: said, not fatal.
+    match probes.seed_open_connections() {
+        Ok(0) => {}
+        Ok(n) => info!("connections open before the start, written into the flow table: {n}"),
+        Err(e) => warn!(
+            "writing the connections open before the start into the flow table: {e}; the marks \
+             on those that only receive count as others'"
+        ),
+    }
     // Only a run that acts may change connections.
     let transport_path = if instance_lock.is_some() && !observe_only {
         transport::start(&mut probes, &policy, o.cgroup.as_deref())

@@ -300,14 +300,18 @@ impl Probes {
     /// Writes flows into the flow table as the tracepoints would: for benchmarks that need a
     /// full table without 100k real connections.
     pub fn insert_flows(&mut self, flows: &[(FlowKey, FlowState)]) -> Result<(), ProbeError> {
-        let map = self.ebpf.map_mut(MAP_FLOWS);
-        let mut table: HashMap<&mut MapData, FlowKey, FlowState> =
-            HashMap::try_from(map.ok_or(ProbeError::Missing { kind: "map", name: MAP_FLOWS })?)
-                .map_err(|e| map_error(MAP_FLOWS, e))?;
+        let mut table = self.flow_table()?;
         for (k, v) in flows {
             table.insert(k, v, 0).map_err(|e| map_error(MAP_FLOWS, e))?;
         }
         Ok(())
+    }
+
+    /// The flow table, to write.
+    fn flow_table(&mut self) -> Result<HashMap<&mut MapData, FlowKey, FlowState>, ProbeError> {
+        let map = self.ebpf.map_mut(MAP_FLOWS);
+        HashMap::try_from(map.ok_or(ProbeError::Missing { kind: "map", name: MAP_FLOWS })?)
+            .map_err(|e| map_error(MAP_FLOWS, e))
     }
 
     /// Kernel memory charged to the flow table (`memlock` in its fdinfo), bytes.

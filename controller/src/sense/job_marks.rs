@@ -79,7 +79,9 @@ impl JobMarks {
     /// The reading is over: its marked flows are what the next one counts from (a flow gone
     /// from the table is forgotten).
     pub fn end_reading(&mut self) {
-        self.prev = std::mem::take(&mut self.now);
+        // Swapped, not rebuilt: both maps keep their capacity from tick to tick.
+        std::mem::swap(&mut self.prev, &mut self.now);
+        self.now.clear();
         self.looked_up = false;
     }
 }

@@ -3,19 +3,47 @@
 //! taking data from the other site) and was open before a restart would never be there, and
 //! the marks on it would count as others'. They are written in as the open would have.
 
-use aya::maps::{lpm_trie::Key as LpmKey, HashMap, MapData, MapError};
-use linkpilot_common::{FlowKey, FlowState, LocalAddr, AF_INET, MAP_FLOWS, PEER_OTHER};
+use std::{
+    collections::HashSet,
+    net::{IpAddr, Ipv6Addr},
+};
+
+use aya::maps::{lpm_trie::Key as LpmKey, MapError};
+use linkpilot_common::{FlowKey, FlowState, LocalAddr, MAP_FLOWS, PEER_OTHER};
 
 use super::{map_error, monotonic_ns, ProbeError, Probes};
+use crate::kernel::{iface::local_addr_key, sockets};
 
 /// `BPF_NOEXIST`: a flow a tracepoint already put in the table keeps its entry.
 const NOEXIST: u64 = 1;
 
 impl Probes {
-    /// Puts each of `conns` (established connections of this namespace) whose local address is
-    /// on a watched interface into the flow table, unless a tracepoint already did: with the
-    /// interface and peer the open's tracepoint would give it. Returns those written.
-    pub fn seed_flows(&mut self, conns: &[FlowKey]) -> Result<Vec<FlowKey>, ProbeError> {
+    /// Writes the established connections of this namespace whose local address is on a
+    /// watched interface into the flow table, unless a tracepoint already did, with the
+    /// interface and peer the open's tracepoint would give them; then takes out those that
+    /// closed meanwhile (a close between the listing and the write came before the entry, so
+    /// nothing else would remove it). Call with the tracepoints attached, so that a connection
+    /// opening after the listing is theirs. Returns how many stay.
+    pub fn seed_open_connections(&mut self) -> Result<usize, ProbeError> {
+        let listed: Vec<FlowKey> = sockets::established().into_iter().map(|(_, k)| k).collect();
+        let written = self.seed_flows(&listed)?;
+        let open: HashSet<FlowKey> = sockets::established().into_iter().map(|(_, k)| k).collect();
+        let closed: Vec<&FlowKey> = written.iter().filter(|k| !open.contains(k)).collect();
+        let mut table = self.flow_table()?;
+        for k in &closed {
+            match table.remove(k) {
+                Ok(()) => {}
+                Err(MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(map_error(MAP_FLOWS, e)),
+            }
+        }
+        Ok(written.len() - closed.len())
+    }
+
+    /// Writes each of `conns` on a watched interface, unless its key is in the table already.
+    /// Returns those written.
+    fn seed_flows(&mut self, conns: &[FlowKey]) -> Result<Vec<FlowKey>, ProbeError> {
         let now = monotonic_ns();
         let mut rows = Vec::new();
         for k in conns {
@@ -23,12 +51,7 @@ impl Probes {
             let peer = self.peers.get(&LpmKey::new(128, k.remote), 0).unwrap_or(PEER_OTHER);
             rows.push((*k, FlowState { last_ns: now, ifindex, peer, ..FlowState::default() }));
         }
-        let mut table: HashMap<&mut MapData, FlowKey, FlowState> = HashMap::try_from(
-            self.ebpf
-                .map_mut(MAP_FLOWS)
-                .ok_or(ProbeError::Missing { kind: "map", name: MAP_FLOWS })?,
-        )
-        .map_err(|e| map_error(MAP_FLOWS, e))?;
+        let mut table = self.flow_table()?;
         let mut written = Vec::new();
         for (k, v) in rows {
             match table.insert(k, v, NOEXIST) {
@@ -40,45 +63,19 @@ impl Probes {
         }
         Ok(written)
     }
-
-    /// Takes `flows` out of the flow table (those already gone are no error): seeded
-    /// connections that closed before their entry was written, which no close will remove.
-    pub fn unseed_flows(&mut self, flows: &[FlowKey]) -> Result<(), ProbeError> {
-        let mut table: HashMap<&mut MapData, FlowKey, FlowState> = HashMap::try_from(
-            self.ebpf
-                .map_mut(MAP_FLOWS)
-                .ok_or(ProbeError::Missing { kind: "map", name: MAP_FLOWS })?,
-        )
-        .map_err(|e| map_error(MAP_FLOWS, e))?;
-        for k in flows {
-            match table.remove(k) {
-                Ok(()) => {}
-                Err(MapError::SyscallError(e))
-                    if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(e) => return Err(map_error(MAP_FLOWS, e)),
-            }
-        }
-        Ok(())
-    }
 }
 
 /// The local-address map's key for a flow's local address, as the programs form it: a
 /// dual-stack socket carrying IPv4 is looked up by its IPv4 address.
 fn local_addr(k: &FlowKey) -> LocalAddr {
-    let mut la = LocalAddr { family: k.family, _pad: 0, addr: [0; 16] };
-    if k.local[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] {
-        la.family = AF_INET;
-        la.addr[..4].copy_from_slice(&k.local[12..]);
-    } else {
-        la.addr = k.local;
-    }
-    la
+    let v6 = Ipv6Addr::from(k.local);
+    local_addr_key(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use linkpilot_common::{v4_mapped, AF_INET6};
+    use linkpilot_common::{v4_mapped, AF_INET, AF_INET6};
 
     #[test]
     fn local_addresses_are_keyed_as_the_programs_key_them() {
