@@ -68,7 +68,8 @@ pub struct Sensors {
     last: Option<Duration>,
     peers: HashMap<(String, u32), PeerState>,
     /// `Readings::kernel_ns` of the previous tick: flows updated after it have fresh samples.
-    /// Nothing is kept per flow, so memory does not grow with the flow count.
+    /// Nothing is kept per flow for RTT, so its memory does not grow with the flow count (the
+    /// mark split keeps each marked flow: [`JobMarks`]).
     last_kernel_ns: u64,
     /// NIC counters at the previous tick, by (link, device, port, counter).
     nic_prev: HashMap<(String, String, u32, String), u64>,
