@@ -1,6 +1,8 @@
 //! Builds the eBPF crate for bpfel-unknown-none (nightly, build-std, bpf-linker) into OUT_DIR, so
 //! the controller embeds the object. `cargo xtask build-ebpf` goes through this same path.
-//! Without the `native` feature (the fuzz targets) the embedded object is empty.
+//! Without the `native` feature (the fuzz targets) the embedded object is empty. With
+//! `LINKPILOT_EBPF_OBJECT` set (by `cargo xtask test`, to an object an earlier build of the same
+//! run made) that object is embedded instead of building it again for another profile.
 #[cfg(feature = "native")]
 use anyhow::{anyhow, Context as _};
 
@@ -13,6 +15,16 @@ fn main() -> anyhow::Result<()> {
 
 #[cfg(feature = "native")]
 fn main() -> anyhow::Result<()> {
+    println!("cargo::rerun-if-env-changed=LINKPILOT_EBPF_OBJECT");
+    if let Some(object) = std::env::var_os("LINKPILOT_EBPF_OBJECT") {
+        let object = std::path::PathBuf::from(object);
+        println!("cargo::rerun-if-changed={}", object.display());
+        let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("linkpilot");
+        std::fs::copy(&object, &out).with_context(|| {
+            format!("copying the eBPF object LINKPILOT_EBPF_OBJECT={}", object.display())
+        })?;
+        return Ok(());
+    }
     let metadata = cargo_metadata::MetadataCommand::new()
         .no_deps()
         .exec()

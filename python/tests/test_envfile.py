@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import json
 import logging
 import os
@@ -195,3 +196,26 @@ def test_the_job_report_starts_with_the_group_and_the_hook_takes_it_over(
     hook.close()
     other.close()
     assert list(jobs.iterdir()) == []
+
+
+def _fuzz_oracle() -> Any:
+    """The env-file fuzz target's module (fuzz/python/envfile.py), loaded by path."""
+    path = REPO / "fuzz" / "python" / "envfile.py"
+    spec = importlib.util.spec_from_file_location("fuzz_envfile", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_SEEDS = sorted((REPO / "fuzz" / "seeds" / "envfile").iterdir())
+
+
+def test_the_fuzz_seeds_exist() -> None:
+    assert _SEEDS, "no seeds in fuzz/seeds/envfile"
+
+
+@pytest.mark.parametrize("seed", _SEEDS, ids=[p.name for p in _SEEDS])
+def test_each_fuzz_seed_passes_the_fuzz_targets_oracle(seed: Path) -> None:
+    """The fuzz target's oracle on every committed seed (timed fuzzing: `cargo xtask fuzz`)."""
+    _fuzz_oracle().one_input(seed.read_bytes())

@@ -137,8 +137,7 @@ fn measure(pid: u32, bin: &Path, socket: &Path, secs: u64) -> anyhow::Result<(u6
 }
 
 pub fn run(flows: u32, secs: u64) -> anyhow::Result<()> {
-    status("build", Command::new(env!("CARGO")).args(["build", "--release", "-p", "linkpilot"]))?;
-    let bin = workspace_root().join("target/release/linkpilot");
+    let bin = crate::build_ebpf::release_daemon()?;
     let dir = std::env::temp_dir().join(format!("lp-bench-daemon-{}", std::process::id()));
     fs::create_dir_all(&dir)?;
     let p = |f: &str| -> PathBuf { dir.join(f) };

@@ -21,8 +21,7 @@ pub fn shipped() -> PathBuf {
 
 /// Builds it, checks its glibc needs, and returns its path.
 pub fn build() -> anyhow::Result<PathBuf> {
-    let zig_dir = crate::python::zig_dir()?;
-    let path = format!("{}:{}", zig_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let path = crate::python::path_with_tools(&[crate::python::zig_dir()?]);
     let target_dir = workspace_root().join(format!("target/glibc-{}.{}", GLIBC.0, GLIBC.1));
     status(
         "cargo zigbuild (the tuner plugin for glibc 2.28)",

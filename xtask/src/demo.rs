@@ -41,10 +41,7 @@ pub fn run(seconds: Option<u64>) -> anyhow::Result<()> {
             bail!("the demo needs {tool}, which is not installed (cargo xtask setup installs it)");
         }
     }
-    status(
-        "build",
-        Command::new(env!("CARGO")).args(["build", "-p", "linkpilot", "-p", "linkpilot-lab"]),
-    )?;
+    crate::build_ebpf::debug_binaries()?;
     let out = workspace_root().join("target/demo");
     let _ = fs::remove_dir_all(&out);
     fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;

@@ -1,7 +1,8 @@
 //! `cargo xtask fuzz`: the coverage-guided fuzz targets of `fuzz/` (cargo-fuzz, libFuzzer, on
 //! nightly) and the Python env-file target (atheris), each for a while, starting from the seeds
 //! committed in `fuzz/seeds/<target>` (read only: new inputs go to `fuzz/corpus/<target>`).
-//! Fails on the first crash, naming the input that caused it.
+//! Fails on the first crash, naming the input that caused it. Run on purpose (before a release,
+//! after a parser changes); `cargo xtask test` runs every seed once as a plain test instead.
 
 use std::{
     fs,
@@ -27,6 +28,9 @@ pub const RUST_TARGETS: &[&str] = &[
 ];
 pub const PYTHON_TARGETS: &[&str] = &["envfile"];
 
+/// libFuzzer's runtime, which the fuzz package links only when asked (its seeds' test needs none).
+const FEATURES: [&str; 2] = ["--features", "libfuzzer"];
+
 /// An input that takes longer than this is a hang, reported as a failure.
 const INPUT_TIMEOUT_S: u64 = 10;
 
@@ -47,9 +51,10 @@ pub fn run(seconds: u64, only: Option<&str>) -> anyhow::Result<Vec<Outcome>> {
         }
     }
     let started = Instant::now();
+    crate::setup::cargo_fuzz().context("installing cargo-fuzz")?;
     status(
         "building the fuzz targets",
-        Command::new("rustup").args(["run", "nightly", "cargo", "fuzz", "build"]),
+        Command::new("rustup").args(["run", "nightly", "cargo", "fuzz", "build"]).args(FEATURES),
     )?;
     eprintln!("fuzz: targets built in {:.0} s", started.elapsed().as_secs_f64());
     let mut out = Vec::new();
@@ -89,7 +94,7 @@ fn run_one(target: &str, seconds: u64) -> anyhow::Result<Outcome> {
         c
     } else {
         let mut c = Command::new("rustup");
-        c.args(["run", "nightly", "cargo", "fuzz", "run", target]);
+        c.args(["run", "nightly", "cargo", "fuzz", "run"]).args(FEATURES).arg(target);
         c
     };
     cmd.arg(&corpus).arg(&seeds);

@@ -235,9 +235,15 @@ pub fn query(path: &Path) -> anyhow::Result<Status> {
         anyhow::anyhow!("{}: {e} ({hint})", path.display())
     })?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    s.write_all(b"status\n")?;
+    // A client the daemon refuses is answered and closed without being read, so the request
+    // can meet a closed socket (EPIPE) while the refusal waits to be read: read it either way.
+    let sent = s.write_all(b"status\n");
     let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line).context("reading the status reply")?;
+    let read = BufReader::new(&s).read_line(&mut line);
+    if line.is_empty() {
+        sent.with_context(|| format!("{}: sending the request", path.display()))?;
+    }
+    read.context("reading the status reply")?;
     if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
         if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
             anyhow::bail!("{}: {e}", path.display());

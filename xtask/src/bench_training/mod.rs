@@ -17,14 +17,11 @@ mod states;
 pub mod stats;
 pub mod transport;
 
-use std::{fs, path::Path, process::Command};
+use std::{fs, path::Path};
 
 use anyhow::{bail, Context as _};
 
-use crate::{
-    lab,
-    run::{status, workspace_root},
-};
+use crate::{lab, run::workspace_root};
 
 pub struct Args {
     pub quick: bool,
@@ -104,10 +101,7 @@ fn measure(args: &Args, scenarios: &[String], out: &Path, cc: &str) -> anyhow::R
         bail!("the benchmark builds network namespaces and runs the daemon: run it as root");
     }
     crate::setup::run()?;
-    status(
-        "build",
-        Command::new(env!("CARGO")).args(["build", "-p", "linkpilot", "-p", "linkpilot-lab"]),
-    )?;
+    crate::build_ebpf::debug_binaries()?;
     let repeats = args.repeats.unwrap_or(if args.quick { 1 } else { FULL_REPEATS });
     let eval = run::Eval { windows: args.eval_windows, noise_sets: 8 };
     struct Plan {

@@ -47,19 +47,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("the soak builds network namespaces and loads eBPF programs: run it as root");
     }
     crate::setup::run()?;
-    status(
-        "build",
-        Command::new(env!("CARGO")).args(["build", "-p", "linkpilot", "-p", "linkpilot-lab"]),
-    )?;
-    if args.release {
-        status(
-            "release build",
-            Command::new(env!("CARGO")).args(["build", "--release", "-p", "linkpilot"]),
-        )?;
-    }
-    let daemon = workspace_root()
-        .join(if args.release { "target/release" } else { "target/debug" })
-        .join("linkpilot");
+    crate::build_ebpf::debug_binaries()?;
+    let daemon = if args.release {
+        crate::build_ebpf::release_daemon()?
+    } else {
+        crate::lab::bin("linkpilot")
+    };
     let steps = if args.steps.is_empty() { vec![Step::Kill, Step::Day] } else { args.steps };
     // The short form apart, so that CI or a quick check never clears a long run's results.
     let root = workspace_root().join(if args.quick { "target/soak-quick" } else { "target/soak" });

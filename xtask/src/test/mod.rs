@@ -1,0 +1,187 @@
+//! `cargo xtask test`: the one test command, for developers and CI alike. The workspace is built
+//! once (debug, every target) and every step after it uses that build; the Rust tests run under
+//! cargo-nextest, the privileged ones side by side (`privileged.rs`). Every step is timed: the
+//! table is printed when the run ends, pass or fail, and written to `target/test-timings.json`.
+//! A run must leave the work tree as it found it (`tree.rs`).
+
+mod privileged;
+mod timing;
+mod tree;
+
+use std::{path::PathBuf, process::Command, time::Instant};
+
+use anyhow::{bail, Context as _};
+
+use crate::{
+    build_ebpf::{self, Built, PREBUILT},
+    run::{status, workspace_root},
+    setup,
+};
+
+/// Where the timing table goes as JSON.
+pub const TIMINGS: &str = "target/test-timings.json";
+
+pub fn run(privileged: bool) -> anyhow::Result<()> {
+    let tree = tree::Snapshot::take()?;
+    let mut suite = timing::Suite::default();
+    let outcome = steps(&mut suite, privileged);
+    let reported = suite.report(&workspace_root().join(TIMINGS));
+    outcome?;
+    reported?;
+    tree.unchanged()
+}
+
+fn steps(suite: &mut timing::Suite, privileged: bool) -> anyhow::Result<()> {
+    let python = suite.step("setup (the virtualenv goes on in the background)", setup::start)?;
+    let cargo = env!("CARGO");
+    suite.step("rustfmt check", || {
+        status("rustfmt check", Command::new(cargo).args(["fmt", "--all", "--", "--check"]))
+    })?;
+    // Every target of every host crate, debug, once: the tests, the binaries the lab tests,
+    // benchmarks and demo run, and the eBPF object the controller embeds.
+    let built = suite.step("build (debug, every target)", || {
+        build_ebpf::cargo_build(
+            &["--workspace", "--exclude", "linkpilot-ebpf", "--all-targets"],
+            &[],
+        )
+    })?;
+    let object = built.ebpf_object.clone().context("the build did not build the controller")?;
+    build_ebpf::mark_workspace_built();
+    // The checks reuse the object rather than build it once more (a check build runs build
+    // scripts too).
+    let reuse = [(PREBUILT, object.clone())];
+    suite.step("clippy (host crates)", || {
+        status(
+            "clippy (host crates)",
+            Command::new(cargo)
+                .args(["clippy", "--workspace", "--exclude", "linkpilot-ebpf", "--all-targets"])
+                .args(["--", "-D", "warnings"])
+                .envs(reuse.iter().map(|(k, v)| (k, v))),
+        )
+    })?;
+    suite.step("clippy (eBPF crate)", || {
+        status(
+            "clippy (eBPF crate)",
+            Command::new("rustup").args([
+                "run",
+                "nightly",
+                "cargo",
+                "clippy",
+                "--package",
+                "linkpilot-ebpf",
+                "--target",
+                "bpfel-unknown-none",
+                "-Z",
+                "build-std=core",
+                "--release",
+                "--",
+                "-D",
+                "warnings",
+            ]),
+        )
+    })?;
+    // nextest comes with the virtualenv.
+    suite.step("setup: the virtualenv (what is left of it)", || setup::finish(python))?;
+    suite.step("unit tests and fuzz seeds", || {
+        privileged::nextest(&["not package(linkpilot-tests)"], None, &[])
+    })?;
+    // The plugin as shipped (glibc 2.28): the training side's tests run against it.
+    let tuner = suite.step("NCCL tuner plugin (glibc 2.28)", crate::build_tuner::build)?;
+    let linkpilot = built.bin("linkpilot")?;
+    suite.step("mypy (python/)", crate::python::mypy)?;
+    suite.step("pytest (python/)", || crate::python::pytest(&linkpilot, &tuner))?;
+    if !privileged {
+        eprintln!("test: privileged tests skipped (--no-privileged)");
+        suite.skip("privileged steps (--no-privileged)");
+        return Ok(());
+    }
+    if !crate::lab::is_root() {
+        bail!("the privileged tests need root (namespaces, eBPF); run as root or pass --no-privileged");
+    }
+    let env = lab_env(&built, &tuner)?;
+    // Beside the lab tests, which mostly wait: the soak's release build, at the lowest CPU
+    // priority, embedding the object built above; and the two quick forms whose checks a
+    // busier machine cannot pass wrongly (bytes carried, nothing faster than the round trip;
+    // the demo decided and drew its timeline), one after the other.
+    let release = build_ebpf::release_daemon_in_background(object);
+    let beside = std::thread::spawn(|| {
+        // The streams benchmark's short form: real gloo ranks across the lab; it fails unless
+        // the lab carried every exchange's bytes and none beat the round trip.
+        let t = Instant::now();
+        let streams = crate::bench_streams::run(crate::bench_streams::Args::quick());
+        let streams = (t.elapsed(), streams);
+        // The README's main command, cut short: it fails unless the daemon decided and the
+        // timeline was drawn.
+        let t = Instant::now();
+        let demo = crate::demo::run(Some(30));
+        (streams, (t.elapsed(), demo))
+    });
+    let side_by_side = suite.step("lab tests, side by side", || privileged::side_by_side(&env));
+    let ((streams_took, streams), (demo_took, demo)) =
+        beside.join().map_err(|_| anyhow::anyhow!("the steps beside the lab tests panicked"))?;
+    let streams =
+        suite.beside("bench-streams --quick (beside the lab tests)", streams_took, streams);
+    let demo = suite.beside("demo --seconds 30 (beside the lab tests)", demo_took, demo);
+    let release = suite.step("release build of the daemon (what is left of it)", || {
+        release.join().map_err(|_| anyhow::anyhow!("the release build's thread panicked"))?
+    });
+    side_by_side?;
+    streams?;
+    demo?;
+    release?;
+    suite.step("lab tests, one at a time", || privileged::alone(&env))?;
+    // The reliability soak's short form: 3 SIGKILLs and restarts under traffic with a board
+    // reader, and 3 minutes at 10 Hz judged on RSS growth and CPU (RELIABILITY.md), with the
+    // release build: the CPU goal is for what operators run, and an unoptimised build's CPU
+    // moves with the machine's speed (the same debug build: 1.1% one day, 2.0% another here).
+    suite.step("soak --quick", || {
+        crate::soak::run(crate::soak::Args {
+            quick: true,
+            steps: Vec::new(),
+            seed: None,
+            restarts: None,
+            minutes: None,
+            release: true,
+        })
+    })?;
+    // The datapath benchmark's short form: its harness runs, and the programs ran once per
+    // packet iperf3 sent (bpf_stats against iperf3's count).
+    suite.step("bench-datapath --quick", || {
+        crate::bench_datapath::run(crate::bench_datapath::Args {
+            bins: Vec::new(),
+            rounds: 1,
+            seconds: 2,
+            lab_bin: None,
+            parts: Vec::new(),
+            json: None,
+            quick: true,
+        })
+    })?;
+    // The headline's short form: real training across the lab; it fails unless adaptive's
+    // ranks follow the daemons' boards through a codec change, a hook that ignores its board
+    // fails that same check, and adaptive is faster than untuned when congested.
+    suite.step("bench-training --quick", || {
+        crate::bench_training::run(crate::bench_training::Args {
+            quick: true,
+            repeats: None,
+            scenarios: None,
+            configs: None,
+            keep: false,
+            resume: false,
+            report_only: false,
+            // The check judges steps and codecs, not loss; the evaluation only fills the
+            // report, so fewer held-out windows (each run: 19-86 checkpoints, ~4 s each at 128).
+            eval_windows: 16,
+            cc: None,
+        })
+    })
+}
+
+/// What the privileged tests are told: the binaries under test and the shipped plugin.
+fn lab_env(built: &Built, tuner: &std::path::Path) -> anyhow::Result<Vec<(&'static str, PathBuf)>> {
+    Ok(vec![
+        ("LINKPILOT_BIN", built.bin("linkpilot")?),
+        ("LINKPILOT_LAB_BIN", built.bin("linkpilot-lab")?),
+        ("LINKPILOT_SHIPPED_TUNER", tuner.to_owned()),
+    ])
+}
