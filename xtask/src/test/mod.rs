@@ -8,7 +8,11 @@ mod privileged;
 mod timing;
 mod tree;
 
-use std::{path::PathBuf, process::Command, time::Instant};
+use std::{
+    path::PathBuf,
+    process::Command,
+    time::{Duration, Instant},
+};
 
 use anyhow::{bail, Context as _};
 
@@ -47,6 +51,10 @@ fn steps(suite: &mut timing::Suite, privileged: bool) -> anyhow::Result<()> {
     })?;
     let object = built.ebpf_object.clone().context("the build did not build the controller")?;
     build_ebpf::mark_workspace_built();
+    // The soak's release build of the daemon goes on in the background from here, at the lowest
+    // CPU priority, embedding the object built above: it takes the CPU the steps up to the lab
+    // tests leave idle and, mostly, what the lab tests leave (they mostly wait).
+    let release = privileged.then(|| build_ebpf::release_daemon_in_background(object.clone()));
     // The checks reuse the object rather than build it once more (a check build runs build
     // scripts too).
     let reuse = [(PREBUILT, object.clone())];
@@ -99,12 +107,12 @@ fn steps(suite: &mut timing::Suite, privileged: bool) -> anyhow::Result<()> {
         bail!("the privileged tests need root (namespaces, eBPF); run as root or pass --no-privileged");
     }
     let env = lab_env(&built, &tuner)?;
-    // Beside the lab tests, which mostly wait: the soak's release build, at the lowest CPU
-    // priority, embedding the object built above; and the two quick forms whose checks a
-    // busier machine cannot pass wrongly (bytes carried, nothing faster than the round trip;
-    // the demo decided and drew its timeline), one after the other.
-    let release = build_ebpf::release_daemon_in_background(object);
-    let beside = std::thread::spawn(|| {
+    let release = release.context("the release build was not started")?;
+    // Beside the lab tests, which mostly wait, the checks a busier machine cannot pass wrongly,
+    // on two threads: the streams benchmark's and the demo's quick forms, one after the other;
+    // and, once the release build is done, the soak's compressed day, whose figures are the
+    // daemon's own (its CPU seconds, its resident memory, its tick count).
+    let quick_forms = std::thread::spawn(|| {
         // The streams benchmark's short form: real gloo ranks across the lab; it fails unless
         // the lab carried every exchange's bytes and none beat the round trip.
         let t = Instant::now();
@@ -116,34 +124,44 @@ fn steps(suite: &mut timing::Suite, privileged: bool) -> anyhow::Result<()> {
         let demo = crate::demo::run(Some(30));
         (streams, (t.elapsed(), demo))
     });
+    let soak_day = std::thread::spawn(move || {
+        let t = Instant::now();
+        let built =
+            release.join().map_err(|_| anyhow::anyhow!("the release build's thread panicked"));
+        let built = (t.elapsed(), built.and_then(|b| b));
+        if built.1.is_err() {
+            return (built, (Duration::ZERO, Ok(())));
+        }
+        // The reliability soak's compressed day, short: 3 minutes at 10 Hz judged on RSS
+        // growth, CPU and tick rate (RELIABILITY.md), with the release build: the CPU goal is
+        // for what operators run, and an unoptimised build's CPU moves with the machine's speed
+        // (the same debug build: 1.1% one day, 2.0% another here).
+        let t = Instant::now();
+        let day = soak(crate::soak::Step::Day);
+        (built, (t.elapsed(), day))
+    });
     let side_by_side = suite.step("lab tests, side by side", || privileged::side_by_side(&env));
-    let ((streams_took, streams), (demo_took, demo)) =
-        beside.join().map_err(|_| anyhow::anyhow!("the steps beside the lab tests panicked"))?;
+    let ((streams_took, streams), (demo_took, demo)) = quick_forms
+        .join()
+        .map_err(|_| anyhow::anyhow!("the quick forms beside the lab tests panicked"))?;
     let streams =
         suite.beside("bench-streams --quick (beside the lab tests)", streams_took, streams);
     let demo = suite.beside("demo --seconds 30 (beside the lab tests)", demo_took, demo);
-    let release = suite.step("release build of the daemon (what is left of it)", || {
-        release.join().map_err(|_| anyhow::anyhow!("the release build's thread panicked"))?
-    });
+    let ((built_took, built), (day_took, day)) = soak_day
+        .join()
+        .map_err(|_| anyhow::anyhow!("the soak's day beside the lab tests panicked"))?;
+    let built =
+        suite.beside("release build of the daemon (beside; the wait for it)", built_took, built);
+    let day = suite.beside("soak --quick: the day (beside the lab tests)", day_took, day);
     side_by_side?;
     streams?;
     demo?;
-    release?;
+    built?;
+    day?;
     suite.step("lab tests, one at a time", || privileged::alone(&env))?;
-    // The reliability soak's short form: 3 SIGKILLs and restarts under traffic with a board
-    // reader, and 3 minutes at 10 Hz judged on RSS growth and CPU (RELIABILITY.md), with the
-    // release build: the CPU goal is for what operators run, and an unoptimised build's CPU
-    // moves with the machine's speed (the same debug build: 1.1% one day, 2.0% another here).
-    suite.step("soak --quick", || {
-        crate::soak::run(crate::soak::Args {
-            quick: true,
-            steps: Vec::new(),
-            seed: None,
-            restarts: None,
-            minutes: None,
-            release: true,
-        })
-    })?;
+    // The soak's kill cycle, short: 3 SIGKILLs and restarts under traffic with a board reader
+    // that times how soon the board goes stale and fresh again, so on a machine left quiet.
+    suite.step("soak --quick: the kill cycle", || soak(crate::soak::Step::Kill))?;
     // The datapath benchmark's short form: its harness runs, and the programs ran once per
     // packet iperf3 sent (bpf_stats against iperf3's count).
     suite.step("bench-datapath --quick", || {
@@ -174,6 +192,18 @@ fn steps(suite: &mut timing::Suite, privileged: bool) -> anyhow::Result<()> {
             eval_windows: 16,
             cc: None,
         })
+    })
+}
+
+/// One step of `soak --quick`, on the release build.
+fn soak(step: crate::soak::Step) -> anyhow::Result<()> {
+    crate::soak::run(crate::soak::Args {
+        quick: true,
+        steps: vec![step],
+        seed: None,
+        restarts: None,
+        minutes: None,
+        release: true,
     })
 }
 

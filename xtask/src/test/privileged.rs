@@ -52,8 +52,9 @@ pub const ALONE: &[(&str, &str)] = &[
         "counts BPF links machine-wide",
     ),
     (
-        "binary_id(linkpilot-tests::transport) | binary_id(linkpilot-tests::prometheus)",
-        "attach sock_ops at the root cgroup, which transport counts by program name",
+        "binary_id(linkpilot-tests::transport)",
+        "counts sock_ops programs at the root cgroup by name (prometheus.rs attaches one too), \
+         and checks the calm phase's first flights within its first 25 s",
     ),
     (
         "binary_id(linkpilot-tests::watch) & test(=retransmissions_match_tcp_retrans_segs) | binary_id(linkpilot-tests::netns_attribution) | (binary_id(linkpilot-tests::sensing) & test(=flow_opens_and_closes_equal_nstat))",
