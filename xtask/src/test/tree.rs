@@ -4,6 +4,7 @@
 use std::{
     collections::BTreeMap,
     hash::{DefaultHasher, Hash as _, Hasher as _},
+    path::PathBuf,
     process::Command,
 };
 
@@ -13,21 +14,28 @@ use crate::run::workspace_root;
 
 /// Each path git lists as changed or untracked, with its status and a hash of its contents.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Snapshot(Option<BTreeMap<String, (String, u64)>>);
+pub struct Snapshot {
+    root: PathBuf,
+    entries: Option<BTreeMap<String, (String, u64)>>,
+}
 
 impl Snapshot {
-    /// The tree's state now; `None` inside (outside a git checkout there is nothing to compare).
+    /// The workspace's state now.
     pub fn take() -> anyhow::Result<Self> {
-        let root = workspace_root();
+        Self::take_in(workspace_root())
+    }
+
+    /// The state of the work tree at `root` now; nothing to compare outside a git checkout.
+    fn take_in(root: PathBuf) -> anyhow::Result<Self> {
         let out = Command::new("git")
             .args(["status", "--porcelain=v1", "-z", "--untracked-files=all"])
             .current_dir(&root)
             .output();
         let Ok(out) = out.as_ref().map(|o| (o.status.success(), &o.stdout)) else {
-            return Ok(Self(None));
+            return Ok(Self { root, entries: None });
         };
         if !out.0 {
-            return Ok(Self(None));
+            return Ok(Self { root, entries: None });
         }
         let text = String::from_utf8_lossy(out.1);
         let mut entries = BTreeMap::new();
@@ -41,13 +49,14 @@ impl Snapshot {
             std::fs::read(root.join(path)).ok().hash(&mut h);
             entries.insert(path.to_owned(), (code.trim().to_owned(), h.finish()));
         }
-        Ok(Self(Some(entries)))
+        Ok(Self { root, entries: Some(entries) })
     }
 
     /// Fails naming every path the run changed, added or removed.
     pub fn unchanged(&self) -> anyhow::Result<()> {
-        let now = Self::take().context("reading the work tree's state after the run")?;
-        let (Some(before), Some(after)) = (&self.0, &now.0) else { return Ok(()) };
+        let now = Self::take_in(self.root.clone())
+            .context("reading the work tree's state after the run")?;
+        let (Some(before), Some(after)) = (&self.entries, &now.entries) else { return Ok(()) };
         let mut changed: Vec<String> = after
             .iter()
             .filter(|(p, s)| before.get(*p) != Some(*s))
@@ -64,5 +73,44 @@ impl Snapshot {
         }
         eprintln!("test: the work tree is as the run found it");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+
+    fn git(root: &std::path::Path, args: &[&str]) {
+        let st = Command::new("git").args(args).current_dir(root).status().expect("git");
+        assert!(st.success(), "git {args:?}");
+    }
+
+    #[test]
+    fn a_changed_added_or_removed_file_fails_the_check_and_an_ignored_one_does_not() {
+        let root = std::env::temp_dir().join(format!("xtask-tree-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).unwrap();
+        git(&root, &["init", "-q"]);
+        fs::write(root.join(".gitignore"), "/target\n").unwrap();
+        fs::write(root.join("kept"), "a").unwrap();
+        fs::write(root.join("dirty"), "before the run").unwrap();
+        git(&root, &["add", "."]);
+        git(&root, &["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]);
+        // Dirty before the run: only a change made during the run counts.
+        fs::write(root.join("dirty"), "changed before the run").unwrap();
+        let before = Snapshot::take_in(root.clone()).unwrap();
+        fs::create_dir_all(root.join("target")).unwrap();
+        fs::write(root.join("target/out"), "ignored").unwrap();
+        before.unchanged().expect("nothing the run did is tracked");
+        fs::write(root.join("kept"), "b").unwrap();
+        fs::write(root.join("new"), "n").unwrap();
+        fs::write(root.join("dirty"), "changed by the run").unwrap();
+        let err = format!("{:#}", before.unchanged().unwrap_err());
+        for path in ["M kept", "?? new", "M dirty"] {
+            assert!(err.contains(path), "{path} in {err}");
+        }
+        let _ = fs::remove_dir_all(&root);
     }
 }
