@@ -40,22 +40,29 @@ pub fn plugin() -> PathBuf {
         .unwrap_or_else(|| panic!("no libnccl_tuner_linkpilot.so next to {}", exe.display()))
 }
 
-/// The harness, compiled once per test run.
+/// The harness, compiled once per test process. Test runners that run each test in a process
+/// of its own (nextest) start several at once: each compiles to a name of its own and renames
+/// it into place, so that no process executes a file another is still writing (ETXTBSY, or a
+/// half-written binary).
 pub fn harness_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("nccl-tuner-harness");
+        let building = out.with_extension(format!("building-{}", std::process::id()));
         let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/harness.c");
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
         let status = Command::new(&cc)
             .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-pthread", src, "-o"])
-            .arg(&out)
+            .arg(&building)
             .arg("-ldl")
             .status()
             .unwrap_or_else(|e| {
                 panic!("running the C compiler {cc:?}: {e} (install gcc or set CC)")
             });
         assert!(status.success(), "{cc} could not build {src}");
+        std::fs::rename(&building, &out).unwrap_or_else(|e| {
+            panic!("renaming {} to {}: {e}", building.display(), out.display())
+        });
         out
     })
 }

@@ -70,6 +70,8 @@ fn steps(suite: &mut timing::Suite, privileged: bool) -> anyhow::Result<()> {
     suite.step("clippy (eBPF crate)", || {
         status(
             "clippy (eBPF crate)",
+            // A target directory of its own: `--release` puts its host artifacts in
+            // target/release, whose lock the daemon's release build holds meanwhile.
             Command::new("rustup").args([
                 "run",
                 "nightly",
@@ -82,6 +84,8 @@ fn steps(suite: &mut timing::Suite, privileged: bool) -> anyhow::Result<()> {
                 "-Z",
                 "build-std=core",
                 "--release",
+                "--target-dir",
+                "target/clippy-ebpf",
                 "--",
                 "-D",
                 "warnings",
