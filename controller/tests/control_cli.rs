@@ -23,7 +23,7 @@ fn temp(name: &str, contents: &str) -> PathBuf {
 
 #[test]
 fn shipped_policies_check_ok() {
-    for name in ["default", "hk-us", "static-handtuned"] {
+    for name in ["default", "hk-us", "static-handtuned", "static-bbr"] {
         let path = repo(&format!("policies/{name}.toml"));
         let (code, out, err) = linkpilot(&["policy", "check", &path]);
         assert_eq!(code, 0, "{name}: {out}{err}");

@@ -139,6 +139,7 @@ fn every_documented_table_lists_exactly_the_keys_the_parser_accepts() {
         "bounds.nccl_ib_timeout",
         "bounds.watchdog",
         "bounds.sync_every",
+        "bounds.compression",
         "link",
         "link.peer",
         "state",

@@ -1,12 +1,13 @@
 //! The knob values a state asks for: fixed ones from the policy, auto ones (chunk from the
-//! bandwidth-delay product, socket buffers, NCCL_IB_TIMEOUT and the watchdog from RTT p99)
+//! bandwidth-delay product, socket buffers, NCCL_IB_TIMEOUT and the watchdog from RTT p99, the
+//! codec from the jobs' load as `codec.rs` chooses it)
 //! within bounds and step limits, paced to one measurement-driven change per minimum dwell.
 
 use std::time::Duration;
 
 use super::{
     estimator::Signals,
-    knobs::{bytes, Knobs, SyncKnobs},
+    knobs::{bytes, Compression, Knobs, SyncKnobs},
     policy::{Policy, Setting},
     probe::Rate,
     transport::Transport,
@@ -19,7 +20,11 @@ enum Paced {
     Buffers = 1,
     IbTimeout = 2,
     Watchdog = 3,
+    Compression = 4,
 }
+
+/// Knobs whose measurement-driven changes are paced.
+pub(super) const PACED: usize = 5;
 
 fn pow2_round(x: f64) -> u64 {
     if x <= 1.0 {
@@ -64,11 +69,25 @@ pub(super) fn knobs_for(
     state: usize,
     s: &Signals,
     prev: Option<&Knobs>,
+    // With `compression = "auto"`: the codec chosen from the jobs' load (`codec::choose`).
+    codec: Option<Compression>,
     // Explanations are formatted only when a decision is made: the same inputs, run again.
     mut why: Option<&mut Vec<String>>,
 ) -> Knobs {
     let b = &p.bounds;
     let k = &p.states[state].knobs;
+    // Until the jobs' load is known, "auto" keeps the codec in force if the bounds allow it,
+    // else starts from the strongest: a codec too weak for a thin link stalls the job.
+    let compression = match k.compression {
+        Setting::Fixed(c) => c,
+        Setting::Auto => codec.unwrap_or_else(|| {
+            prev.map(|k| k.compression)
+                .filter(|c| {
+                    c.ratio() <= b.codec_weakest.ratio() && c.ratio() >= b.codec_strongest.ratio()
+                })
+                .unwrap_or(b.codec_strongest)
+        }),
+    };
     let chunk = match k.chunk {
         Setting::Fixed(c) => c,
         Setting::Auto => match (s.baseline_ms, chunk_rate(rate, s)) {
@@ -163,7 +182,7 @@ pub(super) fn knobs_for(
         }
     };
     Knobs {
-        compression: k.compression,
+        compression,
         chunk_bytes: chunk,
         nccl_ib_timeout,
         nccl_ib_retry_cnt: k.nccl_ib_retry_cnt,
@@ -204,7 +223,7 @@ pub(super) fn pace(
     state_changed: bool,
     now: Duration,
     dwell: Duration,
-    changed: &mut [Option<Duration>; 4],
+    changed: &mut [Option<Duration>; PACED],
 ) -> Knobs {
     let mut gate = |knob: Paced, moved: bool, urgent: bool| -> bool {
         if !moved {
@@ -218,6 +237,9 @@ pub(super) fn pace(
         }
         ok
     };
+    if !gate(Paced::Compression, target.compression != prev.compression, false) {
+        target.compression = prev.compression;
+    }
     if !gate(Paced::Chunk, target.chunk_bytes != prev.chunk_bytes, false) {
         target.chunk_bytes = prev.chunk_bytes;
     }

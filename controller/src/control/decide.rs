@@ -7,11 +7,12 @@ use std::{collections::HashMap, time::Duration};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    auto::{knobs_for, pace},
+    auto::{knobs_for, pace, PACED},
+    codec::{self, Check, JobWindow, Prediction},
     estimator::{Aggregate, Estimator, Signals},
     knobs::Knobs,
     outcome::{HeldChange, Judge, Kind, Verdict},
-    policy::{higher_is_worse, Policy, Thresholds},
+    policy::{higher_is_worse, Policy, Setting, Thresholds},
     probe::{Inputs, RateProbe},
 };
 use crate::sense::sensors::{JobProgress, Snapshot};
@@ -30,6 +31,9 @@ pub struct Decision {
     /// The signals and thresholds behind it: "congested: ce_fraction 3.1% >= 1% for 1.2 s".
     pub reason: String,
     pub signals: Signals,
+    /// With `compression = "auto"`, when the codec was chosen: the exchange it expects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prediction: Option<Prediction>,
 }
 
 struct LinkControl {
@@ -40,7 +44,7 @@ struct LinkControl {
     enter_since: Vec<Option<Duration>>,
     exit_since: Option<Duration>,
     knobs: Option<Knobs>,
-    knob_changed: [Option<Duration>; 4],
+    knob_changed: [Option<Duration>; PACED],
     signals: Signals,
     /// Set by a policy reload: the next tick decides (and says why) even if nothing moved.
     reloaded: bool,
@@ -48,6 +52,9 @@ struct LinkControl {
     probe: RateProbe,
     /// State changes judged by the jobs' progress.
     judge: Judge,
+    /// The per-step jobs' load, for `compression = "auto"`, and its latest prediction.
+    jobs: JobWindow,
+    codec_check: Option<Check>,
 }
 
 impl LinkControl {
@@ -59,11 +66,13 @@ impl LinkControl {
             enter_since: vec![None; policy.states.len()],
             exit_since: None,
             knobs: None,
-            knob_changed: [None; 4],
+            knob_changed: [None; PACED],
             signals: Signals::default(),
             reloaded: false,
             probe: RateProbe::default(),
             judge: Judge::default(),
+            jobs: JobWindow::default(),
+            codec_check: None,
         }
     }
 }
@@ -77,6 +86,8 @@ pub struct Core {
     layout: Vec<(u64, Option<usize>)>,
     /// Judgments since the caller last took them.
     verdicts: Vec<Verdict>,
+    /// Codec predictions judged since the caller last took them.
+    codec_checks: Vec<Check>,
     now: Duration,
 }
 
@@ -172,6 +183,7 @@ impl Core {
             next_id: 1,
             layout: Vec::new(),
             verdicts: Vec::new(),
+            codec_checks: Vec::new(),
             now: Duration::ZERO,
         }
     }
@@ -253,6 +265,16 @@ impl Core {
     /// The judgments of state changes since the last call.
     pub fn take_verdicts(&mut self) -> Vec<Verdict> {
         std::mem::take(&mut self.verdicts)
+    }
+
+    /// Codec predictions judged since the last call.
+    pub fn take_codec_checks(&mut self) -> Vec<Check> {
+        std::mem::take(&mut self.codec_checks)
+    }
+
+    /// Each link's latest codec prediction, pending or judged.
+    pub fn codec_checks(&self) -> Vec<Check> {
+        self.links.iter().filter_map(|l| l.codec_check.clone()).collect()
     }
 
     /// Changes held off after reverts, every link's.
@@ -377,8 +399,15 @@ impl Core {
         if let Some(jobs) = jobs {
             // A job on a link the policy lacks counts on the first (as status shows it).
             let link_of = |j: &JobProgress| p.links.iter().position(|l| l.name == j.link);
-            let mine = jobs.iter().filter(|j| link_of(j).unwrap_or(0) == i).cloned().collect();
+            let mine: Vec<JobProgress> =
+                jobs.iter().filter(|j| link_of(j).unwrap_or(0) == i).cloned().collect();
+            lc.jobs.read(now, &mine, Duration::from_nanos(p.estimator.window.0));
             lc.judge.read(now, mine, &s, &p.outcome);
+            if let Some(c) = lc.codec_check.as_mut() {
+                if c.judge(now, &lc.jobs, p.bounds.codec_margin) {
+                    self.codec_checks.push(c.clone());
+                }
+            }
         }
         let judged = lc.judge.due(now, &p.outcome);
         for (j, st) in p.states.iter().enumerate().skip(1) {
@@ -467,7 +496,18 @@ impl Core {
             window: Duration::from_nanos(p.estimator.window.0),
         };
         let rate = lc.probe.rate(lc.estimator.link().capacity_bps, &probe);
-        let target = knobs_for(p, rate, lc.state, &s, prev_knobs.as_ref(), None);
+        let choice = match p.states[lc.state].knobs.compression {
+            Setting::Auto => {
+                let current = prev_knobs.map_or(p.bounds.codec_strongest, |k| k.compression);
+                match (codec::carry_rate(rate, &s), s.baseline_ms) {
+                    (Some(bps), Some(rtt)) => codec::choose(p, &mut lc.jobs, bps, rtt, current),
+                    _ => None,
+                }
+            }
+            Setting::Fixed(_) => None,
+        };
+        let chosen = choice.as_ref().map(|c| c.prediction.codec);
+        let target = knobs_for(p, rate, lc.state, &s, prev_knobs.as_ref(), chosen, None);
         let knobs = match lc.knobs {
             None => target,
             Some(prev) => pace(prev, target, state_changed, now, dwell, &mut lc.knob_changed),
@@ -486,7 +526,19 @@ impl Core {
         if !first && !state_changed && !reloaded && changes.is_empty() {
             return None;
         }
-        knobs_for(p, rate, lc.state, &s, prev_knobs.as_ref(), Some(&mut reasons));
+        knobs_for(p, rate, lc.state, &s, prev_knobs.as_ref(), chosen, Some(&mut reasons));
+        // A prediction stands for the codec in force: recorded (and then judged) when the
+        // codec chosen is the one the knobs now carry and it is new.
+        let codec_moved = first || prev_knobs.is_some_and(|k| k.compression != knobs.compression);
+        let prediction =
+            choice.filter(|c| c.prediction.codec == knobs.compression && codec_moved).map(|c| {
+                reasons.push(c.why);
+                c.prediction
+            });
+        if let Some(pred) = &prediction {
+            let link = lc.estimator.link().name.clone();
+            lc.codec_check = Some(Check::new(now, &link, pred.clone()));
+        }
         if first {
             reasons.insert(0, format!("start in {}", p.states[lc.state].name));
         }
@@ -512,6 +564,7 @@ impl Core {
             changes,
             reason: reasons.join("; "),
             signals: s,
+            prediction,
         })
     }
 }

@@ -4,6 +4,7 @@
 
 mod auto;
 pub mod bench;
+pub mod codec;
 pub mod decide;
 pub mod estimator;
 pub mod knobs;

@@ -61,6 +61,7 @@ fn run(
                 rank_steps: job.done,
                 step_seconds: job.secs,
                 codec: codec(&state).into(),
+                ..JobProgress::default()
             }]);
         }
         out.decisions.extend(core.step(&s));

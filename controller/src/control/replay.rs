@@ -4,6 +4,7 @@
 use std::io::BufRead;
 
 use super::{
+    codec::Check,
     decide::{Core, Decision},
     estimator::Signals,
     policy::Policy,
@@ -17,6 +18,8 @@ pub struct Replay {
     pub signals: Vec<(String, Signals)>,
     /// (at_ms, link, state index, knobs) after every snapshot, for plotting.
     pub timeline: Vec<(u64, String, usize, super::Knobs)>,
+    /// `compression = "auto"`'s predictions as the jobs' measured wait judged them.
+    pub codec_checks: Vec<Check>,
 }
 
 /// A trace line that is not a snapshot.
@@ -56,10 +59,16 @@ pub fn read_trace(r: impl BufRead, file: &str) -> Result<Vec<Snapshot>, TraceErr
 /// Runs `trace` through a fresh core for `policy`.
 pub fn run(policy: &Policy, trace: &[Snapshot]) -> Replay {
     let mut core = Core::new(policy.clone());
-    let mut replay = Replay { decisions: Vec::new(), signals: Vec::new(), timeline: Vec::new() };
+    let mut replay = Replay {
+        decisions: Vec::new(),
+        signals: Vec::new(),
+        timeline: Vec::new(),
+        codec_checks: Vec::new(),
+    };
     for snap in trace {
         let ds = core.step(snap);
         replay.decisions.extend(ds);
+        replay.codec_checks.extend(core.take_codec_checks());
         for (link, state, knobs) in core.current() {
             let idx = policy.states.iter().position(|s| s.name == state).unwrap_or(0);
             replay.timeline.push((snap.at_ms, link.to_owned(), idx, knobs));
@@ -121,6 +130,15 @@ pub fn run_file(
             println!("{}", serde_json::to_string(d)?);
         } else {
             println!("{}", replay::timeline_line(d));
+        }
+    }
+    // The judged codec predictions follow the decisions (JSON lines: `{"codec_check": ...}`).
+    for c in &r.codec_checks {
+        if json {
+            println!("{}", serde_json::json!({ "codec_check": c }));
+        } else {
+            let at = c.judged_at_ms.unwrap_or(c.at_ms) as f64 / 1e3;
+            println!("{at:>10.3}s  codec {}", c.describe());
         }
     }
     if let Some(path) = plot {

@@ -157,8 +157,8 @@ struct Daemon {
     jobs: jobs::Jobs,
     job_status: Vec<jobs::JobStatus>,
     job_refused: Vec<String>,
-    /// Each job's steps and step seconds since it was first read (what the core judges by).
-    job_totals: std::collections::BTreeMap<String, (u64, f64)>,
+    /// Each job's totals since it was first read (what the core judges and sizes codecs by).
+    job_totals: std::collections::BTreeMap<String, report::JobTotals>,
     /// The latest judgment per link.
     verdicts: Vec<crate::control::outcome::Verdict>,
     /// The policy names no peers: decisions are logged and shown, nothing is applied.
@@ -462,6 +462,10 @@ impl Daemon {
                 Some(e) => *e = (d.link.clone(), d.id, d.reason.clone()),
                 None => self.last.push((d.link.clone(), d.id, d.reason.clone())),
             }
+        }
+        for c in self.core.take_codec_checks() {
+            info!(link = %c.link, codec = %c.prediction.codec, verdict = %c.verdict, check = %c.describe(), "codec prediction");
+            self.metrics.codec.judged(&c);
         }
         for v in self.core.take_verdicts() {
             info!(link = %v.link, from = %v.from, to = %v.to, verdict = %v.verdict, why = %v.why, "outcome");

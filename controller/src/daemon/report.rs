@@ -14,12 +14,24 @@ use crate::{
     sense::sensors::{JobProgress, Snapshot},
 };
 
+/// A job's totals since the daemon first read it (never going down: a restarted rank's totals
+/// start over in its own report, not here).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct JobTotals {
+    steps: u64,
+    step_s: f64,
+    compute_s: f64,
+    wire_bytes: u64,
+}
+
 impl Daemon {
     /// Metrics and the status API after a tick (`flows_read`: the flow table was read in it).
     pub(super) fn report(&mut self, snap: &Snapshot, flows: u64, flows_read: bool, work: Duration) {
         let m = &self.metrics;
         let held = self.core.held();
         m.outcome.update(self.core.policy().links.iter().map(|l| l.name.as_str()), &held);
+        let codec_checks = self.core.codec_checks();
+        m.codec.update(&codec_checks);
         let states: Vec<String> =
             self.core.policy().states.iter().map(|s| s.name.clone()).collect();
         let signals = self.core.signals();
@@ -91,6 +103,7 @@ impl Daemon {
             job_reports_refused: self.job_refused.clone(),
             transport: self.transport_status.clone(),
             verdicts: self.verdicts.clone(),
+            codec_checks,
             pending_judgments: self.core.pending_judgments(),
             held,
             peers: snap
@@ -162,15 +175,21 @@ impl Daemon {
             .map(|j| {
                 let t = self.job_totals.entry(j.job.clone()).or_default();
                 if let Some(a) = reading.added.get(&j.job) {
-                    t.0 += a.steps;
-                    t.1 += a.step_s;
+                    t.steps += a.steps;
+                    t.step_s += a.step_s;
+                    t.compute_s += a.compute_s;
+                    t.wire_bytes += a.wire_bytes;
                 }
                 JobProgress {
                     job: j.job.clone(),
                     link: j.link.clone().unwrap_or_default(),
-                    rank_steps: t.0,
-                    step_seconds: t.1,
+                    rank_steps: t.steps,
+                    step_seconds: t.step_s,
                     codec: j.codec.clone(),
+                    kind: j.kind.clone(),
+                    compute_seconds: t.compute_s,
+                    wire_bytes: t.wire_bytes,
+                    processes: j.ranks.len() as u32,
                 }
             })
             .collect();

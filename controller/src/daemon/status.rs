@@ -97,6 +97,9 @@ pub struct Status {
     /// The latest judgment of a state change by the jobs' progress, per link.
     #[serde(default)]
     pub verdicts: Vec<Verdict>,
+    /// `compression = "auto"`: each link's latest codec prediction, pending or judged.
+    #[serde(default)]
+    pub codec_checks: Vec<crate::control::codec::Check>,
     /// State changes waiting for their judgment: (link, from, to, judged at ms).
     #[serde(default)]
     pub pending_judgments: Vec<(String, String, String, u64)>,
@@ -355,6 +358,9 @@ pub fn render(s: &Status) -> String {
     for v in &s.verdicts {
         out +=
             &format!("  {} outcome of {} -> {}: {}, {}\n", v.link, v.from, v.to, v.verdict, v.why);
+    }
+    for c in &s.codec_checks {
+        out += &format!("  codec {}\n", c.describe());
     }
     for (link, from, to, at_ms) in &s.pending_judgments {
         out += &format!("  {link} {from} -> {to} is judged at {:.1} s\n", *at_ms as f64 / 1e3);

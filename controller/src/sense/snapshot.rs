@@ -130,4 +130,16 @@ pub struct JobProgress {
     pub step_seconds: f64,
     /// The codec its processes report in force.
     pub codec: String,
+    /// "ddp" (an exchange every step), "outer" (every H steps) or "init".
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kind: String,
+    /// Of `step_seconds`, the compute no exchange waited on.
+    #[serde(default)]
+    pub compute_seconds: f64,
+    /// Bytes its processes put on the wire.
+    #[serde(default)]
+    pub wire_bytes: u64,
+    /// Its processes on this host.
+    #[serde(default)]
+    pub processes: u32,
 }

@@ -17,11 +17,26 @@ pub const TUNED_ON: &[&str] = &["training-day"];
 /// Scenarios of the full run: the one the policies were tuned on, and one they were not.
 pub const FULL_SCENARIOS: &[&str] = &["training-day", "training-holdout"];
 pub const QUICK_SCENARIO: &str = "training-quick";
+/// Days of the reference regime (docs/reference-case.md): the exchange bandwidth-bound, as the
+/// reference job's was. Every other day is the latency-bound regime.
+pub const REFERENCE_REGIME: &[&str] = &["ref-day", "ref-reroute", "ref-droptail", "ref-fatpipe"];
+/// The reference regime's batch per rank is this many times the latency-bound one's: ~1 s of
+/// compute a step against the 180 ms round trip, as the reference job's step.
+const REFERENCE_BATCH_FACTOR: u32 = 4;
 
 /// Configurations of a held-out scenario (the comparisons the goals speak of; the oracle's fixed
 /// codecs are run on the tuned scenario only).
-const HELD_OUT_CONFIGS: &[&str] =
-    &["untuned", "static", "adaptive", "colocated", "outer-static", "adaptive-outer"];
+const HELD_OUT_CONFIGS: &[&str] = &[
+    "untuned",
+    "static",
+    "static-bbr",
+    "adaptive",
+    "adaptive-codec-auto",
+    "colocated",
+    "outer-static",
+    "outer-expert",
+    "adaptive-outer",
+];
 /// The quick form: the comparison CI checks, and the negative control of its codec check.
 const QUICK_CONFIGS: &[&str] = &["untuned", "adaptive", "board-ignored"];
 /// Fixed codecs left out of the full run unless named: uncompressed and fp16 exchanges are the
@@ -124,9 +139,9 @@ pub enum Hook {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OuterPlan {
-    /// H steps a round, the whole model at once, blocking, int8: as the published runs
-    /// synchronize (INTELLECT-1: int8 pseudo-gradients every 100 steps; this day is shorter).
-    Fixed { every: u32 },
+    /// H steps a round in `fragments` fragments, each overlapped with `overlap` inner steps,
+    /// with `codec`: fixed for the whole day.
+    Fixed { every: u32, fragments: u32, overlap: u32, codec: &'static str },
     /// The board's plan: the policy's sync knobs, "auto" H resolved from the link's rates and
     /// the job's compute time; started from [`OUTER_START`].
     Board,
@@ -136,6 +151,15 @@ pub enum OuterPlan {
 pub const OUTER_START: (u32, u32, u32) = (16, 4, 2);
 /// The published runs' fixed H, scaled to this day's few hundred steps.
 pub const OUTER_STATIC_EVERY: u32 = 50;
+/// The whole model at once, blocking, int8: as INTELLECT-1 synchronized (int8 pseudo-gradients
+/// every 100 steps; this day is shorter).
+const OUTER_STATIC: OuterPlan =
+    OuterPlan::Fixed { every: OUTER_STATIC_EVERY, fragments: 1, overlap: 0, codec: "int8" };
+/// As an engineer sets it from the published runs (Streaming DiLoCo): the same H, the model in
+/// 4 fragments streamed one after another, each overlapped with 5 inner steps (at most H /
+/// fragments - 1), int8 pseudo-gradients.
+const OUTER_EXPERT: OuterPlan =
+    OuterPlan::Fixed { every: OUTER_STATIC_EVERY, fragments: 4, overlap: 5, codec: "int8" };
 
 /// Where the ranks run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,7 +186,8 @@ pub struct Config {
     pub oracle_candidate: bool,
 }
 
-/// Fixed codecs the oracle chooses from, per phase, all with the hand-tuned host settings.
+/// Fixed codecs the oracle chooses from, per phase, all on the strongest fixed hosts
+/// (`static-bbr.toml`: the recipe with BBR).
 const ORACLE_CODECS: &[&str] = &["none", "fp16", "int8", "int4", "topk:1%"];
 /// Sequences per rank and step with one rank per site.
 pub const BATCH: u32 = 8;
@@ -189,7 +214,15 @@ pub fn all() -> Vec<Config> {
             ..base("colocated-2x", Hook::Ddp, None)
         },
         base("static", Hook::Board, Some(Policy::shipped("static-handtuned.toml"))),
+        // The strongest fixed baseline: the recipe plus BBR and no slow start after idle.
+        base("static-bbr", Hook::Board, Some(Policy::shipped("static-bbr.toml"))),
         base("adaptive", Hook::Board, Some(Policy::shipped("hk-us.toml"))),
+        // The shipped ladder with every state's codec "auto": chosen from the jobs' load.
+        base(
+            "adaptive-codec-auto",
+            Hook::Board,
+            Some(Policy { compression: Some("auto".into()), ..Policy::shipped("hk-us.toml") }),
+        ),
         Config {
             per_site: 2,
             batch: BATCH / 2,
@@ -204,8 +237,13 @@ pub fn all() -> Vec<Config> {
     ];
     // Every H steps: the static recipe's hosts with a fixed plan, and the shipped policy
     // choosing, with one and with two ranks per site.
-    let outer_static = Hook::Outer(OuterPlan::Fixed { every: OUTER_STATIC_EVERY });
+    let outer_static = Hook::Outer(OUTER_STATIC);
     let adaptive_outer = Hook::Outer(OuterPlan::Board);
+    v.push(base(
+        "outer-expert",
+        Hook::Outer(OUTER_EXPERT),
+        Some(Policy::shipped("static-bbr.toml")),
+    ));
     for (per_site, suffix) in [(1, ""), (2, "-2x")] {
         v.push(Config {
             per_site,
@@ -227,7 +265,7 @@ pub fn all() -> Vec<Config> {
         });
     }
     for codec in ORACLE_CODECS {
-        let mut policy = Policy::shipped("static-handtuned.toml");
+        let mut policy = Policy::shipped("static-bbr.toml");
         policy.compression = Some((*codec).to_owned());
         v.push(Config {
             oracle_candidate: true,
@@ -253,22 +291,21 @@ pub fn select(
         None if !TUNED_ON.contains(&scenario) => {
             HELD_OUT_CONFIGS.iter().map(|s| (*s).to_owned()).collect()
         }
-        None => {
-            return Ok(all
-                .into_iter()
-                .filter(|c| {
-                    c.hook != Hook::IgnoresBoard && !NOT_BY_DEFAULT.contains(&c.name.as_str())
-                })
-                .collect());
-        }
+        None => all
+            .iter()
+            .filter(|c| c.hook != Hook::IgnoresBoard && !NOT_BY_DEFAULT.contains(&c.name.as_str()))
+            .map(|c| c.name.clone())
+            .collect(),
     };
+    let factor = if REFERENCE_REGIME.contains(&scenario) { REFERENCE_BATCH_FACTOR } else { 1 };
     names
         .iter()
         .map(|n| {
-            all.iter().find(|c| &c.name == n).cloned().with_context(|| {
+            let c = all.iter().find(|c| &c.name == n).cloned().with_context(|| {
                 let known: Vec<&str> = all.iter().map(|c| c.name.as_str()).collect();
                 format!("no configuration {n:?}; known: {}", known.join(", "))
-            })
+            })?;
+            Ok(Config { batch: c.batch * factor, ..c })
         })
         .collect()
 }
@@ -293,9 +330,13 @@ impl Config {
             Hook::IgnoresBoard => {
                 "the linkpilot hook reading no board (its safe codec, none)".to_owned()
             }
-            Hook::Outer(OuterPlan::Fixed { every }) => {
-                format!("synced across sites every {every} steps, whole, blocking, int8")
+            Hook::Outer(OuterPlan::Fixed { every, fragments: 1, overlap: 0, codec }) => {
+                format!("synced across sites every {every} steps, whole, blocking, {codec}")
             }
+            Hook::Outer(OuterPlan::Fixed { every, fragments, overlap, codec }) => format!(
+                "synced across sites every {every} steps in {fragments} fragments, each \
+                 overlapped with {overlap} steps, {codec}"
+            ),
             Hook::Outer(OuterPlan::Board) => {
                 "synced across sites every H steps as the host's board plans".to_owned()
             }
@@ -327,11 +368,13 @@ impl Config {
                 board.with_extension("not-the-daemons").display().to_string(),
             ],
             // Blocking, as the published runs: every sync waits for its exchange.
-            Hook::Outer(OuterPlan::Fixed { every }) => outer_args(every, 1, 0)
-                .into_iter()
-                .chain(["--outer-codec".into(), "int8".into()])
-                .chain(["--outer-patience-s".into(), "30".into()])
-                .collect(),
+            Hook::Outer(OuterPlan::Fixed { every, fragments, overlap, codec }) => {
+                outer_args(every, fragments, overlap)
+                    .into_iter()
+                    .chain(["--outer-codec".into(), codec.into()])
+                    .chain(["--outer-patience-s".into(), "30".into()])
+                    .collect()
+            }
             Hook::Outer(OuterPlan::Board) => {
                 let (every, fragments, overlap) = OUTER_START;
                 let mut a = outer_args(every, fragments, overlap);

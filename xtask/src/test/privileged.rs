@@ -34,6 +34,11 @@ pub const ALONE: &[(&str, &str)] = &[
         "binary_id(linkpilot-tests::sensing) & (test(=flow_rtt_matches_the_lab_and_ss) | test(=snapshots_carry_rtt_percentiles_and_rates))",
         "judges RTT within 5% and p99 within 9 ms of the lab's",
     ),
+    (
+        "binary_id(linkpilot-tests::multilink)",
+        "judges a 20 ms path's latest RTT sample within 5 ms of ping's (a receiver that waits \
+         for a core adds that much)",
+    ),
     // What they read is machine-wide.
     (
         "binary_id(linkpilot-tests::faults_flows)",

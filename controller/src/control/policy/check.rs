@@ -274,6 +274,25 @@ fn check_bounds(b: &RawBounds, e: &mut Errors) -> Bounds {
     if !(y.margin.0 >= 0.0 && y.margin.0.is_finite()) {
         e.at(b.sync_every.span(), "sync_every margin must be 0% or more");
     }
+    let z = b.compression.get_ref();
+    if z.weakest.ratio() < z.strongest.ratio() {
+        e.at(
+            b.compression.span(),
+            format!(
+                "compression bounds: weakest {} sends less than strongest {}",
+                z.weakest, z.strongest
+            ),
+        );
+    }
+    if !(z.margin.0 >= 0.0 && z.margin.0.is_finite()) {
+        e.at(b.compression.span(), "compression margin must be 0% or more");
+    }
+    if !(z.latency_rtts >= 0.0 && z.latency_rtts <= 100.0) {
+        e.at(
+            b.compression.span(),
+            format!("compression latency_rtts {} must be from 0 to 100", z.latency_rtts),
+        );
+    }
     for (span, step) in [
         (b.chunk.span(), c.max_step),
         (b.tcp_buffers.span(), t.max_step),
@@ -304,6 +323,10 @@ fn check_bounds(b: &RawBounds, e: &mut Errors) -> Bounds {
         sync_max: y.max,
         sync_margin: y.margin.0,
         max_drift: y.max_drift,
+        codec_weakest: z.weakest,
+        codec_strongest: z.strongest,
+        codec_margin: z.margin.0,
+        codec_latency_rtts: z.latency_rtts,
     }
 }
 
@@ -451,9 +474,15 @@ fn check_states(raw: &[Spanned<RawState>], b: &Bounds, e: &mut Errors) -> (Vec<S
             }
         }
         check_sync(&name, k, b, kspan.clone(), e);
-        if let Some(prev) = states.last() {
-            if k.compression.ratio() > prev.knobs.compression.ratio() {
-                e.at(kspan.clone(), format!("state {name:?}: compression {} is lighter than {} in the healthier state {:?}; compression may only get stronger as states worsen", k.compression, prev.knobs.compression, prev.name));
+        // "auto" chooses from the link and the jobs, whatever the state: only fixed codecs
+        // form a ladder.
+        let fixed_before = states.iter().rev().find_map(|st: &State| match st.knobs.compression {
+            Setting::Fixed(c) => Some((c, st.name.as_str())),
+            Setting::Auto => None,
+        });
+        if let (Setting::Fixed(c), Some((prev, prev_name))) = (k.compression, fixed_before) {
+            if c.ratio() > prev.ratio() {
+                e.at(kspan.clone(), format!("state {name:?}: compression {c} is lighter than {prev} in the healthier state {prev_name:?}; compression may only get stronger as states worsen"));
             }
         }
         let transport = s.transport.as_ref().map(|t| check_transport(&name, t, b, e, &mut ccs));

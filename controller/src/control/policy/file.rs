@@ -203,6 +203,7 @@ pub(super) struct RawBounds {
     pub(super) nccl_ib_timeout: Spanned<RawIbTimeout>,
     pub(super) watchdog: Spanned<RawWatchdog>,
     pub(super) sync_every: Spanned<RawSyncBounds>,
+    pub(super) compression: Spanned<RawCodecBounds>,
 }
 
 impl Default for RawBounds {
@@ -213,6 +214,7 @@ impl Default for RawBounds {
             nccl_ib_timeout: unspanned(RawIbTimeout::default()),
             watchdog: unspanned(RawWatchdog::default()),
             sync_every: unspanned(RawSyncBounds::default()),
+            compression: unspanned(RawCodecBounds::default()),
         }
     }
 }
@@ -231,6 +233,29 @@ pub(super) struct RawSyncBounds {
 impl Default for RawSyncBounds {
     fn default() -> Self {
         Self { min: 1, max: 500, margin: Percent(0.2), max_drift: 2000 }
+    }
+}
+
+/// `[bounds] compression`: the codecs `compression = "auto"` chooses among, the share of the
+/// compute time an exchange keeps to spare, and the round trips an exchange waits besides its
+/// bytes.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawCodecBounds {
+    pub(super) weakest: Compression,
+    pub(super) strongest: Compression,
+    pub(super) margin: Percent,
+    pub(super) latency_rtts: f64,
+}
+
+impl Default for RawCodecBounds {
+    fn default() -> Self {
+        Self {
+            weakest: Compression::None,
+            strongest: Compression::Int4,
+            margin: Percent(0.25),
+            latency_rtts: 1.0,
+        }
     }
 }
 
@@ -402,9 +427,10 @@ impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for Setting<T> {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawKnobs {
-    /// Omitted: "none", the gradients as the job sends them.
+    /// Omitted: "none", the gradients as the job sends them; "auto": chosen from the jobs'
+    /// compute time and payload and the link's rate and RTT, within `[bounds] compression`.
     #[serde(default = "d_compression")]
-    pub(super) compression: Compression,
+    pub(super) compression: Setting<Compression>,
     #[serde(default = "auto")]
     pub(super) chunk: Setting<Bytes>,
     #[serde(default = "auto")]
@@ -452,8 +478,8 @@ pub(super) fn d_sync_every() -> Setting<u32> {
     Setting::Fixed(1)
 }
 
-pub(super) fn d_compression() -> Compression {
-    Compression::None
+pub(super) fn d_compression() -> Setting<Compression> {
+    Setting::Fixed(Compression::None)
 }
 
 pub(super) fn d_outer_codec() -> Compression {

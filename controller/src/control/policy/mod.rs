@@ -75,6 +75,7 @@ pub const SHIPPED: &[(&str, &str)] = &[
     ("default", include_str!("../../../../policies/default.toml")),
     ("hk-us", include_str!("../../../../policies/hk-us.toml")),
     ("static-handtuned", include_str!("../../../../policies/static-handtuned.toml")),
+    ("static-bbr", include_str!("../../../../policies/static-bbr.toml")),
 ];
 
 /// A policy that cannot be used, with where the problem is.
@@ -272,6 +273,12 @@ pub struct Bounds {
     pub sync_max: u32,
     pub sync_margin: f64,
     pub max_drift: u32,
+    /// What `compression = "auto"` may choose (weakest and strongest), the share of the
+    /// compute time an exchange keeps to spare, and the round trips it waits besides its bytes.
+    pub codec_weakest: Compression,
+    pub codec_strongest: Compression,
+    pub codec_margin: f64,
+    pub codec_latency_rtts: f64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -295,7 +302,7 @@ pub struct State {
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StateKnobs {
-    pub compression: Compression,
+    pub compression: Setting<Compression>,
     pub chunk: Setting<u64>,
     pub nccl_ib_timeout: Setting<u8>,
     pub nccl_ib_retry_cnt: u8,

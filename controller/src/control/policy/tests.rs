@@ -15,11 +15,13 @@ fn shipped_policies_parse() {
         (healthy.roce_traffic_class, healthy.nccl_ib_timeout),
         (Some(106), Setting::Fixed(22))
     );
-    assert_eq!(hk.states[0].knobs.compression, Compression::Int8);
-    assert!(hk.states[1..].iter().all(|s| s.knobs.compression == Compression::Int4));
+    assert_eq!(hk.states[0].knobs.compression, Setting::Fixed(Compression::Int8));
+    assert!(hk.states[1..]
+        .iter()
+        .all(|s| s.knobs.compression == Setting::Fixed(Compression::Int4)));
     let fixed = Policy::parse(SHIPPED[2].1, "static").unwrap();
     assert_eq!(fixed.states.len(), 1);
-    assert_eq!(fixed.states[0].knobs.compression, Compression::Int8);
+    assert_eq!(fixed.states[0].knobs.compression, Setting::Fixed(Compression::Int8));
     // NCCL_ALGO=Tree, NCCL_PROTO=Simple of the reference case, in every state.
     let tree_simple = NcclRule { algo: Some(0), proto: Some(2), max_channels: 0 };
     assert_eq!(hk.nccl, Nccl { min_bytes: 1 << 20, rules: vec![tree_simple; 4] });
@@ -480,6 +482,56 @@ fn every_knob_has_a_default_so_a_state_may_set_none() {
                [[state]]\nname = \"healthy\"\n[state.knobs]\n";
     let p = Policy::parse(src, "p.toml").unwrap_or_else(|e| panic!("{e}"));
     let k = p.states[0].knobs;
-    assert_eq!((k.compression, k.dscp, k.roce_traffic_class), (Compression::None, None, None));
+    assert_eq!(
+        (k.compression, k.dscp, k.roce_traffic_class),
+        (Setting::Fixed(Compression::None), None, None)
+    );
     assert_eq!((k.chunk, k.tcp_buffers, k.transport), (Setting::Auto, Setting::Auto, None));
+}
+
+#[test]
+fn compression_auto_and_its_bounds() {
+    let ladder = |healthy: &str, worse: &str, bounds: &str| {
+        format!(
+            "[bounds]\n{bounds}\n[[link]]\nname = \"wan\"\ninterfaces = [\"eth0\"]\n\
+             [[state]]\nname = \"healthy\"\n[state.knobs]\ncompression = \"{healthy}\"\n\
+             [[state]]\nname = \"mid\"\nenter = {{ ce_fraction = \"1%\" }}\n[state.knobs]\n\
+             compression = \"auto\"\n\
+             [[state]]\nname = \"worse\"\nenter = {{ ce_fraction = \"5%\" }}\n[state.knobs]\n\
+             compression = \"{worse}\"\n"
+        )
+    };
+    let errors = |src: &str| match Policy::parse(src, "p.toml") {
+        Ok(_) => Vec::new(),
+        Err(e) => e.to_string().lines().map(str::to_owned).collect::<Vec<_>>(),
+    };
+    let p = Policy::parse(&ladder("int8", "int4", ""), "p.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.states[1].knobs.compression, Setting::Auto);
+    let b = &p.bounds;
+    assert_eq!((b.codec_weakest, b.codec_strongest), (Compression::None, Compression::Int4));
+    assert_eq!((b.codec_margin, b.codec_latency_rtts), (0.25, 1.0));
+    // "auto" stands outside the ladder; the fixed codecs around it still form one.
+    let e = errors(&ladder("int4", "int8", ""));
+    assert!(
+        e.iter().any(|e| e.contains("state \"worse\": compression int8 is lighter than int4 in the healthier state \"healthy\"")),
+        "{e:?}"
+    );
+    assert!(errors(&ladder("none", "int4", "")).is_empty());
+    let bad = "compression = { weakest = \"int4\", strongest = \"fp16\", margin = \"5%\", latency_rtts = 1000.0 }";
+    let e = errors(&ladder("none", "int4", bad));
+    assert!(
+        e.iter()
+            .any(|e| e.contains("compression bounds: weakest int4 sends less than strongest fp16")),
+        "{e:?}"
+    );
+    assert!(
+        e.iter().any(|e| e.contains("compression latency_rtts 1000 must be from 0 to 100")),
+        "{e:?}"
+    );
+    let e = errors(&ladder("auto-ish", "int4", ""));
+    assert!(
+        e.iter()
+            .any(|e| e.contains("invalid compression \"auto-ish\"") && e.contains("or \"auto\"")),
+        "{e:?}"
+    );
 }

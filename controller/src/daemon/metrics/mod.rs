@@ -23,6 +23,7 @@ use crate::{
     sense::sensors::Snapshot,
 };
 
+mod codec;
 mod jobs;
 mod outcome;
 mod peers;
@@ -91,6 +92,7 @@ pub struct Metrics {
     tuner_choices: Family<Labels, Gauge>,
     pub jobs: jobs::JobMetrics,
     pub outcome: outcome::OutcomeMetrics,
+    pub codec: codec::CodecMetrics,
     pub transport: transport::TransportMetrics,
     shown: Arc<Mutex<Shown>>,
 }
@@ -277,6 +279,7 @@ impl Metrics {
         );
         let jobs = jobs::JobMetrics::register(r);
         let outcome = outcome::OutcomeMetrics::register(r);
+        let codec = codec::CodecMetrics::register(r);
         let transport = transport::TransportMetrics::register(r);
         let build = Family::<Labels, Gauge>::default();
         r.register("build_info", "The running version", build.clone());
@@ -317,6 +320,7 @@ impl Metrics {
             tuner_choices,
             jobs,
             outcome,
+            codec,
             transport,
             shown: Arc::default(),
         }

@@ -205,3 +205,45 @@ fn outcome_series_follow_the_policys_links_and_keep_their_counts() {
     assert!(has(&text, "linkpilot_outcome_verdicts_total{link=\"wan\",verdict=\"reverted\"} 1"));
     assert!(has(&text, "linkpilot_outcome_held_changes{link=\"wan\"} 0"));
 }
+
+#[test]
+fn codec_series_show_the_latest_prediction_and_count_verdicts() {
+    use crate::control::{codec, Compression};
+    let m = Metrics::new(false);
+    let prediction = codec::Prediction {
+        codec: Compression::Int8,
+        exchange_s: 0.34,
+        wait_s: 0.0,
+        compute_s: 0.6,
+        rate_bps: 5e8,
+        rtt_ms: 180.0,
+        payload_bytes: 4e7,
+        correction: 1.0,
+    };
+    let mut check = codec::Check::new(std::time::Duration::from_secs(3), "wan", prediction);
+    m.codec.update(std::slice::from_ref(&check));
+    let text = m.render();
+    let has = |t: &str, s: &str| t.lines().any(|l| l == s);
+    assert!(
+        has(&text, "linkpilot_codec_predicted_seconds{link=\"wan\",of=\"exchange\"} 0.34"),
+        "{text}"
+    );
+    assert!(has(&text, "linkpilot_codec_measured_wait_seconds{link=\"wan\"} NaN"), "{text}");
+    assert!(has(
+        &text,
+        "linkpilot_codec_predictions_total{link=\"wan\",verdict=\"mispredicted\"} 0"
+    ));
+    check.verdict = "mispredicted".into();
+    check.measured_wait_s = Some(0.22);
+    m.codec.judged(&check);
+    m.codec.update(std::slice::from_ref(&check));
+    let text = m.render();
+    assert!(has(&text, "linkpilot_codec_measured_wait_seconds{link=\"wan\"} 0.22"), "{text}");
+    assert!(has(
+        &text,
+        "linkpilot_codec_predictions_total{link=\"wan\",verdict=\"mispredicted\"} 1"
+    ));
+    // A link without a prediction (a reload that made its codec fixed) has no series.
+    m.codec.update(&[]);
+    assert!(!m.render().contains("linkpilot_codec_"), "{}", m.render());
+}
