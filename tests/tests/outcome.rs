@@ -138,6 +138,16 @@ impl Setup {
     }
 
     /// The decisions the daemon logged.
+    /// The jobs of the latest snapshot in the daemon's recording that has any.
+    fn recorded_jobs(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(self.dir.join("trace.jsonl")).unwrap_or_default();
+        text.lines()
+            .rev()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find_map(|v| v["jobs"].as_array().cloned())
+            .unwrap_or_default()
+    }
+
     fn decisions(&self) -> Vec<Value> {
         let text = std::fs::read_to_string(self.dir.join("decisions.jsonl")).unwrap_or_default();
         text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
@@ -265,5 +275,17 @@ fn a_change_that_helps_the_job_is_kept() {
     let (int8, none) = (mean(&steps, "int8"), mean(&steps, "none"));
     assert!(int8 < none, "int8 {int8:.2} s vs none {none:.2} s a step");
     eprintln!("int8 {int8:.2} s, none {none:.2} s a step; {}", st["verdicts"][0]);
+    // What the recording carries of the job for `compression = "auto"`: its kind, compute and
+    // wire bytes, against the rank's own step lines (read after: they only add to them).
+    let jobs = s.recorded_jobs();
+    let j = jobs.first().unwrap_or_else(|| panic!("no jobs in the recording"));
+    assert_eq!((j["kind"].as_str(), j["processes"].as_u64()), (Some("ddp"), Some(1)), "{j}");
+    let (compute, step_s) = (j["compute_seconds"].as_f64(), j["step_seconds"].as_f64());
+    assert!(compute.zip(step_s).is_some_and(|(c, t)| c > 0.0 && c <= t), "{j}");
+    std::thread::sleep(Duration::from_secs(2));
+    s.lines.extend(s.ranks[0].drain());
+    let sent: u64 = s.lines.iter().filter_map(|v| v["wire_bytes"].as_u64()).sum();
+    let wire = j["wire_bytes"].as_u64().unwrap_or(0);
+    assert!(wire > 0 && wire <= sent, "the daemon counted {wire} B, the rank's lines {sent} B");
     s.replay_matches();
 }

@@ -43,16 +43,16 @@ pub fn cargo_build(args: &[&str], env: &[(&str, PathBuf)]) -> anyhow::Result<Bui
     run_build(cmd, args, env)
 }
 
-/// [`cargo_build`] at the lowest CPU priority (`nice -n 19`), its diagnostics written to `log`:
-/// a build that runs beside tests which mostly wait, taking only the CPU they leave.
+/// [`cargo_build`] with its diagnostics written to `log`, for a build that runs beside other
+/// steps (its own thread waits for it).
 pub fn cargo_build_in_background(
     args: &[&str],
     env: &[(&str, PathBuf)],
     log: &std::path::Path,
 ) -> anyhow::Result<Built> {
     let file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-    let mut cmd = Command::new("nice");
-    cmd.args(["-n", "19", env!("CARGO"), "build"]).args(args).stderr(file);
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.arg("build").args(args).stderr(file);
     run_build(cmd, args, env).with_context(|| format!("its output is in {}", log.display()))
 }
 

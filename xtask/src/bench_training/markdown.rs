@@ -115,6 +115,7 @@ pub fn markdown(s: &Value) -> String {
             if decisions.is_empty() { "-".into() } else { decisions },
         );
     }
+    out += &ladder(s, &configs);
     out += "\nLoss per step (eval loss at a step count, where every run got there):\n\n\
             | configuration | at 100 steps | at 200 steps | at 300 steps |\n|---|---:|---:|---:|\n";
     for c in &configs {
@@ -250,4 +251,53 @@ fn states_table(configs: &[Value]) -> String {
     } else {
         String::new()
     }
+}
+
+/// The ladder of targets (co-located's loss at 25/50/75% of its day): time to each rung and the
+/// speedup against the strongest fixed configuration, the loss at the day's end, and which
+/// fixed configuration was best in hindsight.
+fn ladder(s: &Value, configs: &[Value]) -> String {
+    let rungs: Vec<(String, &Value)> = super::report::LADDER
+        .iter()
+        .map(|at| format!("rung-{:.0}", at * 100.0))
+        .filter_map(|k| {
+            let t = &s["targets"][&k];
+            (!t.is_null()).then_some((k, t))
+        })
+        .collect();
+    if rungs.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "\nThe ladder: co-located's eval loss at {} of its day; time to each rung (s) and the \
+         speedup against {} (median [min-max] of runs; a speedup only where every run reached \
+         the rung). Best fixed configuration in hindsight: {} ({}).\n\n",
+        rungs
+            .iter()
+            .map(|(_, t)| format!(
+                "{:.0}% ({})",
+                t["at_share_of_day"].as_f64().unwrap_or(0.0) * 100.0,
+                num(&t["eval_loss"], 4)
+            ))
+            .collect::<Vec<_>>()
+            .join(", "),
+        super::report::STRONGEST_FIXED,
+        s["best_fixed"]["name"].as_str().unwrap_or("none"),
+        s["best_fixed"]["by"].as_str().unwrap_or("-"),
+    );
+    out += "| configuration |";
+    for (k, _) in &rungs {
+        out += &format!(" {k} (s) | vs {} |", super::report::STRONGEST_FIXED);
+    }
+    out += " loss at the day's end |\n|---|";
+    out += &"---:|---:|".repeat(rungs.len());
+    out += "---:|\n";
+    for c in configs {
+        out += &format!("| {} |", c["name"].as_str().unwrap_or("?"));
+        for (k, _) in &rungs {
+            out += &format!(" {} | {} |", time_to(c, k), speedup(&c["targets"][k]["speedup"]));
+        }
+        out += &format!(" {} |\n", spread(&c["final_eval_loss"], 4));
+    }
+    out
 }

@@ -19,6 +19,58 @@ pub const TARGET_AT: f64 = 0.75;
 /// The baselines a target is taken from, in the order reported.
 const BASELINES: &[&str] = &["untuned", "static"];
 pub const CEILING: &str = "colocated";
+/// The ladder of targets: the co-located ceiling's loss at these shares of its day, so that
+/// early, middle and late progress are each judged (a single late target of a slow baseline
+/// falls inside the first calm phase of a fast configuration's day).
+pub const LADDER: &[f64] = &[0.25, 0.5, 0.75];
+/// What a rung's speedup is taken against: the strongest fixed configuration an expert
+/// deploys without us.
+pub const STRONGEST_FIXED: &str = "static-bbr";
+/// Configurations that set everything once: "the best fixed configuration in hindsight" of a
+/// day is one of these.
+fn is_fixed(name: &str) -> bool {
+    matches!(name, "untuned" | "static" | "static-bbr" | "outer-static" | "outer-expert")
+        || name.starts_with("fixed-")
+}
+
+/// A target loss: where it was read (`source` at `at` of its day) and what its speedups are
+/// taken against.
+struct Target {
+    key: String,
+    source: String,
+    at: f64,
+    loss: f64,
+    against: String,
+}
+
+/// The baselines' late targets, then the ladder's rungs where the ceiling ran.
+fn targets_of(runs: &[Run]) -> Vec<Target> {
+    let mut out: Vec<Target> = BASELINES
+        .iter()
+        .filter_map(|b| {
+            let loss = target(runs, b, TARGET_AT)?;
+            Some(Target {
+                key: (*b).into(),
+                source: (*b).into(),
+                at: TARGET_AT,
+                loss,
+                against: (*b).into(),
+            })
+        })
+        .collect();
+    for at in LADDER {
+        if let Some(loss) = target(runs, CEILING, *at) {
+            out.push(Target {
+                key: format!("rung-{:.0}", at * 100.0),
+                source: CEILING.into(),
+                at: *at,
+                loss,
+                against: STRONGEST_FIXED.into(),
+            });
+        }
+    }
+    out
+}
 
 /// A configuration's ceiling: the co-located run with as many ranks per site (they share this
 /// machine's cores alike), where one was run; else [`CEILING`].
@@ -41,10 +93,9 @@ fn spread_json(s: Option<Spread>) -> Value {
     s.map_or(Value::Null, |s| s.json())
 }
 
-/// A target: the median over a baseline's runs of the loss it had reached at [`TARGET_AT`] of
-/// its day.
-fn target(runs: &[Run], baseline: &str) -> Option<f64> {
-    Spread::of(runs_of(runs, baseline).iter().filter_map(|r| r.loss_at_fraction(TARGET_AT)))
+/// A target: the median over a baseline's runs of the loss it had reached at `at` of its day.
+fn target(runs: &[Run], baseline: &str, at: f64) -> Option<f64> {
+    Spread::of(runs_of(runs, baseline).iter().filter_map(|r| r.loss_at_fraction(at)))
         .map(|s| s.median)
 }
 
@@ -59,8 +110,7 @@ fn times_to(runs: &[&Run], loss: f64) -> (Option<Spread>, usize) {
 /// their configuration.
 pub fn summarize(scenario: &str, runs: &[Run], failures: &[Value]) -> Value {
     let names = config_order(runs);
-    let targets: BTreeMap<&str, f64> =
-        BASELINES.iter().filter_map(|b| target(runs, b).map(|t| (*b, t))).collect();
+    let targets = targets_of(runs);
     let all = config::all();
     let mut configs = Vec::new();
     for name in &names {
@@ -68,7 +118,8 @@ pub fn summarize(scenario: &str, runs: &[Run], failures: &[Value]) -> Value {
         let ceiling_name = ceiling_of(&all, runs, name);
         let ceiling_rate = phase_rates(&runs_of(runs, &ceiling_name));
         let mut per_target = Map::new();
-        for (b, loss) in &targets {
+        for t in &targets {
+            let (b, loss) = (&t.against, &t.loss);
             let (time, reached) = times_to(&mine, *loss);
             let steps = Spread::of(mine.iter().filter_map(|r| r.steps_to(*loss)));
             let whole = |name: &str| {
@@ -81,7 +132,7 @@ pub fn summarize(scenario: &str, runs: &[Run], failures: &[Value]) -> Value {
             // longer than the day, which no ratio can state.
             let complete = reached == mine.len();
             per_target.insert(
-                (*b).to_owned(),
+                t.key.clone(),
                 json!({
                     "time_s": spread_json(time),
                     "reached": reached,
@@ -162,13 +213,55 @@ pub fn summarize(scenario: &str, runs: &[Run], failures: &[Value]) -> Value {
         "repeats": names.iter().map(|n| runs_of(runs, n).len()).max().unwrap_or(0),
         "targets": targets
             .iter()
-            .map(|(b, l)| ((*b).to_owned(), json!({ "eval_loss": l, "at_share_of_day": TARGET_AT })))
+            .map(|t| {
+                let v = json!({
+                    "eval_loss": t.loss,
+                    "of": t.source,
+                    "at_share_of_day": t.at,
+                    "speedup_against": t.against,
+                });
+                (t.key.clone(), v)
+            })
             .collect::<Map<String, Value>>(),
         "eval_noise": eval_noise(runs),
-        "time_resolution_s": time_resolution(runs, targets.get("static").copied()),
+        "time_resolution_s": time_resolution(
+            runs,
+            targets.iter().find(|t| t.key == "static").map(|t| t.loss),
+        ),
+        "best_fixed": best_fixed(&configs, &targets),
         "configs": configs,
         "oracle": oracle(&configs),
     })
+}
+
+/// The fixed configuration best in hindsight on this day: the one that reached the highest
+/// rung of the ladder soonest (every run of it reaching it), else the lowest loss at the day's
+/// end.
+fn best_fixed(configs: &[Value], targets: &[Target]) -> Value {
+    let fixed: Vec<&Value> =
+        configs.iter().filter(|c| c["name"].as_str().is_some_and(is_fixed)).collect();
+    for t in targets.iter().rev().filter(|t| t.source == CEILING) {
+        let time = |c: &Value| {
+            let r = &c["targets"][&t.key];
+            Spread::from_json(&r["time_s"]).filter(|_| r["reached"] == c["runs"]).map(|s| s.median)
+        };
+        let best = fixed
+            .iter()
+            .filter_map(|c| Some((time(c)?, c["name"].as_str()?)))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        if let Some((time_s, name)) = best {
+            return json!({ "name": name, "by": format!("time to {}", t.key), "median": time_s });
+        }
+    }
+    let loss = |c: &Value| Spread::from_json(&c["final_eval_loss"]).map(|s| s.median);
+    fixed
+        .iter()
+        .filter_map(|c| Some((loss(c)?, c["name"].as_str()?)))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map_or(
+            Value::Null,
+            |(l, name)| json!({ "name": name, "by": "loss at the day's end", "median": l }),
+        )
 }
 
 /// Configurations in the benchmark's order, then any other that left runs.
@@ -471,5 +564,43 @@ mod tests {
         let (ceiling, share) = u(&summarize("training-day", &runs, &[]));
         assert_eq!(ceiling, "colocated-2x");
         assert!((share - 0.75).abs() < 0.01, "{share}");
+    }
+
+    /// The ladder: co-located's loss at 25, 50 and 75% of its day, speedups against static-bbr,
+    /// and the fixed configuration best in hindsight.
+    #[test]
+    fn a_ladder_of_targets_against_the_strongest_fixed_configuration() {
+        let mut runs = Vec::new();
+        for r in 0..3 {
+            let jitter = 1.0 + 0.01 * r as f64;
+            runs.push(run("static", r, 0.010 * jitter, 1.0));
+            runs.push(run("static-bbr", r, 0.020 * jitter, 2.0));
+            runs.push(run("adaptive", r, 0.030 * jitter, 3.0));
+            runs.push(run("colocated", r, 0.040 * jitter, 4.0));
+        }
+        let s = summarize("ref-day", &runs, &[]);
+        for (rung, at) in [("rung-25", 25.0), ("rung-50", 50.0), ("rung-75", 75.0)] {
+            let t = &s["targets"][rung];
+            assert!((t["eval_loss"].as_f64().unwrap() - (3.0 - 0.0404 * at)).abs() < 1e-9, "{t}");
+            assert_eq!(
+                (t["of"].as_str(), t["speedup_against"].as_str()),
+                (Some("colocated"), Some("static-bbr"))
+            );
+        }
+        let config = |n: &str| {
+            s["configs"].as_array().unwrap().iter().find(|c| c["name"] == n).unwrap().clone()
+        };
+        // Co-located's loss at 25 s of its day: adaptive needs 25 x 4/3 s, static-bbr 50 s.
+        let a = config("adaptive");
+        let sp = &a["targets"]["rung-25"]["speedup"];
+        assert!((sp["median"].as_f64().unwrap() - 1.5).abs() < 0.02, "{sp}");
+        assert_eq!(sp["verdict"], "faster");
+        // The late rung is beyond static-bbr's day (3.0 - 0.0404 x 75 < 3.0 - 0.02 x 100).
+        assert_eq!(config("static-bbr")["targets"]["rung-75"]["reached"], 0);
+        assert!(a["targets"]["rung-75"]["speedup"].is_null());
+        // Best in hindsight: no fixed configuration reaches the upper rungs in every run;
+        // static-bbr reaches the first in half static's time.
+        assert_eq!(s["best_fixed"]["name"], "static-bbr", "{}", s["best_fixed"]);
+        assert_eq!(s["best_fixed"]["by"], "time to rung-25");
     }
 }

@@ -51,9 +51,11 @@ fn steps(suite: &mut timing::Suite, privileged: bool) -> anyhow::Result<()> {
     })?;
     let object = built.ebpf_object.clone().context("the build did not build the controller")?;
     build_ebpf::mark_workspace_built();
-    // The soak's release build of the daemon goes on in the background from here, at the lowest
-    // CPU priority, embedding the object built above: it takes the CPU the steps up to the lab
-    // tests leave idle and, mostly, what the lab tests leave (they mostly wait).
+    // The soak's release build of the daemon goes on in the background from here, embedding the
+    // object built above. At full priority: the CPU is busy from here to pytest's end whatever
+    // runs (vmstat: no idle share), so the build costs the same CPU time either way, and ending
+    // early lets the soak's day (which mostly waits) run beside those steps instead of after
+    // them, where at nice 19 it ended with pytest.
     let release = privileged.then(|| build_ebpf::release_daemon_in_background(object.clone()));
     // The checks reuse the object rather than build it once more (a check build runs build
     // scripts too).
@@ -153,8 +155,8 @@ fn steps(suite: &mut timing::Suite, privileged: bool) -> anyhow::Result<()> {
     let streams =
         suite.beside("bench-streams --quick (beside the lab tests)", streams_took, streams);
     let demo = suite.beside("demo --seconds 30 (beside the lab tests)", demo_took, demo);
-    // pytest after the lab tests: the release build had their idle CPU, so the soak's day
-    // (which mostly waits too) runs beside pytest rather than after it.
+    // pytest after the lab tests: the soak's day, once the release build is done, runs beside
+    // whichever of them runs then, not after both.
     let pytest = suite.step("pytest (python/)", pytest);
     let ((built_took, built), (day_took, day)) = soak_day
         .join()
