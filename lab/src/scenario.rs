@@ -36,6 +36,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("training-quick", include_str!("../scenarios/training-quick.toml")),
     ("training-holdout", include_str!("../scenarios/training-holdout.toml")),
     ("training-lossy", include_str!("../scenarios/training-lossy.toml")),
+    ("ref-day", include_str!("../scenarios/ref-day.toml")),
+    ("ref-reroute", include_str!("../scenarios/ref-reroute.toml")),
+    ("ref-droptail", include_str!("../scenarios/ref-droptail.toml")),
+    ("ref-fatpipe", include_str!("../scenarios/ref-fatpipe.toml")),
 ];
 
 /// One direction of the WAN link.
