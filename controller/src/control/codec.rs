@@ -3,13 +3,14 @@
 //! bytes they send each step (`board::job_reports`); with the link's rate and RTT that predicts
 //! each codec's exchange time:
 //!
-//! `exchange(c) = correction x (latency_rtts x RTT + bytes uncompressed x ratio(c) x 8 / rate)`
+//! `exchange(c) = latency_rtts x RTT + bytes uncompressed x ratio(c) x 8 / rate`
 //!
-//! The model expects compute to hide the exchange (a step waits `exchange - compute`), so a
-//! job that waited `w` showed an exchange of `w + compute`, and one that did not wait showed
-//! one no longer than its compute: the correction rises to the first and falls to the second,
-//! never below 1, and is kept across codecs (the link, not the codec, was slower than measured).
-//! Each codec is scored by the
+//! and a step waits for what of it compute does not hide: `wait(c) = exchange(c) - hidden`.
+//! How much compute hides is learnt from the jobs: at first all of it (an exchange that
+//! overlaps the whole compute); a job that waited `w` with codec `c` showed `hidden =
+//! exchange(c) - w` (DDP overlaps only what its buckets leave: one bucket, nothing); one that did
+//! not wait showed at least `exchange(c)`. That is kept across codecs, so a codec the job outgrew
+//! is not tried again on the model's first guess. Each codec is scored by the
 //! step it predicts, its exposed exchange counted with the margin, times its steps-to-loss
 //! factor; the best score wins, ties to the weaker codec. A weaker codec than the one in force
 //! must fit with twice the margin, so that noise in the rate does not swap codecs back and
@@ -59,8 +60,9 @@ struct Totals {
 pub struct JobWindow {
     codec: Option<Compression>,
     readings: VecDeque<(Duration, Totals)>,
-    /// What the jobs' waits showed of the model (None: nothing yet, 1).
-    correction: Option<f64>,
+    /// The exchange time per step compute hides, as the jobs' waits showed it (None: nothing
+    /// yet, all of the compute).
+    hidden: Option<f64>,
 }
 
 impl JobWindow {
@@ -105,24 +107,23 @@ impl JobWindow {
         }
     }
 
-    /// The model's correction as the jobs' waits showed it so far.
-    pub fn correction(&self) -> f64 {
-        self.correction.unwrap_or(1.0)
+    /// The exchange time per step compute hides, as the jobs' waits showed it so far.
+    pub fn hidden(&self, load: &Load) -> f64 {
+        self.hidden.unwrap_or(load.compute_s).min(load.compute_s)
     }
 
-    /// Learns from `load` what the model (`latency_s`, `rate_bps`) misses; see the module's
-    /// comment.
-    pub fn calibrate(&mut self, load: &Load, latency_s: f64, rate_bps: f64) {
-        let model = latency_s + load.payload_bytes * load.codec.ratio() * 8.0 / rate_bps;
-        if !(model > 0.0 && model.is_finite()) {
+    /// Learns from `load` how much of the exchange (the model's `exchange_s` for the codec it
+    /// ran) compute hides; see the module's comment.
+    pub fn calibrate(&mut self, load: &Load, exchange_s: f64) {
+        if !exchange_s.is_finite() {
             return;
         }
-        let c = if load.wait_s > WAIT_SLACK_S {
-            (load.wait_s + load.compute_s) / model
+        let hidden = if load.wait_s > WAIT_SLACK_S {
+            exchange_s - load.wait_s
         } else {
-            self.correction().min(load.compute_s / model)
+            self.hidden(load).max(exchange_s)
         };
-        self.correction = Some(c.max(1.0));
+        self.hidden = Some(hidden.clamp(0.0, load.compute_s));
     }
 
     /// The window's figures, once it covers enough steps; `since`: only steps after it.
@@ -177,8 +178,9 @@ pub struct Prediction {
     pub rate_bps: f64,
     pub rtt_ms: f64,
     pub payload_bytes: f64,
-    /// The factor the job's measured wait scaled the model by (1: the model stood).
-    pub correction: f64,
+    /// Of the exchange, what compute hides per step, as the jobs showed it (at first, all of
+    /// the compute).
+    pub hidden_s: f64,
 }
 
 /// A choice and why it was made.
@@ -224,12 +226,11 @@ pub fn choose(
     }
     let load = window.load(None)?;
     let latency_s = b.codec_latency_rtts * rtt_ms / 1e3;
-    window.calibrate(&load, latency_s, rate_bps);
-    let correction = window.correction();
-    let model = |c: Compression| latency_s + load.payload_bytes * c.ratio() * 8.0 / rate_bps;
-    let exchange = |c: Compression| model(c) * correction;
+    let exchange = |c: Compression| latency_s + load.payload_bytes * c.ratio() * 8.0 / rate_bps;
+    window.calibrate(&load, exchange(load.codec));
+    let hidden = window.hidden(&load);
     let margin = b.codec_margin;
-    let exposed = |c: Compression, m: f64| (exchange(c) * (1.0 + m) - load.compute_s).max(0.0);
+    let exposed = |c: Compression, m: f64| (exchange(c) * (1.0 + m) - hidden).max(0.0);
     let score =
         |c: Compression| (load.compute_s + exposed(c, margin)) * p.outcome.factor(&c.to_string());
     let list = candidates(b.codec_weakest, b.codec_strongest);
@@ -256,12 +257,12 @@ pub fn choose(
     let prediction = Prediction {
         codec: chosen,
         exchange_s: exchange(chosen),
-        wait_s: (exchange(chosen) - load.compute_s).max(0.0),
+        wait_s: exposed(chosen, 0.0),
         compute_s: load.compute_s,
         rate_bps,
         rtt_ms,
         payload_bytes: load.payload_bytes,
-        correction,
+        hidden_s: hidden,
     };
     let others: Vec<String> = list
         .iter()
@@ -270,16 +271,14 @@ pub fn choose(
         .collect();
     let why = format!(
         "compression: auto: {chosen} exchanges {:.1} MB in {:.3}s predicted ({:.2} Gbit/s, RTT \
-         {rtt_ms:.1} ms{}) against {:.3}s of compute a step, {:.0}% to spare; {}",
+         {rtt_ms:.1} ms), {:.3}s of it hidden by the {:.3}s of compute a step{}, {:.0}% to \
+         spare; {}",
         load.payload_bytes * chosen.ratio() / 1e6,
         exchange(chosen),
         rate_bps / 1e9,
-        if correction > 1.0 {
-            format!(", x{correction:.2}: the jobs' waits showed a slower link")
-        } else {
-            String::new()
-        },
+        hidden.min(exchange(chosen)),
         load.compute_s,
+        if hidden < load.compute_s { " (as the jobs' waits showed)" } else { "" },
         margin * 100.0,
         others.join(", ")
     );

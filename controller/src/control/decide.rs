@@ -523,6 +523,17 @@ impl Core {
             lc.judge.changed(before, lc.state, now, judge);
         }
         let reloaded = std::mem::take(&mut lc.reloaded);
+        // The codec in force, chosen again without a change (the jobs' first load, say): its
+        // prediction is shown and judged all the same, without a decision.
+        if let Some(c) = choice.as_ref().filter(|c| c.prediction.codec == knobs.compression) {
+            let kept = lc.knobs.is_some_and(|k| k.compression == knobs.compression);
+            let unchecked =
+                lc.codec_check.as_ref().is_none_or(|k| k.prediction.codec != knobs.compression);
+            if kept && unchecked {
+                let link = lc.estimator.link().name.clone();
+                lc.codec_check = Some(Check::new(now, &link, c.prediction.clone()));
+            }
+        }
         if !first && !state_changed && !reloaded && changes.is_empty() {
             return None;
         }

@@ -218,7 +218,7 @@ fn codec_series_show_the_latest_prediction_and_count_verdicts() {
         rate_bps: 5e8,
         rtt_ms: 180.0,
         payload_bytes: 4e7,
-        correction: 1.0,
+        hidden_s: 0.6,
     };
     let mut check = codec::Check::new(std::time::Duration::from_secs(3), "wan", prediction);
     m.codec.update(std::slice::from_ref(&check));
