@@ -150,7 +150,12 @@ pub struct BoardLink {
     pub capacity_bps: u64,
     /// The share of an exchange's time "auto" keeps to spare, in hundredths of a percent.
     pub sync_margin_bp: u16,
-    pub _pad2: [u8; 6],
+    /// 1: the training side chooses the pseudo-gradients' codec with H, from `outer_weakest` to
+    /// `outer_compression` (a reader that does not know this field runs the latter).
+    pub outer_codec_auto: u8,
+    /// A [`compression`] code: the weakest codec an auto outer codec may choose.
+    pub outer_weakest: u8,
+    pub _pad2: [u8; 4],
 }
 
 impl Default for BoardLink {
@@ -186,7 +191,9 @@ impl Default for BoardLink {
             delivery_bps: 0,
             capacity_bps: 0,
             sync_margin_bp: 0,
-            _pad2: [0; 6],
+            outer_codec_auto: 0,
+            outer_weakest: compression::NONE as u8,
+            _pad2: [0; 4],
         }
     }
 }
@@ -237,4 +244,6 @@ const _: () = assert!(core::mem::offset_of!(BoardLink, outer_topk_ratio) == 152)
 const _: () = assert!(core::mem::offset_of!(BoardLink, delivery_bps) == 160);
 const _: () = assert!(core::mem::offset_of!(BoardLink, capacity_bps) == 168);
 const _: () = assert!(core::mem::offset_of!(BoardLink, sync_margin_bp) == 176);
+const _: () = assert!(core::mem::offset_of!(BoardLink, outer_codec_auto) == 178);
+const _: () = assert!(core::mem::offset_of!(BoardLink, outer_weakest) == 179);
 const _: () = assert!(core::mem::size_of::<Board>() == 1528);

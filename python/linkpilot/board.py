@@ -36,7 +36,7 @@ KEEP = 255
 ACTUATORS = ("dscp", "env_file", "sysctl", "host_sysctl", "roce_tc", "transport")
 
 _HEADER = struct.Struct("<8sIIQQIIQII")  # magic .. n_links, pending
-_LINK = struct.Struct("<32s32sIIdQQIBBBBQQIBBBxIIIIIHHdQQH6x")
+_LINK = struct.Struct("<32s32sIIdQQIBBBBQQIBBBxIIIIIHHdQQHBB4x")
 _LINKS_AT = _HEADER.size
 _SEQ_WORD = 16 // 8  # seq, as an index into the board viewed as u64 words
 assert _HEADER.size == 56 and _LINK.size == 184 and _LINKS_AT + MAX_LINKS * _LINK.size == SIZE
@@ -103,6 +103,10 @@ class LinkKnobs:
     sync_margin: float = 0.0
     max_drift: int = 0
     outer_codec: str = "int8"
+    #: ``outer_codec = "auto"``: this side chooses the codec with H, from ``outer_weakest`` to
+    #: ``outer_codec`` (the strongest allowed).
+    outer_codec_auto: bool = False
+    outer_weakest: str = "none"
     fragments: int = 1
     overlap: int = 0
     #: The rate the link has shown it carries (0: nothing measured yet), and its nominal
@@ -326,8 +330,10 @@ class KnobBoard:
         (name, state, state_index, code, topk_ratio, chunk, tcp_buf, watchdog_s, ib_timeout,
          ib_retry, dscp, tc, decision_id, min_bytes, rtt_us, algo, proto, max_channels,
          sync_every, sync_min, sync_max, max_drift, outer_code, fragments, overlap, outer_ratio,
-         delivery_bps, capacity_bps, margin_bp) = _LINK.unpack_from(data, _LINKS_AT + i * _LINK.size)
-        for what, c in (("compression", code), ("outer compression", outer_code)):
+         delivery_bps, capacity_bps, margin_bp, outer_auto,
+         outer_weakest) = _LINK.unpack_from(data, _LINKS_AT + i * _LINK.size)
+        for what, c in (("compression", code), ("outer compression", outer_code),
+                        ("weakest outer compression", outer_weakest)):
             if c >= len(CODECS):
                 raise BoardFormatError(self.path, f"link slot {i}: unknown {what} code {c}")
         nccl = (("algorithm", algo, NCCL_ALGOS), ("protocol", proto, NCCL_PROTOS))
@@ -362,6 +368,8 @@ class KnobBoard:
             max_drift=max_drift,
             outer_codec=(f"topk:{outer_ratio!r}" if CODECS[outer_code] == "topk"
                          else CODECS[outer_code]),
+            outer_codec_auto=outer_auto == 1,
+            outer_weakest=CODECS[outer_weakest],
             fragments=fragments,
             overlap=overlap,
             delivery_bps=delivery_bps,

@@ -42,7 +42,8 @@ def test_json_of_a_fed_board(tmp_path: Path) -> None:
         "nccl_ib_retry_cnt": 7, "dscp": 26, "roce_traffic_class": 106, "decision_id": 42,
         "nccl_min_bytes": 1 << 20, "nccl_algo": "tree", "nccl_proto": "simple",
         "nccl_max_channels": 0, "rtt_us": 0, "sync_every": 1, "sync_min": 1, "sync_max": 500,
-        "sync_margin": 0.2, "max_drift": 2000, "outer_codec": "int8", "fragments": 1,
+        "sync_margin": 0.2, "max_drift": 2000, "outer_codec": "int8",
+        "outer_codec_auto": False, "outer_weakest": "none", "fragments": 1,
         "overlap": 0, "delivery_bps": 0, "capacity_bps": 0,
     }
     assert (eu["codec"], eu["chunk_bytes"]) == ("bf16", 3 << 19)

@@ -217,3 +217,71 @@ def test_a_plan_changed_while_exchanges_are_late_is_adopted_alike_without_a_resy
     assert (8, 2, 2, "int4") in plans[0].values(), plans[0]
     assert applied_digests(runs[0]) == applied_digests(runs[1])
     assert runs[0][-1]["outer"] == runs[1][-1]["outer"]
+
+
+def test_an_auto_outer_codec_is_chosen_with_h(
+        tmp_path: Path, board_feeder: Callable[..., Feeder]) -> None:
+    feeder = board_feeder(tmp_path / "knobs")
+    auto = dict(sync_every=0, sync_min=8, sync_max=400, fragments=4, sync_margin_bp=2000,
+                outer_codec_auto=True, outer_weakest="none", outer_compression="int4")
+    plans = BoardPlan(KnobBoard(tmp_path / "knobs"))
+
+    def h_with(codec: str, rate: float) -> tuple[int, int]:
+        return auto_sync_every(rate_bps=rate, rtt_s=0.18, compute_s=0.22, numel=NUMEL,
+                               codec=codec, sites=2, fragments=4, margin=0.2, bounds=(8, 400))
+
+    # 10 Gbit/s: every codec's exchange is the round trip; the same H, so the weakest.
+    feeder.publish([wan(**auto, capacity_bps=10_000_000_000)])
+    h, overlap = h_with("none", 10e9)
+    assert h == h_with("int4", 10e9)[0]
+    assert ask(plans) == RoundPlan(h, 4, overlap, "none")
+    # 10 Mbit/s: uncompressed fragments take 2.8 s, int4 ones 0.5: int4 syncs most often.
+    feeder.publish([wan(**auto, capacity_bps=10_000_000_000, delivery_bps=10_000_000)])
+    h, overlap = h_with("int4", 10e6)
+    assert h < h_with("int8", 10e6)[0] < h_with("none", 10e6)[0]
+    assert ask(plans) == RoundPlan(h, 4, overlap, "int4")
+    # Bounds: never weaker than the board's weakest.
+    feeder.publish([wan(**{**auto, "outer_weakest": "int8"}, capacity_bps=10_000_000_000)])
+    assert ask(plans).codec == "int8"  # type: ignore[union-attr]
+
+
+def test_an_auto_outer_codec_with_a_fixed_h_is_the_weakest_that_fits(
+        tmp_path: Path, board_feeder: Callable[..., Feeder]) -> None:
+    feeder = board_feeder(tmp_path / "knobs")
+    fixed = dict(sync_every=40, fragments=4, overlap=9, sync_margin_bp=2000,
+                 outer_codec_auto=True, outer_weakest="none", outer_compression="int4")
+    plans = BoardPlan(KnobBoard(tmp_path / "knobs"))
+    # 9 inner steps of 0.22 s hide 1.98 s: at 10 Mbit/s an uncompressed fragment takes 2.84 s
+    # (3.41 with the margin), an fp16 one 1.51 (1.81).
+    feeder.publish([wan(**fixed, capacity_bps=10_000_000)])
+    assert ask(plans) == RoundPlan(40, 4, 9, "fp16")
+    feeder.publish([wan(**fixed, capacity_bps=10_000_000_000)])
+    assert ask(plans) == RoundPlan(40, 4, 9, "none")
+    # At 1 Mbit/s nothing fits: the strongest.
+    feeder.publish([wan(**fixed, capacity_bps=1_000_000)])
+    assert ask(plans) == RoundPlan(40, 4, 9, "int4")
+
+
+def test_a_measured_exchange_shifts_every_codecs_estimate() -> None:
+    from linkpilot.board import LinkKnobs
+    from linkpilot.outer_board import _Exchange, candidates
+
+    knobs = LinkKnobs(name="wan", state="s", state_index=0, compression="none", topk_ratio=0.0,
+                      chunk_bytes=0, tcp_buffer_bytes=0, watchdog_s=0, nccl_ib_timeout=0,
+                      nccl_ib_retry_cnt=0, dscp=0, roce_traffic_class=0, decision_id=1,
+                      nccl_min_bytes=0, nccl_algo="auto", nccl_proto="auto",
+                      nccl_max_channels=0, rtt_us=180_000, outer_codec="topk:0.01",
+                      outer_codec_auto=True, outer_weakest="fp16")
+    assert candidates(knobs) == ["fp16", "int8", "int4", "topk:0.01"]
+    plan = RoundPlan(40, 4, 9, "int8")
+    model = _Exchange(knobs, PlanInputs(plan, NUMEL, 2, 0.22), 4, 200e6)
+    assert model.measured("int8") == 0.0  # nothing measured yet
+    base = {c: model.seconds(c) for c in ("none", "int8", "int4")}
+    # int8's fragments took 1 s where the model says 0.21: every codec is 0.79 s slower.
+    measured = _Exchange(knobs, PlanInputs(plan, NUMEL, 2, 0.22, exchange_s=1.0), 4, 200e6)
+    for codec, s in base.items():
+        assert abs(measured.seconds(codec) - (s + 1.0 - base["int8"])) < 1e-9
+    assert abs(measured.measured("int8") - 1.0) < 1e-9
+    # Measured with other fragments: another size, not this one's.
+    other = _Exchange(knobs, PlanInputs(plan, NUMEL, 2, 0.22, exchange_s=1.0), 2, 200e6)
+    assert other.measured("int8") == 0.0

@@ -86,6 +86,15 @@ struct FeedLink {
     capacity_bps: u64,
     #[serde(default = "d_margin_bp")]
     sync_margin_bp: u16,
+    /// The training side chooses the outer codec, from `outer_weakest` to `outer_compression`.
+    #[serde(default)]
+    outer_codec_auto: bool,
+    #[serde(default = "d_weakest")]
+    outer_weakest: String,
+}
+
+fn d_weakest() -> String {
+    "none".into()
 }
 
 fn d_one_u32() -> u32 {
@@ -224,6 +233,7 @@ pub fn parse_line(text: &str, default_id: u64) -> Result<Vec<BoardLink>, String>
                     sync_every: l.sync_every,
                     outer_compression: compression(&l.outer_compression, l.outer_topk_ratio)
                         .map_err(|e| format!("link {:?}: outer_compression: {e}", l.name))?,
+                    outer_codec_auto: l.outer_codec_auto,
                     fragments: l.fragments,
                     overlap: l.overlap,
                 },
@@ -242,6 +252,9 @@ pub fn parse_line(text: &str, default_id: u64) -> Result<Vec<BoardLink>, String>
             slot.delivery_bps = l.delivery_bps;
             slot.capacity_bps = l.capacity_bps;
             slot.sync_margin_bp = l.sync_margin_bp;
+            let weakest = compression(&l.outer_weakest, None)
+                .map_err(|e| format!("link {:?}: outer_weakest: {e}", l.name))?;
+            slot.outer_weakest = super::compression_code(weakest).0 as u8;
             Ok(slot)
         })
         .collect()

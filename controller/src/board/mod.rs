@@ -86,7 +86,7 @@ fn name_bytes(s: &str) -> [u8; BOARD_NAME_LEN] {
 
 /// The board's form of one link's decision.
 /// A compression as the board's code and top-k ratio.
-fn compression_code(c: Compression) -> (u32, f64) {
+pub(crate) fn compression_code(c: Compression) -> (u32, f64) {
     match c {
         Compression::None => (code::NONE, 0.0),
         Compression::Fp16 => (code::FP16, 0.0),
@@ -117,6 +117,7 @@ pub fn board_link(link: &str, state: &str, state_index: u32, k: &Knobs, id: u64)
         sync_every: k.sync.sync_every,
         outer_compression,
         outer_topk_ratio,
+        outer_codec_auto: u8::from(k.sync.outer_codec_auto),
         fragments: k.sync.fragments,
         overlap: k.sync.overlap,
         ..BoardLink::default()
@@ -130,6 +131,8 @@ pub fn set_sync_facts(l: &mut BoardLink, b: &Bounds, delivery_bps: f64, capacity
     l.sync_max = b.sync_max;
     l.sync_margin_bp = (b.sync_margin * 1e4).round().clamp(0.0, f64::from(u16::MAX)) as u16;
     l.max_drift = b.max_drift;
+    // A top-k weakest bound leaves none weaker than the strongest to choose: its code suffices.
+    l.outer_weakest = compression_code(b.codec_weakest).0 as u8;
     l.delivery_bps = bps(delivery_bps);
     l.capacity_bps = bps(capacity_bps);
 }
@@ -466,6 +469,7 @@ print(json.dumps(out))
             sync: SyncKnobs {
                 sync_every: 0,
                 outer_compression: Compression::TopK(0.02),
+                outer_codec_auto: true,
                 fragments: 4,
                 overlap: 3,
             },
@@ -481,6 +485,7 @@ print(json.dumps(out))
         set_nccl(&mut hk, rule, 1 << 20, Some(180.25));
         let policy = crate::control::Policy::parse(
             "[bounds]\nsync_every = { min = 8, max = 400, margin = \"25%\", max_drift = 1600 }\n\
+             compression = { weakest = \"fp16\", strongest = \"topk:2%\" }\n\
              [[link]]\nname = \"hk-us\"\ninterfaces = [\"eth0\"]\ncapacity = \"40Gbit/s\"\n\
              [[state]]\nname = \"healthy\"\n[state.knobs]\ncompression = \"none\"\ndscp = 26\n\
              roce_traffic_class = 106\n",
@@ -544,6 +549,11 @@ print(json.dumps(out))
             (Some(0.25), Some(1600), Some("topk:0.02"))
         );
         assert_eq!((l["fragments"].as_u64(), l["overlap"].as_u64()), (Some(4), Some(3)));
+        // outer_codec = "auto": the training side chooses from fp16 to top-k 2%.
+        assert_eq!(
+            (l["outer_codec_auto"].as_bool(), l["outer_weakest"].as_str()),
+            (Some(true), Some("fp16"))
+        );
         assert_eq!(
             (l["delivery_bps"].as_u64(), l["capacity_bps"].as_u64()),
             (Some(250_000_000), Some(40_000_000_000))
@@ -557,6 +567,7 @@ print(json.dumps(out))
             (e["sync_every"].as_u64(), e["fragments"].as_u64(), e["outer_codec"].as_str()),
             (Some(1), Some(1), Some("int8"))
         );
+        assert_eq!(e["outer_codec_auto"].as_bool(), Some(false));
         // No [nccl] rule: NCCL's own choices.
         assert_eq!(
             (e["nccl_algo"].as_str(), e["nccl_proto"].as_str()),

@@ -196,7 +196,11 @@ pub(super) fn knobs_for(
                 Setting::Fixed(h) => h,
                 Setting::Auto => 0,
             },
-            outer_compression: k.outer_compression,
+            outer_compression: match k.outer_compression {
+                Setting::Fixed(c) => c,
+                Setting::Auto => b.codec_strongest,
+            },
+            outer_codec_auto: matches!(k.outer_compression, Setting::Auto),
             fragments: k.fragments,
             overlap: k.overlap,
         },

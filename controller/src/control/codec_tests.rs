@@ -341,3 +341,30 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_auto_outer_codec_is_left_to_the_training_side_within_the_bounds() {
+    let src = "[estimator]\newma_half_life = \"100ms\"\n\
+               [bounds]\ncompression = { weakest = \"fp16\", strongest = \"int8\" }\n\
+               sync_every = { min = 8, max = 200 }\n\
+               [[link]]\nname = \"wan\"\ninterfaces = [\"eth0\"]\ncapacity = \"1Gbit/s\"\n\
+               [[link.peer]]\nname = \"us\"\ncidrs = [\"198.18.2.0/24\"]\n\
+               [[state]]\nname = \"healthy\"\n[state.knobs]\nsync_every = \"auto\"\n\
+               outer_codec = \"auto\"\nfragments = 4\n\
+               [[state]]\nname = \"worse\"\nenter = { ce_fraction = \"1%\" }\n[state.knobs]\n\
+               sync_every = \"auto\"\nouter_codec = \"int4\"\nfragments = 4\n";
+    let p = Policy::parse(src, "p.toml").unwrap_or_else(|e| panic!("{e}"));
+    let mut core = Core::new(p);
+    let ds = core.step(&snap(0, 180.0, 185.0, 0.0, 0.0));
+    let y = ds[0].knobs.sync;
+    // The strongest it may choose goes where a reader without "auto" looks.
+    assert_eq!((y.outer_codec_auto, y.outer_compression), (true, Compression::Int8));
+    assert_eq!(y.outer_codec(), "auto (at most int8)");
+    let mut worse = Vec::new();
+    for t in 1..100 {
+        worse.extend(core.step(&snap(t * 100, 180.0, 185.0, 0.05, 0.0)));
+    }
+    let d = worse.iter().find(|d| d.state == "worse").unwrap_or_else(|| panic!("{worse:#?}"));
+    assert!(d.changes.contains(&"outer_codec auto (at most int8) -> int4".to_owned()), "{d:?}");
+    assert!(!d.knobs.sync.outer_codec_auto);
+}

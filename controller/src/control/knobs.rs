@@ -136,18 +136,38 @@ pub struct Knobs {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SyncKnobs {
     pub sync_every: u32,
+    /// With `outer_codec_auto`, the strongest codec the training side may choose.
     pub outer_compression: Compression,
+    /// `outer_codec = "auto"`: the training side chooses the codec with H, within the policy's
+    /// `[bounds] compression`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub outer_codec_auto: bool,
     pub fragments: u16,
     pub overlap: u16,
 }
 
 impl Default for SyncKnobs {
     fn default() -> Self {
-        Self { sync_every: 1, outer_compression: Compression::Int8, fragments: 1, overlap: 0 }
+        Self {
+            sync_every: 1,
+            outer_compression: Compression::Int8,
+            outer_codec_auto: false,
+            fragments: 1,
+            overlap: 0,
+        }
     }
 }
 
 impl SyncKnobs {
+    /// "auto (at most int4)", or the codec.
+    pub fn outer_codec(&self) -> String {
+        if self.outer_codec_auto {
+            format!("auto (at most {})", self.outer_compression)
+        } else {
+            self.outer_compression.to_string()
+        }
+    }
+
     /// "auto", or the inner steps per round.
     pub fn every(&self) -> String {
         if self.sync_every == 0 {
@@ -180,7 +200,7 @@ impl Knobs {
         diff("roce_traffic_class", kept(self.roce_traffic_class), kept(new.roce_traffic_class));
         let (a, b) = (&self.sync, &new.sync);
         diff("sync_every", a.every(), b.every());
-        diff("outer_codec", a.outer_compression.to_string(), b.outer_compression.to_string());
+        diff("outer_codec", a.outer_codec(), b.outer_codec());
         diff("fragments", a.fragments.to_string(), b.fragments.to_string());
         diff("overlap", a.overlap.to_string(), b.overlap.to_string());
         diff("tcp_buffers", bytes(self.tcp_buffer_bytes), bytes(new.tcp_buffer_bytes));

@@ -349,7 +349,7 @@ pub fn render(s: &Status) -> String {
                  overlap {}\n",
                 l.link,
                 y.every(),
-                y.outer_compression,
+                y.outer_codec(),
                 y.fragments,
                 y.overlap
             );

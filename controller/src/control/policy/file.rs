@@ -450,8 +450,9 @@ pub(super) struct RawKnobs {
     /// Inner steps per cross-site round (1: the per-step exchange), or "auto".
     #[serde(default = "d_sync_every")]
     pub(super) sync_every: Setting<u32>,
+    /// The pseudo-gradients' codec, or "auto": chosen with H by the training side.
     #[serde(default = "d_outer_codec")]
-    pub(super) outer_codec: Compression,
+    pub(super) outer_codec: Setting<Compression>,
     #[serde(default = "d_one")]
     pub(super) fragments: u16,
     #[serde(default)]
@@ -482,8 +483,8 @@ pub(super) fn d_compression() -> Setting<Compression> {
     Setting::Fixed(Compression::None)
 }
 
-pub(super) fn d_outer_codec() -> Compression {
-    Compression::Int8
+pub(super) fn d_outer_codec() -> Setting<Compression> {
+    Setting::Fixed(Compression::Int8)
 }
 
 pub(super) fn d_one() -> u16 {

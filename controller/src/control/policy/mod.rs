@@ -312,7 +312,7 @@ pub struct StateKnobs {
     pub roce_traffic_class: Option<u8>,
     pub tcp_buffers: Setting<u64>,
     pub sync_every: Setting<u32>,
-    pub outer_compression: Compression,
+    pub outer_compression: Setting<Compression>,
     pub fragments: u16,
     pub overlap: u16,
     /// `[state.transport]`, if the state has one.
