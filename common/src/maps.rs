@@ -5,15 +5,22 @@
 pub const PROG_TC_INGRESS: &str = "lp_tc_ingress";
 /// TC classifier on egress.
 pub const PROG_TC_EGRESS: &str = "lp_tc_egress";
-/// `tcp:tcp_retransmit_skb` tracepoint.
+/// `tcp_retransmit_skb` as a raw tracepoint: the kernel skips a program on a CPU where it is
+/// already running, not (as for a tracepoint) where any tracing program runs, so retransmissions
+/// are not lost while `lp_tcp_probe` or another tool's program is interrupted on that CPU.
 pub const PROG_TCP_RETRANSMIT: &str = "lp_tcp_retrans";
+/// `tcp:tcp_retransmit_skb` as a tracepoint, reading its record: the fallback on a kernel without
+/// BTF, whose socket layout the raw tracepoint program cannot know.
+pub const PROG_TCP_RETRANSMIT_RECORD: &str = "lp_tcp_retr_tp";
 /// `tcp:tcp_probe` tracepoint (RTT).
 pub const PROG_TCP_PROBE: &str = "lp_tcp_probe";
 /// `sock:inet_sock_set_state` tracepoint (TCP flows opening and closing).
 pub const PROG_SOCK_STATE: &str = "lp_sock_state";
 /// An empty classifier, loaded only by the benchmark as its baseline.
 pub const PROG_TC_NOOP: &str = "lp_tc_noop";
-/// Every program name of ours, to recognise them among the kernel's loaded programs.
+/// The programs `watch` and `run` load on a kernel with BTF (the empty baseline aside), to
+/// recognise them among the kernel's loaded programs; [`PROG_TCP_RETRANSMIT_RECORD`] takes
+/// [`PROG_TCP_RETRANSMIT`]'s place on a kernel without.
 pub const PROGRAM_NAMES: [&str; 6] = [
     PROG_TC_INGRESS,
     PROG_TC_EGRESS,
@@ -550,7 +557,24 @@ pub struct KernelOffsets {
     /// system-wide and addresses repeat across namespaces (containers, the lab), so a socket
     /// counts only when it lives in this namespace. Zero (or a zero offset): every namespace.
     pub netns_inum: u32,
-    pub _pad: u32,
+    /// Non-zero when the `sock_*` offsets below were found in the kernel's BTF: retransmissions
+    /// are then read from the socket by [`PROG_TCP_RETRANSMIT`]. (A zero offset is a real one:
+    /// `skc_daddr` opens `struct sock`.)
+    pub sock_known: u32,
+    /// `offsetof(struct sock, __sk_common.skc_family)`, a `u16`.
+    pub sock_family: u32,
+    /// `__sk_common.skc_num`: the local port, host order (`u16`).
+    pub sock_num: u32,
+    /// `__sk_common.skc_dport`: the remote port, network order (`u16`).
+    pub sock_dport: u32,
+    /// `__sk_common.skc_rcv_saddr`: the local IPv4 address.
+    pub sock_rcv_saddr: u32,
+    /// `__sk_common.skc_daddr`: the remote IPv4 address.
+    pub sock_daddr: u32,
+    /// `__sk_common.skc_v6_rcv_saddr`: the local IPv6 address.
+    pub sock_v6_rcv_saddr: u32,
+    /// `__sk_common.skc_v6_daddr`: the remote IPv6 address.
+    pub sock_v6_daddr: u32,
 }
 
 /// An IPv4 address as IPv4-mapped IPv6, the form peers and flows are keyed by.
@@ -570,7 +594,7 @@ const _: () = assert!(core::mem::size_of::<FlowKey>() == 40);
 const _: () = assert!(core::mem::size_of::<FlowState>() == 80);
 const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 16);
 const _: () = assert!(core::mem::size_of::<LocalAddr>() == 20);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 24);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 52);
 const _: () = assert!(core::mem::size_of::<PeerCacheEntry>() == 24);
 const _: () = assert!(core::mem::size_of::<DatapathLosses>() == 6 * 8);
 

@@ -82,7 +82,14 @@ pub(crate) static LP_KERNEL_OFFSETS: KernelOffsets = KernelOffsets {
     sock_net: 0,
     net_inum: 0,
     netns_inum: 0,
-    _pad: 0,
+    sock_known: 0,
+    sock_family: 0,
+    sock_num: 0,
+    sock_dport: 0,
+    sock_rcv_saddr: 0,
+    sock_daddr: 0,
+    sock_v6_rcv_saddr: 0,
+    sock_v6_daddr: 0,
 };
 
 /// Whether the socket at record offset `skaddr` lives in the watched network namespace.
@@ -90,6 +97,15 @@ pub(crate) static LP_KERNEL_OFFSETS: KernelOffsets = KernelOffsets {
 /// alone would count another namespace's connections. True when no namespace is set.
 #[inline(always)]
 pub(crate) fn in_watched_netns(ctx: &TracePointContext, skaddr: usize) -> bool {
+    // SAFETY: the offset is within the record (checked against tracefs at load time).
+    let Ok(sk) = (unsafe { ctx.field::<u64>(skaddr) }) else { return false };
+    sock_in_watched_netns(sk)
+}
+
+/// Whether socket `sk` (a kernel address) lives in the watched network namespace; true when
+/// no namespace is set.
+#[inline(always)]
+pub(crate) fn sock_in_watched_netns(sk: u64) -> bool {
     // SAFETY: a read-only global patched at load time.
     let (want, sock_net, net_inum) = unsafe {
         (
@@ -101,9 +117,7 @@ pub(crate) fn in_watched_netns(ctx: &TracePointContext, skaddr: usize) -> bool {
     if want == 0 || net_inum == 0 {
         return true;
     }
-    // SAFETY: the offset is within the record (checked against tracefs at load time);
-    // bpf_probe_read_kernel tolerates any address and reports failure.
-    let Ok(sk) = (unsafe { ctx.field::<u64>(skaddr) }) else { return false };
+    // SAFETY: bpf_probe_read_kernel tolerates any address and reports failure.
     let Ok(net) = (unsafe { bpf_probe_read_kernel((sk + u64::from(sock_net)) as *const u64) })
     else {
         return false;

@@ -50,27 +50,39 @@ pub(crate) fn addresses(
     family: u16,
     off: &AddrOffsets,
 ) -> Result<Option<Addresses>, i64> {
-    let mut la = LocalAddr { family, _pad: 0, addr: [0; 16] };
     // SAFETY (reads): offsets within the record, checked against tracefs at load time.
     if family == AF_INET {
         let (l, r): ([u8; 4], [u8; 4]) =
             unsafe { (ctx.field(off.local4)?, ctx.field(off.remote4)?) };
-        la.addr[..4].copy_from_slice(&l);
-        Ok(Some((la, v4_mapped(l), v4_mapped(r))))
+        Ok(Some(v4_addresses(l, r)))
     } else if family == AF_INET6 {
         let (l, r): ([u8; 16], [u8; 16]) =
             unsafe { (ctx.field(off.local6)?, ctx.field(off.remote6)?) };
-        if l[..12] == V4_MAPPED_PREFIX {
-            // A dual-stack socket carrying IPv4: its local address is an IPv4 one.
-            la.family = AF_INET;
-            la.addr[..4].copy_from_slice(&l[12..]);
-        } else {
-            la.addr = l;
-        }
-        Ok(Some((la, l, r)))
+        Ok(Some(v6_addresses(l, r)))
     } else {
         Ok(None)
     }
+}
+
+/// [`Addresses`] of an IPv4 socket's local and remote address.
+#[inline(always)]
+pub(crate) fn v4_addresses(l: [u8; 4], r: [u8; 4]) -> Addresses {
+    let mut la = LocalAddr { family: AF_INET, _pad: 0, addr: [0; 16] };
+    la.addr[..4].copy_from_slice(&l);
+    (la, v4_mapped(l), v4_mapped(r))
+}
+
+/// [`Addresses`] of an IPv6 socket's local and remote address.
+#[inline(always)]
+pub(crate) fn v6_addresses(l: [u8; 16], r: [u8; 16]) -> Addresses {
+    let mut la = LocalAddr { family: AF_INET6, _pad: 0, addr: l };
+    if l[..12] == V4_MAPPED_PREFIX {
+        // A dual-stack socket carrying IPv4: its local address is an IPv4 one.
+        la.family = AF_INET;
+        la.addr = [0; 16];
+        la.addr[..4].copy_from_slice(&l[12..]);
+    }
+    (la, l, r)
 }
 
 const V4_MAPPED_PREFIX: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];

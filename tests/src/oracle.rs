@@ -106,7 +106,7 @@ pub fn links_of(progs: &[(u64, String)]) -> Vec<(String, String)> {
 }
 
 /// Our programs that `watch` and `run` attach, with the link type bpftool shows for each ("11"
-/// for TCX, "perf_event" for tracepoints): every name in common's list except the never-attached
+/// for TCX, "perf_event" for tracepoints, "raw_tracepoint" for the retransmissions' program): every name in common's list except the never-attached
 /// baseline, so a program added there is checked here without editing the tests.
 pub fn attached_programs() -> Vec<(&'static str, &'static str)> {
     use linkpilot_common::{
@@ -118,7 +118,8 @@ pub fn attached_programs() -> Vec<(&'static str, &'static str)> {
         .filter(|n| **n != PROG_TC_NOOP)
         .map(|&n| match n {
             PROG_TC_INGRESS | PROG_TC_EGRESS => ("11", n),
-            PROG_TCP_RETRANSMIT | PROG_TCP_PROBE | PROG_SOCK_STATE => ("perf_event", n),
+            PROG_TCP_RETRANSMIT => ("raw_tracepoint", n),
+            PROG_TCP_PROBE | PROG_SOCK_STATE => ("perf_event", n),
             other => panic!("{other}: say how bpftool shows its link"),
         })
         .collect()

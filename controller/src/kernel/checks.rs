@@ -285,6 +285,13 @@ pub fn kernel_offsets(retransmit_has_err: bool) -> (KernelOffsets, Vec<String>) 
             notes.push(format!("retransmissions are counted per skb, not per segment: {why}"))
         }
     }
+    match sock_offsets(&mut offsets) {
+        Ok(()) => offsets.sock_known = 1,
+        Err(why) => notes.push(format!(
+            "retransmissions are read from the tcp:tcp_retransmit_skb tracepoint, which the \
+             kernel skips on a CPU where another tracing program is running: {why}"
+        )),
+    }
     match netns_offsets().and_then(|o| Ok((o, own_netns_inum()?))) {
         Ok(((sock_net, net_inum), inum)) => {
             offsets.sock_net = sock_net;
@@ -322,6 +329,25 @@ pub fn own_netns_inum() -> Result<u32, String> {
     use std::os::unix::fs::MetadataExt as _;
     let meta = fs::metadata(PROC_SELF_NS_NET).map_err(|e| format!("{PROC_SELF_NS_NET}: {e}"))?;
     u32::try_from(meta.ino()).map_err(|_| format!("{PROC_SELF_NS_NET}: inode out of range"))
+}
+
+/// The offsets in `struct sock` of what the retransmission program reads: family, ports and
+/// addresses, all in `__sk_common` (which opens `struct sock`).
+fn sock_offsets(offsets: &mut KernelOffsets) -> Result<(), String> {
+    let btf = vmlinux_btf()?;
+    let common = member_offset(&btf, "sock", "__sk_common")?;
+    let at = |member: &str| -> Result<u32, String> {
+        let off = common + member_offset(&btf, "sock_common", member)?;
+        u32::try_from(off).map_err(|_| format!("{member}: offset out of range"))
+    };
+    offsets.sock_family = at("skc_family")?;
+    offsets.sock_num = at("skc_num")?;
+    offsets.sock_dport = at("skc_dport")?;
+    offsets.sock_rcv_saddr = at("skc_rcv_saddr")?;
+    offsets.sock_daddr = at("skc_daddr")?;
+    offsets.sock_v6_rcv_saddr = at("skc_v6_rcv_saddr")?;
+    offsets.sock_v6_daddr = at("skc_v6_daddr")?;
+    Ok(())
 }
 
 /// `offsetof(struct sk_buff, cb) + offsetof(struct tcp_skb_cb, tcp_gso_segs)`.
@@ -459,6 +485,14 @@ mod tests {
         assert_eq!(sock_net, 48);
         assert_eq!(member_offset(&btf, "ns_common", "inum").unwrap(), 24);
         assert!(net_inum >= 24);
+        // sock_common opens with the address pair, the hash, the port pair (remote first) and
+        // the family, a layout the kernel's lookups have kept for decades; the IPv6 addresses
+        // come after the pointers, the remote one first.
+        let mut o = KernelOffsets::default();
+        sock_offsets(&mut o).unwrap();
+        let got = (o.sock_daddr, o.sock_rcv_saddr, o.sock_dport, o.sock_num, o.sock_family);
+        assert_eq!(got, (0, 4, 12, 14, 16));
+        assert!(o.sock_v6_daddr > sock_net && o.sock_v6_rcv_saddr == o.sock_v6_daddr + 16, "{o:?}");
     }
 
     #[test]

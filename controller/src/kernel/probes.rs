@@ -10,7 +10,7 @@ use aya::{
     },
     programs::{
         tc::{self, NlOptions, SchedClassifierLinkId, TcAttachOptions},
-        ProgramError, SchedClassifier, TcAttachType, TracePoint,
+        ProgramError, RawTracePoint, SchedClassifier, TcAttachType, TracePoint,
     },
     util::KernelVersion,
     Ebpf, EbpfLoader,
@@ -21,7 +21,8 @@ use linkpilot_common::{
     LocalAddr, PeerStats, GLOBAL_KERNEL_OFFSETS, MAP_DSCP_RULES, MAP_FLOWS, MAP_IFACE_CONFIG,
     MAP_IFACE_INDEX, MAP_IFACE_STATS, MAP_LOCAL_ADDRS, MAP_LOSSES, MAP_PEERS, MAP_PEER_GENERATION,
     MAP_PEER_STATS, MAX_DSCP_RULES, MAX_FLOWS, MAX_IFACES, MAX_PEERS, PEER_OTHER, PROG_SOCK_STATE,
-    PROG_TCP_PROBE, PROG_TCP_RETRANSMIT, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_TC_NOOP,
+    PROG_TCP_PROBE, PROG_TCP_RETRANSMIT, PROG_TCP_RETRANSMIT_RECORD, PROG_TC_EGRESS,
+    PROG_TC_INGRESS, PROG_TC_NOOP,
 };
 use tracing::{debug, info};
 
@@ -75,6 +76,19 @@ pub struct Probes {
     netlink_tc: bool,
     /// The sock_ops program's maps, once it is attached.
     sock_ops: Option<SockOpsMaps>,
+    /// Whether retransmissions are read by the raw tracepoint program (the socket's layout came
+    /// from BTF) rather than from the tracepoint's record.
+    raw_retransmit: bool,
+}
+
+/// The retransmission program for a kernel whose `offsets` are known (see
+/// [`KernelOffsets::sock_known`]).
+pub fn retransmit_program(offsets: &KernelOffsets) -> &'static str {
+    if offsets.sock_known != 0 {
+        PROG_TCP_RETRANSMIT
+    } else {
+        PROG_TCP_RETRANSMIT_RECORD
+    }
 }
 
 impl Probes {
@@ -102,7 +116,13 @@ impl Probes {
             let prog: &mut SchedClassifier = program(&mut ebpf, name)?;
             prog.load().map_err(|e| load_error(name, e))?;
         }
-        for name in [PROG_TCP_RETRANSMIT, PROG_TCP_PROBE, PROG_SOCK_STATE] {
+        let raw_retransmit = retransmit_program(&offsets) == PROG_TCP_RETRANSMIT;
+        if raw_retransmit {
+            let prog: &mut RawTracePoint = program(&mut ebpf, PROG_TCP_RETRANSMIT)?;
+            prog.load().map_err(|e| load_error(PROG_TCP_RETRANSMIT, e))?;
+        }
+        let record = if raw_retransmit { None } else { Some(PROG_TCP_RETRANSMIT_RECORD) };
+        for name in record.into_iter().chain([PROG_TCP_PROBE, PROG_SOCK_STATE]) {
             let prog: &mut TracePoint = program(&mut ebpf, name)?;
             prog.load().map_err(|e| load_error(name, e))?;
         }
@@ -137,6 +157,7 @@ impl Probes {
             tc_links: Vec::new(),
             netlink_tc: false,
             sock_ops: None,
+            raw_retransmit,
         })
     }
 
@@ -262,20 +283,28 @@ impl Probes {
         self.watch(new)
     }
 
-    /// Attaches the TCP tracepoints: retransmissions, RTT (`tcp:tcp_probe`) and connection
-    /// state (`sock:inet_sock_set_state`).
+    /// Attaches the TCP tracepoints: retransmissions (raw, or the record's fallback), RTT
+    /// (`tcp:tcp_probe`) and connection state (`sock:inet_sock_set_state`).
     pub fn attach_tracepoints(&mut self) -> Result<(), ProbeError> {
-        for (name, category, event) in [
-            (PROG_TCP_RETRANSMIT, "tcp", "tcp_retransmit_skb"),
+        let attaching = |program| {
+            move |e| ProbeError::Program { action: "attaching", program, source: Box::new(e) }
+        };
+        if self.raw_retransmit {
+            let prog: &mut RawTracePoint = program(&mut self.ebpf, PROG_TCP_RETRANSMIT)?;
+            prog.attach("tcp_retransmit_skb").map_err(attaching(PROG_TCP_RETRANSMIT))?;
+            info!("attached tcp_retransmit_skb (raw tracepoint)");
+        }
+        let record = (!self.raw_retransmit).then_some((
+            PROG_TCP_RETRANSMIT_RECORD,
+            "tcp",
+            "tcp_retransmit_skb",
+        ));
+        for (name, category, event) in record.into_iter().chain([
             (PROG_TCP_PROBE, "tcp", "tcp_probe"),
             (PROG_SOCK_STATE, "sock", "inet_sock_set_state"),
-        ] {
+        ]) {
             let prog: &mut TracePoint = program(&mut self.ebpf, name)?;
-            prog.attach(category, event).map_err(|e| ProbeError::Program {
-                action: "attaching",
-                program: name,
-                source: Box::new(e),
-            })?;
+            prog.attach(category, event).map_err(attaching(name))?;
             info!("attached {category}:{event}");
         }
         Ok(())
