@@ -14,10 +14,11 @@ rank proposed wins, and at the start of step N+1 every rank adopts it through th
 every rank withdraws it (NCCL's own choices). Every rank's NCCL thus answers the same for the same
 collective.
 
-With ``sites`` (which ranks share a site), a bucket is summed inside the site uncompressed, each
-rank of a site sends its 1/L shard compressed across to the ranks with the same position in the
-other sites, and the site gathers the reduced shards: the WAN carries one compressed bucket per
-site and direction whatever the number of ranks per site.
+With ``sites`` (which ranks share a site, of any sizes), a bucket is summed inside the site
+uncompressed, cut into as many shards as the largest site has ranks, each shard sent compressed
+across by the rank of each site that owns it (:mod:`linkpilot.sites`), and the site gathers the
+reduced shards: the WAN carries one compressed bucket per site and direction whatever the number
+of ranks per site.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from linkpilot.board import BoardError, KnobBoard, LinkKnobs
 from linkpilot.codecs import CODEC_NAMES, Codec, ErrorFeedback, get_codec
 from linkpilot.jobreport import JobReport, StepClock
 from linkpilot.pgtimeout import _member, group_timeout, set_group_timeout
+from linkpilot.sites import Sites
 from linkpilot.tuner import TunerGate, TunerRule
 
 log = logging.getLogger("linkpilot.ddp")
@@ -159,7 +161,7 @@ class LinkpilotHook:
     large_bucket_bytes: buckets of at least this many fp32 bytes get the board's codec; smaller
         ones get ``small_codec`` or the board's, whichever is lighter.
     safe_codec: what a rank proposes when its board is missing or stale; also step 0's codec.
-    sites: ranks per site (e.g. [[0, 1], [2, 3]]), all of one size, covering the world.
+    sites: ranks per site (e.g. [[0, 1], [2, 3, 4, 5]]), of any sizes, covering the world.
     cross_backend: with ``sites``, the backend of the cross-site groups when it is not the job's
         (e.g. "gloo" across sites, NCCL over RoCE inside them); payloads cross on the CPU when
         that backend has none for their device.
@@ -198,7 +200,7 @@ class LinkpilotHook:
         self.history: deque[StepStats] = deque(maxlen=history)
         self._agreed = Proposal(self.safe_codec)
         self._next = self._agreed
-        self._feedback: dict[int, tuple[tuple[int, ...], ErrorFeedback]] = {}
+        self._feedback: dict[tuple[int, int], tuple[tuple[int, ...], ErrorFeedback]] = {}
         self._step = 0
         self._current: StepStats | None = None
         self._done: StepStats | None = None
@@ -206,7 +208,7 @@ class LinkpilotHook:
         self._pending: list[_Pending] = []
         self._job_timeout = group_timeout(self.group)
         self._timeout = self._job_timeout
-        self._sites = _Sites(sites, self.world, self.rank, cross_backend) if sites else None
+        self._sites = Sites(sites, self.world, self.rank, cross_backend) if sites else None
         self.tuner = TunerGate.from_env() if tuner == "auto" else tuner
         if self.tuner is not None and not self.tuner.usable():
             self.tuner = None
@@ -284,7 +286,7 @@ class LinkpilotHook:
     def _groups(self) -> list[dist.ProcessGroup]:
         groups = [self.group]
         if self._sites:
-            groups += [self._sites.site_group, self._sites.cross_group]
+            groups += [self._sites.site_group, *self._sites.cross_groups]
         return groups
 
     @property
@@ -307,13 +309,14 @@ class LinkpilotHook:
             codec = min(codec, self.small_codec, key=strength)
         return get_codec(codec)
 
-    def _feedback_for(self, bucket: GradBucket) -> ErrorFeedback:
-        """Residuals per bucket, dropped when DDP rebuilds its buckets (other parameters)."""
+    def _feedback_for(self, bucket: GradBucket, shard: int = 0) -> ErrorFeedback:
+        """Residuals per bucket (and shard a rank carries across), dropped when DDP rebuilds its
+        buckets (other parameters)."""
         key = tuple(id(p) for p in bucket.parameters())
-        held = self._feedback.get(bucket.index())
+        held = self._feedback.get((bucket.index(), shard))
         if held is None or held[0] != key:
             held = (key, ErrorFeedback())
-            self._feedback[bucket.index()] = held
+            self._feedback[(bucket.index(), shard)] = held
         return held[1]
 
     def __call__(self, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -323,12 +326,12 @@ class LinkpilotHook:
         self._clock.call()
         buf = bucket.buffer()
         codec = self._codec_for(buf.numel())
-        feedback = self._feedback_for(bucket)
         stats = BucketStats(bucket.index(), buf.numel(), codec.name, 0)
         self._current.buckets.append(stats)
         if self._sites is None:
-            fut = self._flat(buf, codec, feedback, stats)
+            fut = self._flat(buf, codec, self._feedback_for(bucket), stats)
         else:
+            feedback = [self._feedback_for(bucket, k) for k in self._sites.owned]
             fut = self._hierarchical(buf, codec, feedback, stats)
         if bucket.is_last():
             self._drain()
@@ -353,7 +356,7 @@ class LinkpilotHook:
 
         return work.then(done)
 
-    def _hierarchical(self, buf: torch.Tensor, codec: Codec, feedback: ErrorFeedback,
+    def _hierarchical(self, buf: torch.Tensor, codec: Codec, feedback: list[ErrorFeedback],
                       stats: BucketStats) -> torch.futures.Future[torch.Tensor]:
         sites = self._sites
         assert sites is not None
@@ -368,20 +371,21 @@ class LinkpilotHook:
         ranks = [Proposal.decode(_ints(local[flat.numel() + r * _PROPOSAL :][:_PROPOSAL]))
                  for r in sites.site_ranks]
         site_proposal = agree(ranks)
-        shard_len = -(-flat.numel() // sites.per_site)
-        padded = flat.new_zeros(shard_len * sites.per_site)
+        shard_len = -(-flat.numel() // sites.shards)
+        padded = flat.new_zeros(shard_len * sites.shards)
         padded[: flat.numel()] = local[: flat.numel()].div_(self.world)
-        shard = padded[sites.position * shard_len :][:shard_len]
-        exchange = _Exchange(self, codec, sites.cross_group, sites.n_sites)
-        started = time.perf_counter()
-        payload = feedback.encode(codec, shard.contiguous())
-        stats.encode_s = time.perf_counter() - started
-        stats.wire_bytes = codec.wire_bytes(shard_len)
-        if payload.device.type not in sites.cross_devices:
-            payload = payload.cpu()
-        work = exchange.issue(payload, site_proposal)
+        crossing = []
+        for k, group, residual in zip(sites.owned, sites.cross_groups, feedback):
+            exchange = _Exchange(self, codec, group, sites.n_sites)
+            started = time.perf_counter()
+            payload = residual.encode(codec, padded[k * shard_len :][:shard_len].contiguous())
+            stats.encode_s += time.perf_counter() - started
+            stats.wire_bytes += codec.wire_bytes(shard_len)
+            if payload.device.type not in sites.cross_devices:
+                payload = payload.cpu()
+            crossing.append((exchange.issue(payload, site_proposal), exchange))
         result: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        self._pending.append(_Pending(work, exchange, shard_len, flat.numel(), buf, result, stats))
+        self._pending.append(_Pending(crossing, shard_len, flat.numel(), buf, result, stats))
         # The site gathers an earlier bucket's shards here, in the hook body, so that the WAN
         # exchange of that bucket overlapped the backward pass of this one.
         while len(self._pending) > 1:
@@ -395,13 +399,14 @@ class LinkpilotHook:
     def _complete(self, p: _Pending) -> None:
         sites = self._sites
         assert sites is not None
-        gathered = p.work.wait()
-        started = time.perf_counter()
-        reduced = p.exchange.finish(gathered, p.shard_len).to(p.buf.device)
-        p.stats.decode_s = time.perf_counter() - started
-        shards = [torch.empty_like(reduced) for _ in range(sites.per_site)]
-        dist.all_gather(shards, reduced, group=sites.site_group)
-        p.result.set_result(torch.cat(shards)[: p.numel].to(p.buf.dtype))
+        mine = []
+        for work, exchange in p.crossing:
+            gathered = work.wait()
+            started = time.perf_counter()
+            mine.append(exchange.finish(gathered, p.shard_len).to(p.buf.device))
+            p.stats.decode_s += time.perf_counter() - started
+        every = sites.gather(torch.cat(mine), p.shard_len)
+        p.result.set_result(every[: p.numel].to(p.buf.dtype))
         self._clock.done()
 
     def _agreed_next(self, proposals: Sequence[Proposal]) -> None:
@@ -422,8 +427,8 @@ hook.__annotations__ = {"state": LinkpilotHook, "bucket": GradBucket,
 
 @dataclass
 class _Pending:
-    work: torch.futures.Future[list[torch.Tensor]]
-    exchange: _Exchange
+    #: Each owned shard's collective in flight, and its exchange.
+    crossing: list[tuple[torch.futures.Future[list[torch.Tensor]], _Exchange]]
     shard_len: int
     numel: int
     buf: torch.Tensor
@@ -471,30 +476,3 @@ class _Exchange:
 
 def _ints(t: torch.Tensor) -> list[int]:
     return [int(v) for v in t.to(torch.float32).round().tolist()]
-
-
-class _Sites:
-    """Process groups of the two-level exchange: one per site, and one per position in a site
-    across sites. Every rank creates every group, in the same order (torch requires it)."""
-
-    def __init__(self, sites: Sequence[Sequence[int]], world: int, rank: int,
-                 cross_backend: str | None = None) -> None:
-        sites = [list(s) for s in sites]
-        sizes = {len(s) for s in sites}
-        ranks = sorted(r for s in sites for r in s)
-        if len(sizes) != 1 or ranks != list(range(world)):
-            raise ValueError(f"sites {sites} must be equal-sized groups covering ranks 0..{world - 1}")
-        self.per_site = sizes.pop()
-        self.n_sites = len(sites)
-        # new_group is collective: every rank makes every group, then keeps its own two.
-        site_groups = [dist.new_group(s) for s in sites]
-        cross_groups = [dist.new_group([s[i] for s in sites], backend=cross_backend)
-                        for i in range(self.per_site)]
-        site = next(i for i, s in enumerate(sites) if rank in s)
-        self.site_ranks = sites[site]
-        self.position = sites[site].index(rank)
-        self.site_group = _member(site_groups[site])
-        self.cross_group = _member(cross_groups[self.position])
-        #: Device types the cross-site backend serves (others cross on the CPU).
-        self.cross_devices = {d.type for d in getattr(self.cross_group, "_device_types", [])
-                              } or {"cpu"}

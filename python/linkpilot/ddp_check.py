@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         report(state.history[-1])
     if state.job_report is not None:
         state.job_report.publish(force=True)  # os._exit below: the file stays, unlocked
-    cross = state._sites and dist.get_backend(state._sites.cross_group)
+    cross = state._sites and dist.get_backend(state._sites.cross_groups[0])
     out.write(json.dumps({"done": True, "steps": state.step, "digest": digest(net),
                           "cross_backend": cross,
                           "loss": float(loss)}) + "\n")

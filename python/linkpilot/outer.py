@@ -11,6 +11,8 @@ optimizer (the DiLoCo family: DiLoCo, Streaming DiLoCo).
 One rank per site (``sites`` None: every rank is a site) trains with a plain optimizer; with
 several ranks per site, wrap the model in DDP over ``sync.site_group`` and the site's leader
 (its first rank) exchanges for the site, handing every result to its site in the same step.
+Sites may differ in size (8 ranks in one, 16 in the other): each site's pseudo-gradient is the
+average over its own ranks (DDP's), and the outer step averages the sites' with equal weights.
 
 The schedule is counted in each site's own inner steps. A round of H steps sends fragment f
 (of F contiguous parts of the flat parameters) at step (f + 1) * H / F of the round and applies
@@ -59,6 +61,8 @@ from torch._C._distributed_c10d import Store
 from linkpilot.codecs import ErrorFeedback, get_codec
 from linkpilot.jobreport import JobReport
 from linkpilot.outer_exchange import _RESYNC, _Exchanger, _Job, _Resync
+from linkpilot.pgtimeout import _member
+from linkpilot.sites import check_sites
 from linkpilot.outer_plan import (
     PlanInputs,
     RoundPlan,
@@ -130,35 +134,38 @@ class OuterSync:
         world, rank = dist.get_world_size(), dist.get_rank()
         # Sorted: a group's rank 0 is its smallest global rank, and the leader must be it.
         sites = [sorted(s) for s in sites] if sites else [[r] for r in range(world)]
-        if sorted(r for s in sites for r in s) != list(range(world)) or len(
-                {len(s) for s in sites}) != 1:
-            raise ValueError(f"sites {sites} must be equal-sized groups covering ranks "
-                             f"0..{world - 1}")
+        sites = check_sites(sites, world)
         self.n_sites = len(sites)
         self.site_index = next(i for i, s in enumerate(sites) if rank in s)
         site = sites[self.site_index]
         self.leader = site[0] == rank
-        # Every rank makes every group (torch requires it); the site group is the user's (DDP),
-        # the second one carries this class's hand-over inside the site.
+        # Every rank makes every group (torch requires it); the site group is the user's (DDP,
+        # on the job's backend), the second one carries this class's hand-over inside the site.
         # The hand-over waits while the leader waits for a dead link: a day, not the default.
-        groups = [(dist.new_group(s), dist.new_group(s, timeout=_HANDOVER_TIMEOUT))
-                  for s in sites] if len(site) > 1 else []
+        # The outer state lives in host memory (beside a large model on a GPU it would not fit)
+        # and NCCL takes CUDA tensors only: whatever the job's backend, the state's broadcasts
+        # (below, and the site's hand-over) go over gloo groups of this class's own.
+        host = _member(dist.new_group(backend="gloo"))
+        # Sites may differ in size: the groups exist as soon as any site has several ranks.
+        groups = [(dist.new_group(s),
+                   dist.new_group(s, timeout=_HANDOVER_TIMEOUT, backend="gloo"))
+                  for s in sites] if any(len(s) > 1 for s in sites) else []
         self.site_group: dist.ProcessGroup | None = None
         self._handover: dist.ProcessGroup | None = None
-        if groups:
+        if len(site) > 1:
             user, handover = groups[self.site_index]
             assert isinstance(user, dist.ProcessGroup) and isinstance(handover, dist.ProcessGroup)
             self.site_group, self._handover = user, handover
         # Every replica starts from rank 0's parameters and plan: the first round runs before
         # any proposal was exchanged.
         words = _header(0, 0, 0, 0, self.plan, self.plan)[4:8].clone()
-        dist.broadcast(words, src=0)
+        dist.broadcast(words, src=0, group=host)
         if _plan_of(words.tolist()) != self.plan:
             log.warning("plan %s differs from rank 0's %s: rank 0's is used", self.plan,
                         _plan_of(words.tolist()))
             self.plan = _plan_of(words.tolist()).check(numel)
         flat = self._flatten()
-        dist.broadcast(flat, src=0)
+        dist.broadcast(flat, src=0, group=host)
         self._write(0, flat.numel(), flat)
         self.outer = flat.clone()
         self.velocity = torch.zeros_like(self.outer)

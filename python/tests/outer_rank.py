@@ -5,11 +5,14 @@ an applied outer step) and, at the end, the digest of every parameter.
 
     python outer_rank.py --rank R --world W --port P --steps N --plan H,F,OVERLAP,CODEC
         [--sites 0,1/2,3] [--sleep S] [--deadline S] [--patience S] [--max-drift N] [--board PATH]
-        [--master HOST:PORT] [--width N] [--pause-at STEP,STEP --pause-s S]
+        [--master HOST:PORT] [--width N] [--pause-at STEP,STEP --pause-s S] [--cuda-only]
 
 With --board, the rounds' plans follow that knob board (linkpilot.outer_board.BoardPlan), as
 the site's daemon decides them. --pause-at makes the rank print {"idle": STEP} after those
 steps and sleep --pause-s, so that a test can read a link's counters while nothing crosses.
+With --cuda-only the job's process group refuses CPU tensors as an NCCL-only one does (a backend
+that serves the "cuda" device type only); DDP inside a site then runs on a gloo group of the
+script's own, as a GPU job's DDP would run on NCCL.
 """
 
 from __future__ import annotations
@@ -25,14 +28,26 @@ import time
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._C._distributed_c10d import ProcessGroupGloo
 
 from linkpilot.board import KnobBoard
 from linkpilot.outer import OuterSync, RoundPlan, RoundStats
 from linkpilot.outer_board import BoardPlan
+from linkpilot.pgtimeout import _member
 
 
 def digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.numpy().tobytes()).hexdigest()[:16]
+
+
+def cuda_only_backend() -> str:
+    """Registers a backend for the "cuda" device type only (gloo doing the work): a collective
+    on a CPU tensor fails on it as on NCCL ("No backend type associated with device type
+    cpu")."""
+    dist.Backend.register_backend(
+        "cudaonly", lambda store, rank, size, timeout: ProcessGroupGloo(store, rank, size, timeout),
+        devices=["cuda"])
+    return "cudaonly"
 
 
 def main() -> None:
@@ -50,13 +65,20 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--pause-at", default="")
     ap.add_argument("--pause-s", type=float, default=0.0)
+    ap.add_argument("--cuda-only", action="store_true")
     a = ap.parse_args()
     h, f, o, codec = a.plan.split(",")
     master = a.master or f"127.0.0.1:{a.port}"
     pauses = {int(x) for x in a.pause_at.split(",") if x}
-    dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=a.rank,
+    backend = cuda_only_backend() if a.cuda_only else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://{master}", rank=a.rank,
                             world_size=a.world, timeout=datetime.timedelta(seconds=120))
     sites = [[int(r) for r in s.split(",")] for s in a.sites.split("/")] if a.sites else None
+    # The script's own CPU collectives (DDP on this CPU model, the last barrier) need a group
+    # that takes CPU tensors; every rank makes every group, in the same order.
+    host = _member(dist.new_group(backend="gloo")) if a.cuda_only else None
+    ddp_groups = [dist.new_group(sorted(s), backend="gloo") for s in sites] if (
+        a.cuda_only and sites) else None
     torch.manual_seed(a.rank)  # OuterSync broadcasts rank 0's weights
     model = nn.Sequential(nn.Linear(32, a.width), nn.Tanh(), nn.Linear(a.width, 4))
     recorded: list[dict[str, object]] = []
@@ -75,7 +97,8 @@ def main() -> None:
                      deadline_s=a.deadline, patience_s=a.patience, max_drift=a.max_drift,
                      plan_source=plans, on_round=on_round)
     if sync.site_group is not None:
-        model = nn.parallel.DistributedDataParallel(model, process_group=sync.site_group)
+        group = ddp_groups[sync.site_index] if ddp_groups else sync.site_group
+        model = nn.parallel.DistributedDataParallel(model, process_group=group)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     site = sync.site_index
     gen = torch.Generator().manual_seed(1000 + site)
@@ -113,7 +136,7 @@ def main() -> None:
     print(json.dumps({"done": True, "rank": a.rank, "digest": digest(sync._flatten()),
                       "outer": digest(sync.outer), "exchanges": list(recorded),
                       "report": report, "report_removed": gone, "sent_bytes": sent}), flush=True)
-    dist.barrier()
+    dist.barrier(group=host)
     sys.stdout.flush()
     os._exit(0)
 

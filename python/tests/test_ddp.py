@@ -192,6 +192,40 @@ def test_timeout_follows_the_watchdog_never_below_the_jobs(tmp_path: Path) -> No
     assert min(v["timeout_s"] for lines in ranks for v in steps(lines)) >= 120
 
 
+@pytest.mark.parametrize("codec", ["none", "int8"])
+def test_unequal_sites_carry_a_site_each_way_and_agree(tmp_path: Path, codec: str) -> None:
+    """Rank 0 alone in one site, ranks 1,2 in the other: rank 0 carries both shards of each
+    bucket across, ranks 1 and 2 one each, so each site sends one bucket's worth whatever its
+    size; the replicas agree bit for bit. Uncompressed, the loss is what the same job reaches
+    with one flat all-reduce (the independent computation: gloo's own sum), up to the order of
+    the float additions."""
+    from linkpilot.codecs import get_codec
+
+    def run(*args: str) -> list[list[dict[str, Any]]]:
+        boards = [tmp_path / f"r{r}.knobs" for r in range(3)]
+        feeders = [feed_board(b) for b in boards]
+        for f in feeders:
+            f.publish(wan(codec))
+        try:
+            with job(boards, "--steps", "4", "--safe-codec", codec, *args) as j:
+                return j.finish()
+        finally:
+            for f in feeders:
+                f.close()
+
+    ranks = run("--sites", "0/1,2")
+    assert len(digests(ranks)) == 1, digests(ranks)
+    for rank, lines in enumerate(ranks):
+        for s in steps(lines):
+            for _, numel, name, wire in s["buckets"]:
+                shards = 2 if rank == 0 else 1
+                assert wire == shards * get_codec(name).wire_bytes(-(-numel // 2)), (rank, s)
+    if codec == "none":
+        flat = run()
+        loss, reference = ranks[0][-1]["loss"], flat[0][-1]["loss"]
+        assert abs(loss - reference) <= 1e-5 * abs(reference), (loss, reference)
+
+
 @pytest.mark.parametrize("codec,cross", [("none", None), ("int8", None), ("int8", "gloo")])
 def test_sites_send_a_shard_per_rank_across(tmp_path: Path, codec: str, cross: str | None
                                             ) -> None:

@@ -107,14 +107,23 @@ def only_common_exchanges_applied(exchanges: list[list[dict[str, Any]]]
     return both
 
 
-# "1,0/3,2": a site's ranks in any order (its leader is its smallest rank).
-@pytest.mark.parametrize("sites", [None, "1,0/3,2"])
+def site_members(sites: str | None) -> list[list[int]]:
+    """The ranks of each site (two one-rank sites without ``sites``), each site sorted."""
+    if not sites:
+        return [[0], [1]]
+    return [sorted(int(r) for r in s.split(",")) for s in sites.split("/")]
+
+
+# "1,0/3,2": a site's ranks in any order (its leader is its smallest rank); "0/2,1": sites of
+# unequal sizes.
+@pytest.mark.parametrize("sites", [None, "1,0/3,2", "0/2,1"])
 def test_every_replica_holds_the_same_fragment_after_its_outer_step(
         tmp_path: Path, sites: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "jobs").mkdir()
     monkeypatch.setenv("LINKPILOT_JOBS", str(tmp_path / "jobs"))
     monkeypatch.setenv("LINKPILOT_JOB", "outer-test")
-    world = 4 if sites else 2
+    members = site_members(sites)
+    world = sum(len(m) for m in members)
     # Apply steps wait for their exchange (patience = the deadline), so the schedule is fixed:
     # each round's plan exchange (its first) has been applied before the round ends.
     args = ["--steps", "30", "--plan", "6,3,1,int8", "--patience", "30"] + (
@@ -129,11 +138,11 @@ def test_every_replica_holds_the_same_fragment_after_its_outer_step(
     # The outer state is the same at every site's leader; the parameters differ by the steps
     # since each fragment was last applied, and are the same inside a site (DDP).
     done = [lines[-1] for lines in runs]
-    leaders = done[::2] if sites else done
+    leaders = [done[m[0]] for m in members]
     assert len({d["outer"] for d in leaders}) == 1, done
-    if sites:
-        assert done[0]["digest"] == done[1]["digest"] and done[2]["digest"] == done[3]["digest"]
-        assert done[0]["digest"] != done[2]["digest"]
+    for m in members:
+        assert len({done[r]["digest"] for r in m}) == 1, (m, done)
+    assert done[members[0][0]]["digest"] != done[members[1][0]]["digest"]
     # Every rank's job report: the 29 steps after the first (a step is its interval between two
     # calls), the bytes its leader handed to the exchange, the plan in force; removed on close.
     for d in done:
@@ -145,13 +154,34 @@ def test_every_replica_holds_the_same_fragment_after_its_outer_step(
 
 
 @pytest.mark.parametrize("sites", [None, "0,1/2,3"])
+def test_a_job_whose_group_refuses_cpu_tensors_syncs_over_groups_of_its_own(
+        tmp_path: Path, sites: str | None) -> None:
+    """The job's process group serves CUDA tensors only, as an NCCL-only one does: OuterSync
+    still starts, exchanges, hands over inside a site and closes, and every replica holds the
+    same fragments after each outer step."""
+    members = site_members(sites)
+    world = sum(len(m) for m in members)
+    args = ["--steps", "24", "--plan", "6,3,1,int8", "--patience", "30", "--cuda-only"] + (
+        ["--sites", sites] if sites else [])
+    runs = finish(tmp_path, *start(tmp_path, world, *args))
+    digests = [applied_digests(lines) for lines in runs]
+    assert len(digests[0]) == 12, sorted(digests[0])
+    for d in digests[1:]:
+        assert d == digests[0]
+    assert len({runs[m[0]][-1]["outer"] for m in members}) == 1
+    for m in members:
+        assert len({runs[r][-1]["digest"] for r in m}) == 1, m
+
+
+@pytest.mark.parametrize("sites", [None, "0,1/2,3", "0/1,2"])
 def test_a_site_stopped_past_the_deadline_is_ridden_through(tmp_path: Path,
                                                             sites: str | None) -> None:
-    world = 4 if sites else 2
+    members = site_members(sites)
+    world = sum(len(m) for m in members)
     procs, outs = start(tmp_path, world, "--steps", "200", "--plan", "4,2,1,int8", "--sleep",
                         "0.05", "--deadline", "1.5", "--max-drift", "1000",
                         *(["--sites", sites] if sites else []))
-    stopped = procs[world // 2:]  # the second site, all of its ranks
+    stopped = [procs[r] for r in members[1]]  # the second site, all of its ranks
 
     # The second site stops (a dead link, as the first sees it) for longer than the deadline.
     during = stop_a_site(procs, outs, stopped, 4.0)
@@ -170,11 +200,9 @@ def test_a_site_stopped_past_the_deadline_is_ridden_through(tmp_path: Path,
     assert len(after) >= 4
     for d in digests[1:]:
         assert all(d.get(k) == v for k, v in after.items()), (after, d)
-    leaders = runs[::2] if sites else runs
-    assert len({lines[-1]["outer"] for lines in leaders}) == 1
-    if sites:
-        assert runs[0][-1]["digest"] == runs[1][-1]["digest"]
-        assert runs[2][-1]["digest"] == runs[3][-1]["digest"]
+    assert len({runs[m[0]][-1]["outer"] for m in members}) == 1
+    for m in members:
+        assert len({runs[r][-1]["digest"] for r in m}) == 1, m
 
 
 def test_an_exchange_slower_than_the_patience_is_applied_late_and_no_step_waits(
