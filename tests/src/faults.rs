@@ -173,9 +173,8 @@ impl HostBefore {
     pub fn assert_unchanged(&self) {
         self.assert_sysctls_unchanged();
         assert!(!self.seen.is_empty(), "the daemon's programs were never seen");
-        let left: Vec<_> =
-            oracle::ours_loaded().into_iter().filter(|(id, _)| self.seen.contains(id)).collect();
-        assert!(left.is_empty(), "programs of the stopped daemon still loaded: {left:?}");
+        let left = oracle::loaded_after_exit(|(id, _)| self.seen.contains(id));
+        assert!(left.is_empty(), "programs of the stopped daemon still loaded 10 s on: {left:?}");
     }
 }
 

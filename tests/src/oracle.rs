@@ -140,6 +140,22 @@ pub fn ours_loaded_since(before: &[(u64, String)]) -> Vec<(u64, String)> {
     ours_loaded().into_iter().filter(|p| !before.contains(p)).collect()
 }
 
+/// Those of our loaded programs that `held` picks, once their holder has exited and the kernel had
+/// time to let go of them. Closing a link does not unlist its program at once: since Linux 6.13 a
+/// link drops its program only after an RCU grace period, and when that is the last reference the
+/// program's id is freed from a workqueue. A leaked program stays listed for good; ten seconds
+/// tells the two apart on a loaded machine.
+pub fn loaded_after_exit(held: impl Fn(&(u64, String)) -> bool) -> Vec<(u64, String)> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let left: Vec<_> = ours_loaded().into_iter().filter(|p| held(p)).collect();
+        if left.is_empty() || std::time::Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Entries in BPF map `id` as `bpftool map dump` counts them ("Found N elements").
 pub fn map_entries(id: u64) -> u64 {
     let out = sh(&["bpftool", "map", "dump", "id", &id.to_string()]);

@@ -5,7 +5,7 @@ use std::process::Command;
 use linkpilot_tests::{
     linkpilot_bin,
     netns::Netns,
-    oracle::{ours_loaded, ours_loaded_since},
+    oracle::{loaded_after_exit, ours_loaded},
     run,
 };
 
@@ -16,7 +16,7 @@ fn linkpilot(prefix: &[&str], args: &[&str]) -> (i32, String) {
     let full: Vec<&str> = prefix.iter().copied().chain([bin]).chain(args.iter().copied()).collect();
     let before = ours_loaded();
     let out = run(&full);
-    let left = ours_loaded_since(&before);
+    let left = loaded_after_exit(|p| !before.contains(p));
     assert!(left.is_empty(), "{args:?} left loaded: {left:?}");
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
 }
@@ -57,7 +57,7 @@ fn missing_tracefs() {
         .args(["--mount", "--propagation", "private", "sh", "-c", &script])
         .output()
         .expect("unshare");
-    let left = ours_loaded_since(&before);
+    let left = loaded_after_exit(|p| !before.contains(p));
     assert!(left.is_empty(), "left loaded: {left:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");

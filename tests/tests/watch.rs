@@ -12,7 +12,9 @@ use std::{
 
 use linkpilot_tests::{
     netns::Pair,
-    oracle::{attached_programs, links_of, nstat, ours_loaded, ours_loaded_since},
+    oracle::{
+        attached_programs, links_of, loaded_after_exit, nstat, ours_loaded, ours_loaded_since,
+    },
     run,
     watcher::Watcher,
 };
@@ -211,18 +213,9 @@ fn detaches_everything_on_sigterm() {
     watcher.stop_with(Signal::SIGTERM);
     let after = links_of(&loaded);
     assert!(after.is_empty(), "links left after exit: {after:?}");
-    // The links go at exit; a raw tracepoint's link lets go of its program only after an RCU
-    // grace period (the kernel defers it so that a run in progress can finish), so the last
-    // program leaves the kernel's list a little later.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let left: Vec<_> = ours_loaded().into_iter().filter(|p| loaded.contains(p)).collect();
-        if left.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "still loaded 5 s after exit: {left:?}");
-        thread::sleep(Duration::from_millis(20));
-    }
+    // The links go at exit; their programs a little later (see `loaded_after_exit`).
+    let left = loaded_after_exit(|p| loaded.contains(p));
+    assert!(left.is_empty(), "still loaded 10 s after exit: {left:?}");
 }
 
 #[test]
