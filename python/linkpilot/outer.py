@@ -12,7 +12,13 @@ One rank per site (``sites`` None: every rank is a site) trains with a plain opt
 several ranks per site, wrap the model in DDP over ``sync.site_group`` and the site's leader
 (its first rank) exchanges for the site, handing every result to its site in the same step.
 Sites may differ in size (8 ranks in one, 16 in the other): each site's pseudo-gradient is the
-average over its own ranks (DDP's), and the outer step averages the sites' with equal weights.
+average over its own ranks (DDP's), and the outer step takes the sites' mean weighted by the
+samples each processed in the round (its steps in the round times ``samples_per_step``).
+
+Sites may differ in speed: with ``pace="time"`` a round lasts H steps of the fastest site and
+each site takes as many of its own as fit (``site_plan``), from the step times every header
+carries, agreed with the plan; so no site idles waiting for another. Stop on ``rounds_done``.
+``close()`` ends with every replica holding the same parameters (see there).
 
 The schedule is counted in each site's own inner steps. A round of H steps sends fragment f
 (of F contiguous parts of the flat parameters) at step (f + 1) * H / F of the round and applies
@@ -56,13 +62,14 @@ from typing import Callable, Literal, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._C._distributed_c10d import Store
+from torch._C._distributed_c10d import PrefixStore, Store
+from torch.distributed.tensor import DTensor, Shard
 
 from linkpilot.codecs import ErrorFeedback, get_codec
 from linkpilot.jobreport import JobReport
 from linkpilot.outer_exchange import _RESYNC, _Exchanger, _Job, _Resync
 from linkpilot.pgtimeout import _member
-from linkpilot.sites import check_sites
+from linkpilot.sites import check_sites, replica_sets
 from linkpilot.outer_plan import (
     PlanInputs,
     RoundPlan,
@@ -71,11 +78,13 @@ from linkpilot.outer_plan import (
     _plan_of,
     agree_plans,
     auto_sync_every,
+    site_plan,
 )
 
 log = logging.getLogger("linkpilot.outer")
 
-__all__ = ["OuterSync", "PlanInputs", "RoundPlan", "RoundStats", "auto_sync_every", "agree_plans"]
+__all__ = ["OuterSync", "PlanInputs", "RoundPlan", "RoundStats", "auto_sync_every", "agree_plans",
+           "site_plan"]
 
 #: What a step brings to the site: ("apply", lo, hi, None, the exchange's stats, the fragment's
 #: outer values right after its outer step) or ("resync", epoch, applied, plan, None, None).
@@ -87,6 +96,35 @@ _HANDOVER_TIMEOUT = datetime.timedelta(days=1)
 _MEASURED = 16
 #: The least an apply step waits for its exchange by default.
 _MIN_PATIENCE_S = 0.1
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of a parameter: its shard of a sharded one (FSDP2's DTensor)."""
+    return p.to_local() if isinstance(p, DTensor) else p
+
+
+def _shard_of(params: Sequence[torch.Tensor]) -> tuple[int, int]:
+    """This rank's (shard index, shard count) among the ranks its parameters are sharded over
+    (FSDP2, or HSDP's shard dimension); (0, 1) for whole parameters. ValueError for a mix."""
+    found = set()
+    for p in params:
+        if not isinstance(p, DTensor):
+            found.add((0, 1))
+            continue
+        dims = [i for i, pl in enumerate(p.placements) if isinstance(pl, Shard)]
+        if len(dims) > 1:
+            raise ValueError(f"a parameter of shape {tuple(p.shape)} is sharded over "
+                             f"{len(dims)} mesh dimensions: one is supported")
+        if not dims:
+            found.add((0, 1))
+            continue
+        ranks = dist.get_process_group_ranks(p.device_mesh.get_group(dims[0]))
+        found.add((ranks.index(dist.get_rank()), len(ranks)))
+    if len(found) > 1:
+        raise ValueError("the parameters are sharded over different groups, or some are "
+                         f"sharded and some whole ({sorted(found)} as (shard, of)): shard the "
+                         "whole model over one group")
+    return found.pop() if found else (0, 1)
 
 
 class OuterSync:
@@ -109,9 +147,11 @@ class OuterSync:
         on_round: Callable[[RoundStats], None] | None = None,
         store: Store | None = None,
         job_report: JobReport | Literal["auto"] | None = "auto",
+        pace: Literal["steps", "time"] = "steps",
+        samples_per_step: int = 1,
     ) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
-        numel = sum(p.numel() for p in self.params)
+        numel = sum(_local(p).numel() for p in self.params)
         self.plan = plan.check(numel)
         if outer_lr <= 0 or not 0 <= outer_momentum < 1:
             raise ValueError(f"outer_lr {outer_lr} must be > 0 and outer_momentum "
@@ -120,6 +160,11 @@ class OuterSync:
             raise ValueError(f"deadline_s {deadline_s} must be > 0")
         if patience_s is not None and not 0 <= patience_s <= deadline_s:
             raise ValueError(f"patience_s {patience_s} must be in [0, deadline_s {deadline_s}]")
+        if pace not in ("steps", "time"):
+            raise ValueError(f"pace {pace!r}: \"steps\" or \"time\"")
+        if samples_per_step < 1:
+            raise ValueError(f"samples_per_step {samples_per_step} must be >= 1")
+        self.samples_per_step = samples_per_step
         self.patience_s = patience_s
         self.max_drift = max_drift if max_drift is not None else 4 * plan.sync_every
         if self.max_drift < plan.sync_every:
@@ -138,34 +183,56 @@ class OuterSync:
         self.n_sites = len(sites)
         self.site_index = next(i for i, s in enumerate(sites) if rank in s)
         site = sites[self.site_index]
-        self.leader = site[0] == rank
-        # Every rank makes every group (torch requires it); the site group is the user's (DDP,
-        # on the job's backend), the second one carries this class's hand-over inside the site.
-        # The hand-over waits while the leader waits for a dead link: a day, not the default.
         # The outer state lives in host memory (beside a large model on a GPU it would not fit)
-        # and NCCL takes CUDA tensors only: whatever the job's backend, the state's broadcasts
-        # (below, and the site's hand-over) go over gloo groups of this class's own.
+        # and NCCL takes CUDA tensors only: whatever the job's backend, this class's own
+        # collectives go over gloo groups of its own. Every rank makes every group, in the same
+        # order (torch requires it).
         host = _member(dist.new_group(backend="gloo"))
-        # Sites may differ in size: the groups exist as soon as any site has several ranks.
-        groups = [(dist.new_group(s),
-                   dist.new_group(s, timeout=_HANDOVER_TIMEOUT, backend="gloo"))
-                  for s in sites] if any(len(s) > 1 for s in sites) else []
-        self.site_group: dist.ProcessGroup | None = None
-        self._handover: dist.ProcessGroup | None = None
-        if len(site) > 1:
-            user, handover = groups[self.site_index]
-            assert isinstance(user, dist.ProcessGroup) and isinstance(handover, dist.ProcessGroup)
-            self.site_group, self._handover = user, handover
-        # Every replica starts from rank 0's parameters and plan: the first round runs before
-        # any proposal was exchanged.
-        words = _header(0, 0, 0, 0, self.plan, self.plan)[4:8].clone()
+        # Parameters sharded inside the sites (FSDP2, HSDP): each shard is synchronized among
+        # the ranks that hold it, as a job of its own (its replica set, by site); whole
+        # parameters: one set, the whole job.
+        mine = torch.tensor(_shard_of(self.params), dtype=torch.int64)
+        everyone = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(everyone, mine, group=host)
+        sets = replica_sets(sites, [(int(t[0]), int(t[1])) for t in everyone])
+        self.shard, self.shards = int(mine[0]), len(sets)
+        holders = sets[self.shard]  # this shard's holders, by site
+        self.leader = holders[self.site_index][0] == rank
+        # The site group is the user's (DDP, on the job's backend); a hand-over group carries
+        # the leader's results to the other holders of its shard in its site, and waits while
+        # the leader waits for a dead link: a day, not the default.
+        users = [dist.new_group(s) for s in sites] if any(len(s) > 1 for s in sites) else []
+        set_groups = [dist.new_group(sorted(r for h in by_site for r in h), backend="gloo")
+                      for by_site in sets] if len(sets) > 1 else [host]
+        handovers = [[dist.new_group(h, timeout=_HANDOVER_TIMEOUT, backend="gloo")
+                      for h in by_site] for by_site in sets] if any(
+            len(h) > 1 for by_site in sets for h in by_site) else []
+        self.site_group: dist.ProcessGroup | None = (
+            _member(users[self.site_index]) if len(site) > 1 else None)
+        self._handover: dist.ProcessGroup | None = (
+            _member(handovers[self.shard][self.site_index])
+            if len(holders[self.site_index]) > 1 else None)
+        replicas = _member(set_groups[self.shard])
+        first = holders[0][0]
+        # Every replica starts from the first holder's parameters and rank 0's plan: the first
+        # round runs before any proposal was exchanged.
+        words = torch.cat([_header(0, 0, 0, 0, self.plan, self.plan)[4:8],
+                           torch.tensor([pace == "time"])])
         dist.broadcast(words, src=0, group=host)
-        if _plan_of(words.tolist()) != self.plan:
+        if _plan_of(words[:4].tolist()) != self.plan:
             log.warning("plan %s differs from rank 0's %s: rank 0's is used", self.plan,
-                        _plan_of(words.tolist()))
-            self.plan = _plan_of(words.tolist()).check(numel)
+                        _plan_of(words[:4].tolist()))
+            self.plan = _plan_of(words[:4].tolist()).check(numel)
+        #: "time": a round lasts H steps of the fastest site and each site takes as many of its
+        #: own as fit; "steps": every site takes H (rank 0's choice holds).
+        self.pace = "time" if int(words[4]) else "steps"
+        if self.pace != pace:
+            log.warning("pace %r differs from rank 0's %r: rank 0's is used", pace, self.pace)
+        #: This site's share of the round in force (its steps and overlap; the plan's when
+        #: paced by steps).
+        self.site_plan = self.plan
         flat = self._flatten()
-        dist.broadcast(flat, src=0, group=host)
+        dist.broadcast(flat, src=first, group=replicas)
         self._write(0, flat.numel(), flat)
         self.outer = flat.clone()
         self.velocity = torch.zeros_like(self.outer)
@@ -176,6 +243,11 @@ class OuterSync:
         #: Bytes this site's leader handed to the exchange (headers and payloads), so far.
         self.sent_bytes = 0
         self._round = 0
+        #: Rounds whose last fragment this site sent (or skipped): the same count at every
+        #: rank of the site, never reset; stop a paced run on it.
+        self.rounds_done = 0
+        #: Whether close() ended with every site holding the same parameters (see close()).
+        self.agreed_at_close: bool | None = None
         self._round_start = 0
         self._since_sync = 0
         #: Each round's first fragment exchange, by round (the latest two): its proposals decide
@@ -202,22 +274,26 @@ class OuterSync:
         self.failed_exchanges = 0
         self._reported = (0, 0)  # sent bytes and failed exchanges already reported
         if self.leader:
-            leaders = [s[0] for s in sites]
-            self._exchanger = _Exchanger(self, store or dist.distributed_c10d._get_default_store(),
-                                         self.site_index, self.n_sites, leaders)
+            leaders = [h[0] for h in holders]
+            store = store or dist.distributed_c10d._get_default_store()
+            if len(sets) > 1:  # each shard's leaders meet on keys of their own
+                store = PrefixStore(f"linkpilot-outer-shard/{self.shard}", store)
+            self._exchanger = _Exchanger(self, store, self.site_index, self.n_sites, leaders)
 
     # -- the flat parameters ---------------------------------------------------------------------
 
     def _flatten(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in self.params])
+        return torch.cat([_local(p).detach().reshape(-1).to("cpu", torch.float32)
+                          for p in self.params])
 
     def _read(self, lo: int, hi: int) -> torch.Tensor:
         parts, at = [], 0
         for p in self.params:
-            n = p.numel()
+            local = _local(p).detach()
+            n = local.numel()
             a, b = max(lo, at), min(hi, at + n)
             if a < b:
-                parts.append(p.detach().reshape(-1)[a - at:b - at].to("cpu", torch.float32))
+                parts.append(local.reshape(-1)[a - at:b - at].to("cpu", torch.float32))
             at += n
         return torch.cat(parts)
 
@@ -225,10 +301,11 @@ class OuterSync:
         at = 0
         with torch.no_grad():
             for p in self.params:
-                n = p.numel()
+                local = _local(p)
+                n = local.numel()
                 a, b = max(lo, at), min(hi, at + n)
                 if a < b:
-                    p.view(-1)[a - at:b - at].copy_(values[a - lo:b - lo])
+                    local.view(-1)[a - at:b - at].copy_(values[a - lo:b - lo])
                 at += n
 
     def _range(self, fragment: int, plan: RoundPlan) -> tuple[int, int]:
@@ -294,7 +371,8 @@ class OuterSync:
             note = self._finish(job)
         if self._pending is not None:
             self._begin_round()
-            plan, at = self.plan, self.step_count - self._round_start
+            at = self.step_count - self._round_start
+        plan = self.site_plan
         between = plan.sync_every // plan.fragments
         if (self._pending is None and at > 0 and at % between == 0
                 and at // between <= plan.fragments):
@@ -309,15 +387,21 @@ class OuterSync:
             note = self._wait_for_link(note)
         return note
 
-    def _send(self, fragment: int, plan: RoundPlan) -> None:
+    def _send(self, fragment: int, mine: RoundPlan) -> None:
+        """Sends ``fragment`` under the plan in force, this site's share of it being ``mine``."""
         assert self._exchanger is not None
+        plan = self.plan
         lo, hi = self._range(fragment, plan)
         stats = RoundStats(self.epoch, self._round, fragment, self.step_count, plan,
-                           get_codec(plan.codec).wire_bytes(hi - lo), lo, hi)
+                           get_codec(plan.codec).wire_bytes(hi - lo), lo, hi,
+                           site_steps=mine.sync_every,
+                           weight=mine.sync_every * self.samples_per_step)
         with self._lock:
             resync_pending = self._resync is not None
             outer = self.outer[lo:hi].clone()
-        if not self._exchanger.up or resync_pending:
+        if self._exchanger.final_agreed:
+            pass  # another site closed: this one trains on alone, with nothing to send
+        elif not self._exchanger.up or resync_pending:
             stats.outcome = "skipped"
             self._record(stats)
         else:
@@ -325,11 +409,13 @@ class OuterSync:
             fb = self._feedback.setdefault(fragment, ErrorFeedback())
             payload = fb.encode(get_codec(plan.codec), pseudo.contiguous())
             proposal = self._proposal(plan)
-            header = _header(self.epoch, self._round, fragment, self.applied, plan, proposal)
+            header = _header(self.epoch, self._round, fragment, self.applied, plan, proposal,
+                             step_us=round(self.compute_s * 1e6),
+                             weight=stats.weight)
             message = torch.cat([header.view(torch.uint8), payload.reshape(-1).view(torch.uint8)])
             job = _Job(stats, message, lo, hi)
             self.sent_bytes += message.numel()
-            self._inflight[self.step_count + plan.overlap] = job
+            self._inflight[self.step_count + mine.overlap] = job
             self._exchanger.jobs.put(job)
             if fragment == 0:
                 self._plan_jobs[self._round] = job
@@ -339,6 +425,7 @@ class OuterSync:
             # that exchange has landed here.
             source = self._round - (1 if plan.fragments == 1 else 0)
             self._round += 1
+            self.rounds_done += 1
             self._pending = self._plan_jobs.pop(source, None)
             self._plan_jobs = {r: j for r, j in self._plan_jobs.items() if r >= source}
             if self._pending is None:  # skipped (the exchange was down): the plan holds
@@ -354,20 +441,22 @@ class OuterSync:
         would collide)."""
         job, ex = self._pending, self._exchanger
         assert job is not None and ex is not None
+        new, mine = self.plan, self.site_plan
         if job.done.is_set():
-            new = agree_plans(job.proposals).check(self.outer.numel()) if job.ok else self.plan
-        elif (job.abandoned or not ex.up
-              or time.monotonic() - job.sent_at >= self.deadline_s):
-            new = self.plan
-        else:
+            if job.ok:
+                new = agree_plans(job.proposals).check(self.outer.numel())
+                mine = (site_plan(new, job.step_us, self.site_index) if self.pace == "time"
+                        else new)
+        elif not (job.abandoned or not ex.up
+                  or time.monotonic() - job.sent_at >= self.deadline_s):
             return
         self._pending = None
         self._round_start = self.step_count
-        if new != self.plan:
+        if (new, mine) != (self.plan, self.site_plan):
             self._round_start = max([self.step_count, *self._inflight])
             if new.fragments != self.plan.fragments:
                 self._feedback.clear()
-            self.plan = new
+            self.plan, self.site_plan = new, mine
 
     def _proposal(self, plan: RoundPlan) -> RoundPlan:
         """The plan source's proposal, checked; the plan in force when it has none or a bad
@@ -498,9 +587,10 @@ class OuterSync:
         """The leader's note, and the values it brings, to every rank of the site; with it the
         plan in force (the other ranks report it: only the leader follows the rounds)."""
         assert self._handover is not None
-        head = torch.zeros(16, dtype=torch.int64)
+        head = torch.zeros(17, dtype=torch.int64)
         if self.leader:
             head[12:16] = _header(0, 0, 0, 0, self.plan, self.plan)[4:8]
+            head[16] = self.rounds_done
         if self.leader and note is not None:
             kind, a, b, plan, stats, _ = note
             head[:3] = torch.tensor([1 if kind == "apply" else 2, a, b])
@@ -514,6 +604,7 @@ class OuterSync:
         dist.broadcast(head, src=src, group=self._handover)
         if not self.leader:
             self.plan = _plan_of(head[12:16].tolist())
+            self.rounds_done = int(head[16])
         kind_code, a, b = (int(x) for x in head[:3])
         if kind_code == 0:
             return None
@@ -559,7 +650,7 @@ class OuterSync:
         self._round, self._round_start, self._since_sync = 0, self.step_count, 0
         self._plan_jobs.clear()
         self._pending = None
-        self.plan = plan
+        self.plan = self.site_plan = plan  # paced again from the next agreement
         log.info("resync: epoch %d, %d fragment updates, plan %s", a, b, plan)
 
     def _record(self, stats: RoundStats) -> None:
@@ -576,10 +667,18 @@ class OuterSync:
         step = pseudo + self.momentum * v if self.nesterov else v
         self.outer[lo:hi] -= self.outer_lr * step
 
-    def close(self) -> None:
-        """Finishes the exchanges in flight as their apply steps would (each waited for up to
-        its deadline, then applied or given up on), stops the exchange thread, and tells the
-        other sites this one ended, so that none waits for it. Every rank of a site calls it."""
+    def close(self) -> bool:
+        """Ends this site's part: finishes the exchanges in flight as their apply steps would
+        (each waited for up to its deadline, then applied or given up on), then makes the
+        site's last exchange, which hands every site the outer state of the one that applied
+        the most updates, and writes that state into every rank's parameters. The result is
+        the last synchronized model, the same at every site: inner steps since each fragment's
+        last sync are dropped, and a site still training when another closed (it met the last
+        exchange in place of its next one) trains on alone and, at its own close, goes back to
+        that same state. Returns (and keeps in ``agreed_at_close``) whether every site holds it:
+        False when the link was down at the end or another site left without the last
+        exchange, and then this site's parameters are its own last outer state, which is
+        logged. Tells the other sites this one ended. Every rank of a site calls it."""
         self._closing = True
         count = torch.tensor([len(self._late) + len(self._inflight)], dtype=torch.int64)
         if self._handover is not None:
@@ -596,7 +695,23 @@ class OuterSync:
             if self._handover is not None:
                 note = self._hand_over(note)
             self._apply(note)
+        agreed = self._exchanger.final() if self._exchanger is not None else False
+        with self._lock:
+            final = self.outer.clone()
+        flag = torch.tensor([agreed], dtype=torch.int64)
+        if self._handover is not None:
+            src = dist.get_global_rank(self._handover, 0)
+            dist.broadcast(flag, src=src, group=self._handover)
+            dist.broadcast(final, src=src, group=self._handover)
+            self.outer.copy_(final)
+        self._write(0, final.numel(), final)
+        self.agreed_at_close = bool(flag[0])
+        if not self.agreed_at_close:
+            log.warning("closed without the last exchange (the link was down, or another site "
+                        "left first): site %d's parameters are its own last outer state, which "
+                        "may differ from the other sites'", self.site_index)
         if self._exchanger is not None:
             self._exchanger.stop()
         if self.job_report is not None:
             self.job_report.close()
+        return self.agreed_at_close

@@ -16,7 +16,17 @@ import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Store
 
 from linkpilot.codecs import get_codec
-from linkpilot.outer_plan import _HEADER, _PLAN_AT, RoundPlan, RoundStats, _header, _plan_of
+from linkpilot.outer_plan import (
+    _FINAL,
+    _HEADER,
+    _PLAN_AT,
+    _STEP_US_AT,
+    _WEIGHT_AT,
+    RoundPlan,
+    RoundStats,
+    _header,
+    _plan_of,
+)
 from linkpilot.pgtimeout import set_backend_timeout
 
 if TYPE_CHECKING:
@@ -38,7 +48,17 @@ class _Job:
         #: however late (a later round's step of the same fragment may have landed meanwhile).
         self.values: torch.Tensor | None = None
         self.proposals: list[RoundPlan] = []
+        #: Every site's inner step time as its header carried it (microseconds).
+        self.step_us: list[int] = []
         self.lock = threading.Lock()
+
+
+class _Final:
+    """A closing site's request for its last exchange; ``agreed`` once it is answered."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.agreed = False
 
 
 @dataclass
@@ -73,7 +93,7 @@ class _Exchanger:
     def __init__(self, sync: OuterSync, store: Store, rank: int, size: int,
                  leaders: list[int]) -> None:
         self.sync, self.store, self.rank, self.size = sync, store, rank, size
-        self.jobs: queue.Queue[_Job | tuple[str, int] | None] = queue.Queue()
+        self.jobs: queue.Queue[_Job | _Final | tuple[str, int] | None] = queue.Queue()
         self.generation = 0
         #: The epoch of this thread's last resync: jobs and resync requests from before it are
         #: dropped (the training side learns of a resync a step later).
@@ -81,6 +101,9 @@ class _Exchanger:
         #: A peer site ended its run: no more exchanges, no more waiting for the link.
         self.finished = False
         self.up = True
+        #: Whether the sites' last exchange (a closing site's) handed every site the same outer
+        #: state; None until one ran.
+        self.final_agreed: bool | None = None
         #: When the latest exchange landed (monotonic seconds).
         self.landed_at = time.monotonic()
         self.error: Exception | None = None
@@ -97,6 +120,18 @@ class _Exchanger:
                               datetime.timedelta(seconds=max(_CONNECT_S, self.sync.deadline_s)))
         set_backend_timeout(pg, datetime.timedelta(seconds=self.sync.deadline_s))
         return pg
+
+    def final(self) -> bool:
+        """This site is closing: its last exchange hands every site the outer state of the one
+        that applied the most updates (the first of equals), and no exchange follows. True once
+        every site holds that state (here, or earlier, when another site closed first); False
+        when the link was down or another site left without it. Waits for the jobs queued
+        before it."""
+        request = _Final()
+        self.jobs.put(request)
+        if not request.done.wait(3 * self.sync.deadline_s + _WAIT_S + 5):
+            log.warning("the last exchange did not end in time")
+        return request.agreed
 
     def stop(self) -> None:
         """Serves what is queued (the peers' matching exchanges), then tells the peers this site
@@ -130,6 +165,10 @@ class _Exchanger:
                 if job[1] >= self.epoch and not self.finished:
                     self._recover()
                 continue
+            if isinstance(job, _Final):
+                job.agreed = self._final() if self.final_agreed is None else self.final_agreed
+                job.done.set()
+                continue
             assert isinstance(job, _Job)
             if job.stats.epoch < self.epoch or self.finished:
                 job.done.set()  # from before a resync, or no peer left: dropped
@@ -151,7 +190,8 @@ class _Exchanger:
                 with job.lock:
                     job.stats.exchange_s = time.monotonic() - started
                     job.done.set()
-                self._recover()
+                if not self.finished:
+                    self._recover()
 
     def _all_gather(self, message: torch.Tensor) -> list[torch.Tensor]:
         out = [torch.empty_like(message) for _ in range(self.size)]
@@ -167,6 +207,10 @@ class _Exchanger:
         heads = [h.clone().view(torch.int64).tolist()
                  for h in self._all_gather(job.message[: _HEADER * 8].contiguous())]
         mine = heads[self.rank]
+        if any(h[2] == _FINAL for h in heads):
+            # Another site is closing: instead of this job, the last exchange.
+            self._last_exchange()
+            return False
         # Epoch, round, fragment and the plan in force must match; how many updates each site
         # applied may not (a late exchange is applied when it lands, a few steps apart).
         if any(h[:3] != mine[:3] or h[4:8] != mine[4:8] for h in heads):
@@ -184,23 +228,53 @@ class _Exchanger:
         plan = _plan_of(mine[4:8])
         codec = get_codec(plan.codec)
         n = job.hi - job.lo
+        # Each site's pseudo-gradient weighs what it processed (equal weights: the plain mean).
+        weights = [max(1, h[_WEIGHT_AT]) for h in heads]
+        equal = len(set(weights)) == 1
         total = torch.zeros(n)
-        for payload in payloads:  # site order: the same sum, bit for bit, on every site
-            if codec.payload_dtype != torch.uint8:
+        for payload, weight in zip(payloads, weights):  # site order: the same sum, bit for
+            if codec.payload_dtype != torch.uint8:       # bit, on every site
                 payload = payload.clone().view(codec.payload_dtype)
-            total += codec.decode(payload, n)
+            decoded = codec.decode(payload, n)
+            total += decoded if equal else decoded * weight
+        total /= self.size if equal else sum(weights)
         with job.lock:
             if job.abandoned:
                 return False
             job.proposals = [_plan_of(h[_PLAN_AT:_PLAN_AT + 4]) for h in heads]
+            job.step_us = [h[_STEP_US_AT] for h in heads]
             with self.sync._lock:
-                self.sync._outer_step(job.lo, job.hi, total / self.size)
+                self.sync._outer_step(job.lo, job.hi, total)
                 job.values = self.sync.outer[job.lo:job.hi].clone()
             job.stats.exchange_s = time.monotonic() - started
             job.ok = True
             job.done.set()
         self.landed_at = time.monotonic()
         return True
+
+    def _final(self) -> bool:
+        """A closing site's last exchange (see ``final``): a header marked final, which the
+        other sites meet in place of their next exchange, then the state."""
+        s = self.sync
+        if self.finished or not self.up:
+            return False
+        head = _header(s.epoch, 0, _FINAL, s.applied, s.plan, s.plan).view(torch.uint8)
+        try:
+            self._all_gather(head)
+            self._last_exchange()
+        except RuntimeError as e:
+            log.warning("the last exchange with the other sites failed (%s)", e)
+            self.up, self.finished = False, True
+            return False
+        return True
+
+    def _last_exchange(self) -> None:
+        """Every site adopts the outer state of the one that applied the most updates, and no
+        exchange follows (the training side takes it as a resync)."""
+        self._resync(final=True)
+        self.final_agreed = True
+        self.up, self.finished = False, True
+        log.info("a site closed: its last exchange gave every site the same outer state")
 
     def _recover(self) -> None:
         """A failure: build the group again, then resync (the sites may have applied different
@@ -261,9 +335,9 @@ class _Exchanger:
             time.sleep(_RETRY_S / 5)
         raise RuntimeError("closing")
 
-    def _resync(self) -> None:
+    def _resync(self, final: bool = False) -> None:
         """The outer state of the site that applied the most updates (the first of equals),
-        to every site."""
+        to every site; a new epoch, unless it is the last exchange (none follows)."""
         s = self.sync
         mine = torch.tensor([s.applied, max(s.epoch, self.epoch),
                              *_header(0, 0, 0, 0, s.plan, s.plan)[4:8]], dtype=torch.int64)
@@ -275,17 +349,20 @@ class _Exchanger:
             state = torch.cat([s.outer, s.velocity])
         self.pg.broadcast(state, root).wait()
         n = s.outer.numel()
-        epoch = max(int(h[1]) for h in heads) + 1
+        epoch = max(int(h[1]) for h in heads) + (0 if final else 1)
         self.epoch = epoch
         with s._lock:
             s.outer.copy_(state[:n])
             s.velocity.copy_(state[n:])
             s._resync = _Resync(epoch, counts[root], _plan_of(heads[root][2:6].tolist()))
-        # Jobs queued before the resync belong to the old epoch.
+        # Jobs queued before the resync belong to the old epoch; a closing site's request and
+        # the end stay, in order.
+        kept: list[_Final | None] = []
         while not self.jobs.empty():
             job = self.jobs.get_nowait()
-            if job is None:
-                self.jobs.put(None)
-                break
-            if isinstance(job, _Job):
+            if job is None or isinstance(job, _Final):
+                kept.append(job)
+            elif isinstance(job, _Job):
                 job.done.set()
+        for k in kept:
+            self.jobs.put(k)

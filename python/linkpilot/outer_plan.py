@@ -11,7 +11,7 @@ import torch
 
 from linkpilot.codecs import CODEC_NAMES, get_codec
 
-__all__ = ["PlanInputs", "RoundPlan", "RoundStats", "agree_plans", "auto_sync_every"]
+__all__ = ["PlanInputs", "RoundPlan", "RoundStats", "agree_plans", "auto_sync_every", "site_plan"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,20 @@ def auto_sync_every(*, rate_bps: float, rtt_s: float, compute_s: float, numel: i
     return h, min(overlap, h // fragments - 1)
 
 
+def site_plan(plan: RoundPlan, step_us: Sequence[int], site: int) -> RoundPlan:
+    """Site ``site``'s share of a round paced by time: the round lasts ``plan.sync_every`` inner
+    steps of the fastest site, and a site whose steps take ``step_us[site]`` microseconds takes
+    as many of its own as fit (at least one between two sends), its overlap scaled the same way
+    (the same wall time to hide an exchange in). Without every site's step time (0 for one that
+    has not measured yet) every site takes the plan's steps."""
+    if not step_us or min(step_us) <= 0:
+        return plan
+    between = plan.sync_every // plan.fragments
+    mine = max(1, round(between * min(step_us) / step_us[site]))
+    overlap = min(mine - 1, math.ceil(plan.overlap * mine / between))
+    return replace(plan, sync_every=mine * plan.fragments, overlap=overlap)
+
+
 @dataclass(frozen=True)
 class PlanInputs:
     """What a ``plan_source`` is told when it is asked for a proposal: the plan in force, the
@@ -100,15 +114,21 @@ class PlanInputs:
 
 _HEADER = 16  # int64 words
 _PLAN_AT = 8
+#: The sender's inner step time (microseconds; 0 before it was measured) and the samples its
+#: pseudo-gradient stands for (its weight in the outer step).
+_STEP_US_AT = 12
+_WEIGHT_AT = 13
+#: The fragment number of a site's last message: it is closing (linkpilot.outer's close()).
+_FINAL = -1
 
 
 def _header(epoch: int, rnd: int, fragment: int, applied: int, plan: RoundPlan,
-            proposal: RoundPlan) -> torch.Tensor:
+            proposal: RoundPlan, step_us: int = 0, weight: int = 1) -> torch.Tensor:
     def words(p: RoundPlan) -> list[int]:
         name, _, ratio = p.codec.partition(":")
         ppm = round(float(ratio) * 1e6) if ratio else 0
         return [p.sync_every, p.fragments, p.overlap, CODEC_NAMES.index(name) << 32 | ppm]
-    h = [epoch, rnd, fragment, applied, *words(plan), *words(proposal)]
+    h = [epoch, rnd, fragment, applied, *words(plan), *words(proposal), step_us, weight]
     return torch.tensor(h + [0] * (_HEADER - len(h)), dtype=torch.int64)
 
 
@@ -138,3 +158,7 @@ class RoundStats:
     waited_s: float = 0.0
     #: Steps after its apply step that it was applied at (it landed late).
     late_steps: int = 0
+    #: This site's inner steps in the round (the plan's, unless paced by time) and the weight
+    #: its pseudo-gradient carried (those steps times its samples per step).
+    site_steps: int = 0
+    weight: int = 0

@@ -45,6 +45,29 @@ def shard_owners(sites: Sequence[Sequence[int]]) -> list[list[int]]:
     return owners
 
 
+def replica_sets(sites: Sequence[Sequence[int]], shard_of: Sequence[tuple[int, int]]
+                 ) -> list[list[list[int]]]:
+    """The ranks that hold the same tensors, by site, for a job whose parameters are sharded
+    inside each site (FSDP, HSDP): ``shard_of[r]`` is rank r's (shard index, shard count), (0, 1)
+    when it holds whole parameters. For each shard index, its holders in each site (in site
+    order). ValueError unless every site cuts the parameters into as many shards and holds
+    each of them: a shard crosses between its holders only, so the cuts must match."""
+    cuts = [{shard_of[r][1] for r in site} for site in sites]
+    if any(len(c) != 1 for c in cuts) or len({min(c) for c in cuts}) != 1:
+        raise ValueError(
+            "the sites shard their parameters differently ("
+            + "; ".join(f"site {i}: {sorted(c)} shards" for i, c in enumerate(cuts))
+            + "): every site must cut them into as many shards (the same shard group size; "
+            "HSDP's replicas inside a site may differ in number)")
+    count = min(cuts[0])
+    sets = [[[r for r in site if shard_of[r][0] == k] for site in sites] for k in range(count)]
+    for k, by_site in enumerate(sets):
+        for i, holders in enumerate(by_site):
+            if not holders:
+                raise ValueError(f"site {i} has no rank holding shard {k} of {count}")
+    return sets
+
+
 class Sites:
     """Process groups of the two-level exchange: one per site, and one per shard across sites.
     Every rank creates every group, in the same order (torch requires it)."""

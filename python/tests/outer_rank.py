@@ -6,13 +6,20 @@ an applied outer step) and, at the end, the digest of every parameter.
     python outer_rank.py --rank R --world W --port P --steps N --plan H,F,OVERLAP,CODEC
         [--sites 0,1/2,3] [--sleep S] [--deadline S] [--patience S] [--max-drift N] [--board PATH]
         [--master HOST:PORT] [--width N] [--pause-at STEP,STEP --pause-s S] [--cuda-only]
+        [--pace steps|time] [--samples N] [--rounds R] [--drift C] [--fsdp N]
 
 With --board, the rounds' plans follow that knob board (linkpilot.outer_board.BoardPlan), as
 the site's daemon decides them. --pause-at makes the rank print {"idle": STEP} after those
 steps and sleep --pause-s, so that a test can read a link's counters while nothing crosses.
 With --cuda-only the job's process group refuses CPU tensors as an NCCL-only one does (a backend
 that serves the "cuda" device type only); DDP inside a site then runs on a gloo group of the
-script's own, as a GPU job's DDP would run on NCCL.
+script's own, as a GPU job's DDP would run on NCCL. --rounds R stops once the site sent R rounds
+(in place of --steps, which then only bounds the run). With --drift C the model is one vector
+whose inner step subtracts C * (site + 1) from it (no data, no optimizer), so that a test can
+compute the outer steps itself; applied exchanges then also carry the fragment's first value.
+With --fsdp N the model is sharded with FSDP2's fully_shard inside each site over groups of N
+ranks (HSDP where the site has more: its N-rank groups replicate each other), and the done line
+carries the digest of the whole parameters as well.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch._C._distributed_c10d import ProcessGroupGloo
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
 
 from linkpilot.board import KnobBoard
 from linkpilot.outer import OuterSync, RoundPlan, RoundStats
@@ -50,6 +59,24 @@ def cuda_only_backend() -> str:
     return "cudaonly"
 
 
+def site_meshes(sites: list[list[int]], shard: int) -> DeviceMesh:
+    """This rank's mesh: its site's ranks as (replicas, shard) rows of ``shard`` consecutive
+    ranks. Every rank makes every group, in the same order."""
+    rank = dist.get_rank()
+    mine = None
+    for site in sites:
+        layout = torch.tensor(sorted(site)).view(-1, shard)
+        rows = {tuple(r): dist.new_group(r) for r in layout.tolist()}
+        cols = {tuple(c): dist.new_group(c) for c in layout.t().tolist()}
+        if rank in site:
+            row = next(g for r, g in rows.items() if rank in r)
+            col = next(g for c, g in cols.items() if rank in c)
+            mine = DeviceMesh.from_group([col, row], "cpu", mesh=layout,
+                                         mesh_dim_names=("replicate", "shard"))
+    assert mine is not None
+    return mine
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     for name in ("--rank", "--world", "--port", "--steps"):
@@ -66,6 +93,11 @@ def main() -> None:
     ap.add_argument("--pause-at", default="")
     ap.add_argument("--pause-s", type=float, default=0.0)
     ap.add_argument("--cuda-only", action="store_true")
+    ap.add_argument("--pace", default="steps", choices=["steps", "time"])
+    ap.add_argument("--samples", type=int, default=1)
+    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--drift", type=float)
+    ap.add_argument("--fsdp", type=int)
     a = ap.parse_args()
     h, f, o, codec = a.plan.split(",")
     master = a.master or f"127.0.0.1:{a.port}"
@@ -80,7 +112,11 @@ def main() -> None:
     ddp_groups = [dist.new_group(sorted(s), backend="gloo") for s in sites] if (
         a.cuda_only and sites) else None
     torch.manual_seed(a.rank)  # OuterSync broadcasts rank 0's weights
-    model = nn.Sequential(nn.Linear(32, a.width), nn.Tanh(), nn.Linear(a.width, 4))
+    model: nn.Module = nn.Sequential(nn.Linear(32, a.width), nn.Tanh(), nn.Linear(a.width, 4))
+    if a.drift is not None:
+        model = nn.ParameterList([nn.Parameter(torch.zeros(a.width))])
+    if a.fsdp:
+        fully_shard(model, mesh=site_meshes(sites or [[r] for r in range(a.world)], a.fsdp))
     recorded: list[dict[str, object]] = []
     plans = BoardPlan(KnobBoard(a.board)) if a.board else None
     def on_round(s: RoundStats) -> None:
@@ -88,28 +124,39 @@ def main() -> None:
             "fragment": s.fragment, "outcome": s.outcome, "round": s.round, "epoch": s.epoch,
             "sent": s.step, "lo": s.lo, "hi": s.hi, "wire_bytes": s.wire_bytes,
             "exchange_s": s.exchange_s, "late_steps": s.late_steps,
+            "site_steps": s.site_steps, "weight": s.weight,
             "plan": [s.plan.sync_every, s.plan.fragments, s.plan.overlap, s.plan.codec]}
         if s.outcome == "applied":  # recorded once written: the values right after its step
             r["digest"] = digest(sync._read(s.lo, s.hi))
+            r["value"] = float(sync._read(s.lo, s.hi)[0])
         recorded.append(r)
 
     sync = OuterSync(model, RoundPlan(int(h), int(f), int(o), codec), sites=sites,
                      deadline_s=a.deadline, patience_s=a.patience, max_drift=a.max_drift,
-                     plan_source=plans, on_round=on_round)
-    if sync.site_group is not None:
+                     plan_source=plans, on_round=on_round, pace=a.pace,
+                     samples_per_step=a.samples)
+    if sync.site_group is not None and a.drift is None and not a.fsdp:
         group = ddp_groups[sync.site_index] if ddp_groups else sync.site_group
         model = nn.parallel.DistributedDataParallel(model, process_group=group)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2) if a.drift is None else None
     site = sync.site_index
     gen = torch.Generator().manual_seed(1000 + site)
-    print(json.dumps({"ready": True, "rank": a.rank, "params": sync.outer.numel()}), flush=True)
+    print(json.dumps({"ready": True, "rank": a.rank, "params": sync.outer.numel(),
+                      "shard": sync.shard}), flush=True)
     for step in range(a.steps):
+        if a.rounds is not None and sync.rounds_done >= a.rounds:
+            break
         began = time.monotonic()
-        x = torch.randn(16, 32, generator=gen)
-        y = (x[:, :4] * (site + 1)).argmax(1)
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+        if opt is None:
+            with torch.no_grad():
+                for param in model.parameters():
+                    param.sub_(a.drift * (site + 1))
+        else:
+            x = torch.randn(16, 32, generator=gen)
+            y = (x[:, :4] * (site + 1)).argmax(1)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
         time.sleep(a.sleep)  # the rest of a step's compute
         recorded.clear()
         synced = time.monotonic()
@@ -118,6 +165,8 @@ def main() -> None:
             "step": step, "rank": a.rank, "exchanges": list(recorded), "t": time.time(),
             "compute_s": synced - began, "sync_s": time.monotonic() - synced}
         line["outer_epoch"] = sync.epoch
+        line["rounds_done"] = sync.rounds_done
+        line["site_steps"] = sync.site_plan.sync_every
         p = sync.plan
         line["plan"] = [p.sync_every, p.fragments, p.overlap, p.codec]
         print(json.dumps(line), flush=True)
@@ -131,11 +180,14 @@ def main() -> None:
         sync.job_report.publish(force=True)
     report = sync.job_report and json.loads(open(sync.job_report.path, "rb").read())
     sent = sync.sent_bytes
-    sync.close()  # may finish the exchange in flight: its record goes with the done line
+    agreed = sync.close()  # may finish the exchange in flight: its record goes with the done line
     gone = sync.job_report is not None and not os.path.exists(sync.job_report.path)
+    whole = torch.cat([p.full_tensor().detach().reshape(-1) for p in model.parameters()]
+                      ) if a.fsdp else sync._flatten()
     print(json.dumps({"done": True, "rank": a.rank, "digest": digest(sync._flatten()),
                       "outer": digest(sync.outer), "exchanges": list(recorded),
-                      "report": report, "report_removed": gone, "sent_bytes": sent}), flush=True)
+                      "report": report, "report_removed": gone, "sent_bytes": sent,
+                      "agreed": agreed, "whole": digest(whole)}), flush=True)
     dist.barrier(group=host)
     sys.stdout.flush()
     os._exit(0)

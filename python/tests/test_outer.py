@@ -20,7 +20,14 @@ from typing import Any, Callable
 import pytest
 from test_train_lm import free_port
 
-from linkpilot.outer import OuterSync, RoundPlan, RoundStats, agree_plans, auto_sync_every
+from linkpilot.outer import (
+    OuterSync,
+    RoundPlan,
+    RoundStats,
+    agree_plans,
+    auto_sync_every,
+    site_plan,
+)
 
 WORKER = Path(__file__).with_name("outer_rank.py")
 
@@ -135,14 +142,12 @@ def test_every_replica_holds_the_same_fragment_after_its_outer_step(
     assert len(digests[0]) == 15, sorted(digests[0])
     for d in digests[1:]:
         assert d == digests[0]
-    # The outer state is the same at every site's leader; the parameters differ by the steps
-    # since each fragment was last applied, and are the same inside a site (DDP).
+    # The outer state is the same at every site's leader; after close() every rank holds it
+    # (the last synchronized model), and says so.
     done = [lines[-1] for lines in runs]
     leaders = [done[m[0]] for m in members]
     assert len({d["outer"] for d in leaders}) == 1, done
-    for m in members:
-        assert len({done[r]["digest"] for r in m}) == 1, (m, done)
-    assert done[members[0][0]]["digest"] != done[members[1][0]]["digest"]
+    assert len({d["digest"] for d in done}) == 1 and all(d["agreed"] for d in done), done
     # Every rank's job report: the 29 steps after the first (a step is its interval between two
     # calls), the bytes its leader handed to the exchange, the plan in force; removed on close.
     for d in done:
@@ -332,3 +337,135 @@ def test_the_measured_exchange_time_is_the_median_of_the_latest_of_the_plans_siz
     assert OuterSync._exchange_s(site, int8) == 0.7  # type: ignore[arg-type]
     assert OuterSync._exchange_s(site, int4) == 3.0  # type: ignore[arg-type]
     assert OuterSync._exchange_s(site, RoundPlan(12, 2, 2, "int8")) == 0.0  # type: ignore[arg-type]
+
+
+def test_a_round_paced_by_time_gives_each_site_the_steps_that_fit() -> None:
+    plan = RoundPlan(24, 2, 3, "int8")
+    # Site 1's steps take 3x as long: 4 of its steps between two sends to site 0's 12, and
+    # the overlap (3 steps of site 0) becomes 1 of its own.
+    assert site_plan(plan, [20_000, 60_000], 0) == plan
+    assert site_plan(plan, [20_000, 60_000], 1) == RoundPlan(8, 2, 1, "int8")
+    # Far slower: at least one step between sends, and no overlap then.
+    assert site_plan(plan, [1_000, 900_000], 1) == RoundPlan(2, 2, 0, "int8")
+    # A site that has not measured its steps yet: every site takes the plan's.
+    assert site_plan(plan, [0, 60_000], 1) == plan
+
+
+def expected_outer(runs: list[list[dict[str, Any]]], drift: float, samples: list[int]
+                   ) -> dict[tuple[int, int, int], float]:
+    """Each applied exchange's outer value, computed here from what the sites did: a site's
+    pseudo-gradient is its drift per step (``drift`` x (site + 1)) times its steps between the
+    fragment's last write and its send; the outer step (lr 1, no momentum) subtracts their mean
+    weighted by each site's steps in the round times its samples per step."""
+    outer: dict[int, float] = defaultdict(float)  # fragment -> value (all start at 0)
+    written: list[dict[int, int]] = [defaultdict(int) for _ in runs]  # step_count of last write
+    sent: dict[tuple[int, int, int], list[tuple[int, int, int]]] = defaultdict(list)
+    applied_at: dict[tuple[int, int, int], list[int]] = defaultdict(list)
+    for site, lines in enumerate(runs):
+        for v in lines:
+            for x in v.get("exchanges", []):
+                if x["outcome"] == "applied":
+                    key = (x["epoch"], x["round"], x["fragment"])
+                    # Its weight is its steps in the round times its samples, as sent.
+                    assert x["weight"] == x["site_steps"] * samples[site], x
+                    sent[key].append((site, x["sent"], x["weight"]))
+                    applied_at[key].append(v["step"] + 1 if "step" in v else 10**9)
+    want = {}
+    for key in sorted(sent, key=lambda k: min(s for _, s, _ in sent[k])):
+        assert len(sent[key]) == len(runs), (key, sent[key])
+        f = key[2]
+        total = weights = 0.0
+        for site, at, weight in sent[key]:
+            delta = (at - written[site][f]) * drift * (site + 1)
+            total += weight * delta
+            weights += weight
+        outer[f] -= total / weights
+        want[key] = outer[f]
+        for (site, _, _), at in zip(sent[key], applied_at[key]):
+            written[site][f] = at
+    return want
+
+
+def test_outer_steps_weigh_each_sites_pseudo_gradient_by_its_samples(tmp_path: Path) -> None:
+    """Two sites of one rank, site 0 with 3 samples a step and site 1 with 1: every outer
+    step is the sample-weighted mean of the pseudo-gradients, as computed independently from
+    the steps each site took (blocking applies, no compression: exact up to float32)."""
+    args = ["--steps", "24", "--plan", "4,2,1,none", "--patience", "30", "--drift", "0.001",
+            "--width", "8"]
+    runs = finish(tmp_path, *start(tmp_path, 2, *args,
+                                   rank_args=[["--samples", "3"], ["--samples", "1"]]))
+    want = expected_outer(runs, 0.001, [3, 1])
+    assert len(want) == 12, sorted(want)
+    for lines in runs:
+        got = {(x["epoch"], x["round"], x["fragment"]): x["value"]
+               for v in lines for x in v.get("exchanges", []) if x["outcome"] == "applied"}
+        assert got.keys() == want.keys()
+        for k in want:
+            assert abs(got[k] - want[k]) <= 1e-6 * max(1.0, abs(want[k])), (k, got[k], want[k])
+
+
+def test_sites_paced_by_time_do_not_wait_for_each_other_and_close_identical(
+        tmp_path: Path) -> None:
+    """Site 1's steps take several times site 0's (sleeps of 0.06 s and 0.01 s). Paced by
+    time, each round gives site 0 more steps (how many more depends on this machine's load:
+    site_plan's arithmetic is tested above, the gain measured by the benchmark); the outer
+    steps weigh each site's
+    pseudo-gradient by its steps, as computed independently; every replica holds the same
+    values after each outer step and the same parameters after close(). Both stop after the
+    same number of rounds."""
+    args = ["--steps", "1000", "--rounds", "8", "--plan", "24,2,3,none", "--patience", "30",
+            "--drift", "0.001", "--width", "8", "--pace", "time"]
+    runs = finish(tmp_path, *start(tmp_path, 2, *args,
+                                   rank_args=[["--sleep", "0.01"], ["--sleep", "0.06"]]))
+    steps = [[x["site_steps"] for v in lines for x in v.get("exchanges", [])
+              if x["outcome"] == "applied" and x["fragment"] == 0] for lines in runs]
+    # Round 0 runs the plan's 24 steps everywhere (nothing measured yet); from round 1 (its
+    # plan from round 0's first fragment) the slow site takes fewer.
+    assert steps[0][0] == steps[1][0] == 24, steps
+    assert all(a > b for a, b in zip(steps[0][1:], steps[1][1:])), steps
+    want = expected_outer(runs, 0.001, [1, 1])
+    assert len(want) == 16, sorted(want)
+    digests = [applied_digests(lines) for lines in runs]
+    assert digests[0] == digests[1]
+    for lines in runs:
+        for v in lines:
+            for x in v.get("exchanges", []):
+                if x["outcome"] == "applied":
+                    k = (x["epoch"], x["round"], x["fragment"])
+                    assert abs(x["value"] - want[k]) <= 1e-6 * max(1.0, abs(want[k])), x
+    done = [lines[-1] for lines in runs]
+    assert done[0]["digest"] == done[1]["digest"] and done[0]["agreed"] and done[1]["agreed"]
+
+
+def test_a_site_that_ends_first_leaves_every_replica_with_the_same_model(
+        tmp_path: Path) -> None:
+    """The case that used to end with two models: equal step counts (96), site 1 slowed by
+    20 ms a step, H 8 in 2 fragments overlapped by a step. Site 0 finishes first; its last
+    exchange gives site 1 the same outer state in place of its next exchange; site 1 trains on
+    alone and, at close(), goes back to that state: both end with the same parameters."""
+    args = ["--steps", "96", "--plan", "8,2,1,int8"]
+    runs = finish(tmp_path, *start(tmp_path, 2, *args,
+                                   rank_args=[[], ["--sleep", "0.02"]]))
+    done = [lines[-1] for lines in runs]
+    assert done[0]["agreed"] and done[1]["agreed"], done
+    assert done[0]["digest"] == done[1]["digest"] and done[0]["outer"] == done[1]["outer"]
+
+
+def test_fsdp_and_hsdp_shards_sync_among_their_holders_and_close_identical(
+        tmp_path: Path) -> None:
+    """Site 0: 4 ranks, HSDP (two replicas of a 2-way shard); site 1: 2 ranks, FSDP2 (one
+    2-way shard). Each shard is synchronized among the ranks that hold it (a leader per site
+    and shard, handing over to its replica in site 0): after every outer step every holder of a
+    shard holds the same values, and after close() every rank holds the same whole model."""
+    args = ["--steps", "24", "--plan", "6,3,1,int8", "--patience", "30", "--sites",
+            "0,1,2,3/4,5", "--fsdp", "2"]
+    runs = finish(tmp_path, *start(tmp_path, 6, *args))
+    shard = [lines[0]["shard"] for lines in runs]
+    assert shard == [0, 1, 0, 1, 0, 1], shard
+    digests = [applied_digests(lines) for lines in runs]
+    for k in (0, 1):
+        holders = [digests[r] for r in range(6) if shard[r] == k]
+        assert len(holders[0]) == 12 and all(d == holders[0] for d in holders), (k, holders)
+    assert set(digests[0].values()).isdisjoint(digests[1].values())
+    done = [lines[-1] for lines in runs]
+    assert len({d["whole"] for d in done}) == 1 and all(d["agreed"] for d in done), done

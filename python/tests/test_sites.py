@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from linkpilot.sites import check_sites, shard_bounds, shard_owners
+from linkpilot.sites import check_sites, replica_sets, shard_bounds, shard_owners
 
 
 def test_the_reference_clusters_8_ranks_map_onto_16() -> None:
@@ -53,3 +53,24 @@ def test_sites_that_do_not_partition_the_world_are_refused(sites: list[list[int]
 
 def test_unequal_sites_are_accepted() -> None:
     assert check_sites([(0,), (1, 2)], 3) == [[0], [1, 2]]
+
+
+def test_shards_sync_among_the_ranks_that_hold_them() -> None:
+    # Whole parameters: one set, the sites themselves.
+    assert replica_sets([[0, 1], [2]], [(0, 1)] * 3) == [[[0, 1], [2]]]
+    # 8 ranks as HSDP (2 replicas of a 4-way shard) against 16 as HSDP (4 replicas of the same
+    # cut): shard k is held by 2 ranks in one site and 4 in the other.
+    hk = [(r % 4, 4) for r in range(8)]
+    us = [(r % 4, 4) for r in range(16)]
+    sets = replica_sets([list(range(8)), list(range(8, 24))], hk + us)
+    assert sets[1] == [[1, 5], [9, 13, 17, 21]]
+    assert sorted(r for s in sets for site in s for r in site) == list(range(24))
+
+
+def test_sites_that_cut_the_parameters_differently_are_refused() -> None:
+    # FSDP over 8 ranks in one site and 16 in the other: 8 shards against 16.
+    with pytest.raises(ValueError, match="site 0: \\[8\\] shards; site 1: \\[16\\] shards"):
+        replica_sets([list(range(8)), list(range(8, 24))],
+                     [(r, 8) for r in range(8)] + [(r, 16) for r in range(16)])
+    with pytest.raises(ValueError, match="site 1 has no rank holding shard 1 of 2"):
+        replica_sets([[0, 1], [2, 3]], [(0, 2), (1, 2), (0, 2), (0, 2)])
