@@ -53,6 +53,9 @@ is kept rare (default every 10 steps); it runs after the step's ``t_end`` and is
 ``--stop-file F`` costs no round trip: before each step every rank reads F, and once it holds a
 step number K every rank stops before step K. Whoever writes F (the benchmark, which reads every
 rank's step lines) picks K far enough ahead of the furthest rank that no rank has begun step K.
+``--own-clock`` (``--hook outer``, one rank per site) makes ``--duration`` each rank's own: no
+collective, so sites of unequal speed each take the steps that fit, and OuterSync's close()
+gives both the same model.
 
 Checkpoints. ``--checkpoint-every-s S --checkpoint-dir D``: rank 0 saves the parameters after
 the first step that ends S seconds or more after its last save (and after the last step) to
@@ -273,6 +276,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--duration", type=float, help="stop after this many seconds (rank 0's clock)")
     run.add_argument("--sync-every", type=int, default=10,
                      help="steps between --duration checks (each costs a round trip)")
+    run.add_argument("--own-clock", action="store_true",
+                     help="--duration on each rank's own clock, with no collective (--hook outer, "
+                     "one rank per site)")
     run.add_argument("--stop-file", help="stop before the step number this file holds, once "
                      "it holds one (read before every step; no round trip)")
     run.add_argument("--checkpoint-every-s", type=float, default=0.0,
@@ -301,6 +307,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     outer.add_argument("--overlap", type=int, default=0,
                        help="inner steps a fragment's exchange may take before it is applied")
     outer.add_argument("--outer-codec", default="int8", help="the pseudo-gradients' codec")
+    outer.add_argument("--pace", choices=["steps", "time"], default="steps",
+                       help="steps: every site takes H steps a round; time: H of the fastest")
     outer.add_argument("--outer-lr", type=float, default=1.0)
     outer.add_argument("--outer-momentum", type=float, default=0.0)
     outer.add_argument("--outer-deadline-s", type=float, default=30.0,
@@ -326,6 +334,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.steps is None and args.duration is None and args.stop_file is None:
         ap.error("give --steps, --duration or --stop-file")
+    if args.own_clock and (args.duration is None or args.hook != "outer" or (
+            args.sites and any("," in s for s in args.sites.split("/")))):
+        ap.error("--own-clock needs --duration, --hook outer and one rank per site")
     if args.checkpoint_every_s < 0 or (args.checkpoint_every_s and not args.checkpoint_dir):
         ap.error("--checkpoint-every-s needs a positive interval and --checkpoint-dir")
     if args.hook == "none" and args.sites:
@@ -434,7 +445,10 @@ def train(args: argparse.Namespace, report: Reporter) -> int:
             plans = BoardPlan(KnobBoard(args.board), link=args.link) if args.board else None
             if plans is not None:
                 plan = plans.initial(plan)
-            sync = OuterSync(net, plan, sites=parse_sites(args.sites), outer_lr=args.outer_lr,
+            sites = parse_sites(args.sites)
+            site_ranks = next((len(s) for s in sites if args.rank in s), 1) if sites else 1
+            sync = OuterSync(net, plan, sites=sites, outer_lr=args.outer_lr, pace=args.pace,
+                             samples_per_step=args.batch * site_ranks,
                              outer_momentum=args.outer_momentum, plan_source=plans,
                              deadline_s=args.outer_deadline_s,
                              patience_s=args.outer_patience_s,
@@ -534,7 +548,10 @@ def train(args: argparse.Namespace, report: Reporter) -> int:
             checkpoints.save(net, step, t_end)
             saved, saved_at = step, t_end
         last = args.steps is not None and step >= args.steps
-        if args.duration is not None and not last and step % args.sync_every == 0:
+        if args.own_clock and time.time() - started >= args.duration:
+            last, stopped = True, "duration"
+        elif (args.duration is not None and not args.own_clock and not last
+              and step % args.sync_every == 0):
             t_sync = time.time()
             stop.fill_(float(args.rank == 0 and t_sync - started >= args.duration))
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)
@@ -556,6 +573,8 @@ def train(args: argparse.Namespace, report: Reporter) -> int:
         checkpoints.close()
     if sync is not None:
         sync.close()
+        # The model close() left (the sites' last agreed outer state) is the run's result.
+        last_eval = eval_loss(net, ex, ey)
     # Every rank has received everything sent to it before any exits (an exit with unread
     # data resets the connection under a peer's last receive).
     dist.barrier()

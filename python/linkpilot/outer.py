@@ -217,8 +217,12 @@ class OuterSync:
         # Every replica starts from the first holder's parameters and rank 0's plan: the first
         # round runs before any proposal was exchanged.
         words = torch.cat([_header(0, 0, 0, 0, self.plan, self.plan)[4:8],
-                           torch.tensor([pace == "time"])])
+                           torch.tensor([pace == "time", round(outer_momentum * 1e9)])])
         dist.broadcast(words, src=0, group=host)
+        if int(words[5]) != round(outer_momentum * 1e9):
+            log.warning("outer_momentum %g differs from rank 0's %g: rank 0's is used",
+                        outer_momentum, int(words[5]) / 1e9)
+            self.momentum = int(words[5]) / 1e9
         if _plan_of(words[:4].tolist()) != self.plan:
             log.warning("plan %s differs from rank 0's %s: rank 0's is used", self.plan,
                         _plan_of(words[:4].tolist()))
@@ -234,8 +238,11 @@ class OuterSync:
         flat = self._flatten()
         dist.broadcast(flat, src=first, group=replicas)
         self._write(0, flat.numel(), flat)
-        self.outer = flat.clone()
-        self.velocity = torch.zeros_like(self.outer)
+        self.outer = flat  # a fresh copy (the flattening), written into the parameters
+        # The outer step runs at the leader only: the others keep the outer values (handed
+        # over); without momentum there is none to keep.
+        self.velocity = (torch.zeros_like(self.outer) if self.leader and self.momentum > 0
+                         else torch.zeros(0))
         self._feedback: dict[int, ErrorFeedback] = {}
         self.epoch = 0
         self.applied = 0  # fragment updates applied since the start
@@ -662,6 +669,9 @@ class OuterSync:
     # -- the outer step, on the exchange thread ----------------------------------------------------
 
     def _outer_step(self, lo: int, hi: int, pseudo: torch.Tensor) -> None:
+        if self.momentum == 0:
+            self.outer[lo:hi] -= self.outer_lr * pseudo
+            return
         v = self.velocity[lo:hi]
         v.mul_(self.momentum).add_(pseudo)
         step = pseudo + self.momentum * v if self.nesterov else v

@@ -82,15 +82,19 @@ def auto_sync_every(*, rate_bps: float, rtt_s: float, compute_s: float, numel: i
 
 
 def site_plan(plan: RoundPlan, step_us: Sequence[int], site: int) -> RoundPlan:
-    """Site ``site``'s share of a round paced by time: the round lasts ``plan.sync_every`` inner
-    steps of the fastest site, and a site whose steps take ``step_us[site]`` microseconds takes
-    as many of its own as fit (at least one between two sends), its overlap scaled the same way
-    (the same wall time to hide an exchange in). Without every site's step time (0 for one that
-    has not measured yet) every site takes the plan's steps."""
+    """Site ``site``'s share of a round paced by time: about ``plan.sync_every`` inner steps of
+    the fastest site. Each site's steps between two sends are rounded to whole steps (at least
+    one); the longest such interval in wall time sets the pace, and every site takes as many
+    of its steps (``step_us``, microseconds) as fit in it, so no site's interval is longer than
+    another's by a step or more (the fastest may take a few more than the plan's). The overlap
+    is scaled alike (the same wall time to hide an exchange in). Without every site's step time
+    (0 for one that has not measured yet) every site takes the plan's steps."""
     if not step_us or min(step_us) <= 0:
         return plan
     between = plan.sync_every // plan.fragments
-    mine = max(1, round(between * min(step_us) / step_us[site]))
+    fastest = min(step_us)
+    interval = max(max(1, round(between * fastest / t)) * t for t in step_us)
+    mine = max(1, interval // step_us[site])
     overlap = min(mine - 1, math.ceil(plan.overlap * mine / between))
     return replace(plan, sync_every=mine * plan.fragments, overlap=overlap)
 

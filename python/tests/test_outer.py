@@ -345,8 +345,17 @@ def test_a_round_paced_by_time_gives_each_site_the_steps_that_fit() -> None:
     # the overlap (3 steps of site 0) becomes 1 of its own.
     assert site_plan(plan, [20_000, 60_000], 0) == plan
     assert site_plan(plan, [20_000, 60_000], 1) == RoundPlan(8, 2, 1, "int8")
-    # Far slower: at least one step between sends, and no overlap then.
+    # 2.5x: the slow site's 4.8 steps round to 5 (0.25 s), and the fast site takes the 12.5
+    # of its own that fit, 12: neither waits a step for the other.
+    assert site_plan(plan, [20_000, 50_000], 1) == RoundPlan(10, 2, 2, "int8")
+    assert site_plan(plan, [20_000, 50_000], 0) == RoundPlan(24, 2, 3, "int8")
+    # 3.3x: 3.64 steps round to 4 (0.264 s a send); the fast site fits 13 of its own in that.
+    assert site_plan(plan, [20_000, 66_000], 1) == RoundPlan(8, 2, 1, "int8")
+    assert site_plan(plan, [20_000, 66_000], 0) == RoundPlan(26, 2, 4, "int8")
+    # Far slower: at least one step between sends (no overlap then), and the fast site fills
+    # that step's time.
     assert site_plan(plan, [1_000, 900_000], 1) == RoundPlan(2, 2, 0, "int8")
+    assert site_plan(plan, [1_000, 900_000], 0) == RoundPlan(1800, 2, 225, "int8")
     # A site that has not measured its steps yet: every site takes the plan's.
     assert site_plan(plan, [0, 60_000], 1) == plan
 
