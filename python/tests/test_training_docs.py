@@ -53,13 +53,20 @@ def test_a_job_shape_runs_as_printed_and_ends_identical(tmp_path: Path, name: st
             "from outer_rank import cuda_only_backend\n"
             "cuda_only_backend()\n"
             f"runpy.run_path({str(script)!r}, run_name='__main__')\n")
+    # Each rank's stdout into a file of its own: on one shared pipe, unbuffered print()s of
+    # two ranks interleave (the text and its newline are separate writes).
+    logs = tmp_path / "logs"
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-         "--master_port", str(free_port()), str(run)],
+         "--master_port", str(free_port()), "--log-dir", str(logs), "--redirects", "1",
+         str(run)],
         capture_output=True, text=True, env=env, timeout=240)
     assert out.returncode == 0, out.stderr[-4000:]
-    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("rank "))
-    assert len(lines) == ranks, out.stdout
+    stdouts = sorted(logs.rglob("stdout.log"))
+    assert len(stdouts) == ranks, stdouts
+    lines = sorted(line for f in stdouts for line in f.read_text().splitlines()
+                   if line.startswith("rank "))
+    assert len(lines) == ranks, lines
     assert all("agreed True" in line for line in lines), lines
     assert len({line.rsplit("checksum ", 1)[1] for line in lines}) == 1, lines
     if name == "outer_unequal.py":
