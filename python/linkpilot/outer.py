@@ -213,6 +213,13 @@ class OuterSync:
             _member(handovers[self.shard][self.site_index])
             if len(holders[self.site_index]) > 1 else None)
         replicas = _member(set_groups[self.shard])
+        # Each shard's rounds follow its own exchange, so one may begin a step later than
+        # another's: the site's rounds_done is the least of its shards', agreed every step, so
+        # that every rank of a site stops at the same step (their FSDP collectives must match).
+        counts = [dist.new_group(s, timeout=_HANDOVER_TIMEOUT, backend="gloo") for s in sites
+                  ] if len(sets) > 1 else []
+        self._site_ranks: dist.ProcessGroup | None = (
+            _member(counts[self.site_index]) if len(sets) > 1 and len(site) > 1 else None)
         first = holders[0][0]
         # Every replica starts from the first holder's parameters and rank 0's plan: the first
         # round runs before any proposal was exchanged.
@@ -250,9 +257,10 @@ class OuterSync:
         #: Bytes this site's leader handed to the exchange (headers and payloads), so far.
         self.sent_bytes = 0
         self._round = 0
-        #: Rounds whose last fragment this site sent (or skipped): the same count at every
-        #: rank of the site, never reset; stop a paced run on it.
+        #: Rounds whose last fragment this site sent (or skipped), of every shard: the same
+        #: count at every rank of the site, never reset; stop a paced run on it.
         self.rounds_done = 0
+        self._rounds_sent = 0  # of this rank's shard
         #: Whether close() ended with every site holding the same parameters (see close()).
         self.agreed_at_close: bool | None = None
         self._round_start = 0
@@ -363,6 +371,10 @@ class OuterSync:
         if self._handover is not None:
             note = self._hand_over(note)
         self._apply(note)
+        done = torch.tensor([self._rounds_sent], dtype=torch.int64)
+        if self._site_ranks is not None:
+            dist.all_reduce(done, op=dist.ReduceOp.MIN, group=self._site_ranks)
+        self.rounds_done = int(done[0])
 
     def _leader_step(self, plan: RoundPlan, at: int) -> _Note | None:
         """What this step brings to the site (the leader decides): a resync, a fragment to
@@ -432,7 +444,7 @@ class OuterSync:
             # that exchange has landed here.
             source = self._round - (1 if plan.fragments == 1 else 0)
             self._round += 1
-            self.rounds_done += 1
+            self._rounds_sent += 1
             self._pending = self._plan_jobs.pop(source, None)
             self._plan_jobs = {r: j for r, j in self._plan_jobs.items() if r >= source}
             if self._pending is None:  # skipped (the exchange was down): the plan holds
@@ -597,7 +609,7 @@ class OuterSync:
         head = torch.zeros(17, dtype=torch.int64)
         if self.leader:
             head[12:16] = _header(0, 0, 0, 0, self.plan, self.plan)[4:8]
-            head[16] = self.rounds_done
+            head[16] = self._rounds_sent
         if self.leader and note is not None:
             kind, a, b, plan, stats, _ = note
             head[:3] = torch.tensor([1 if kind == "apply" else 2, a, b])
@@ -611,7 +623,7 @@ class OuterSync:
         dist.broadcast(head, src=src, group=self._handover)
         if not self.leader:
             self.plan = _plan_of(head[12:16].tolist())
-            self.rounds_done = int(head[16])
+            self._rounds_sent = int(head[16])
         kind_code, a, b = (int(x) for x in head[:3])
         if kind_code == 0:
             return None

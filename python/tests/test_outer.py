@@ -478,3 +478,20 @@ def test_fsdp_and_hsdp_shards_sync_among_their_holders_and_close_identical(
     assert set(digests[0].values()).isdisjoint(digests[1].values())
     done = [lines[-1] for lines in runs]
     assert len({d["whole"] for d in done}) == 1 and all(d["agreed"] for d in done), done
+
+
+def test_every_rank_of_a_sharded_site_counts_the_same_rounds_and_stops_together(
+        tmp_path: Path) -> None:
+    """Each shard of an FSDP2 site has its own exchange, whose round may begin a step later
+    than another shard's (its plan's exchange had not landed): a loop on ``rounds_done`` must
+    still stop every rank of a site at the same step, or their FSDP collectives mismatch. H 2
+    in 2 fragments, with no patience, makes late plan exchanges the rule."""
+    args = ["--steps", "400", "--rounds", "12", "--plan", "2,2,0,int8", "--patience", "0",
+            "--sites", "0,1/2,3", "--fsdp", "2"]
+    runs = finish(tmp_path, *start(tmp_path, 4, *args))
+    for site in ((0, 1), (2, 3)):
+        counts = [[(x["step"], x["rounds_done"]) for x in runs[r] if "step" in x] for r in site]
+        assert counts[0] == counts[1], site
+        assert counts[0][-1][1] == 12, counts[0][-1]
+    done = [lines[-1] for lines in runs]
+    assert len({d["whole"] for d in done}) == 1 and all(d["agreed"] for d in done), done
