@@ -1,18 +1,21 @@
-"""What OuterSync's outer state costs each rank, with whole parameters (DDP inside a site) and
-with parameters sharded inside a site (FSDP2's fully_shard): peak resident memory per rank
+"""What OuterSync's outer state costs each rank, with whole parameters (DDP inside a site: the
+outer state sharded across the site's ranks, "ddp", or whole at its first rank, "ddp-whole")
+and with parameters sharded inside a site (FSDP2's fully_shard, "fsdp"): peak resident memory per rank
 (VmRSS, and the peak VmHWM) before OuterSync exists and after it ran rounds, for a model of ``--params`` million parameters.
 
 Two sites of ``--per-site`` ranks on loopback (gloo). Each rank builds the model and its AdamW
 state (one step), reads its memory, makes OuterSync, trains ``--rounds`` rounds of H steps
 (fragments of int8 pseudo-gradients), and reads its memory again before close(): the
-difference is what OuterSync added (its outer copy and momentum, and what its exchanges hold). The outer state itself is ``2 x`` the parameters a rank holds, fp32:
-the whole model under DDP, its shard under FSDP.
+difference is what OuterSync added (its outer copy and momentum, and what its exchanges hold).
+The outer state itself is ``2 x`` the parameters a rank keeps, fp32: its shard (``held_params``),
+or the whole model at a "ddp-whole" site's first rank.
 
 Prints one JSON line per rank and mode: {"mode", "rank", "params", "held_params",
 "rss_before_mib", "rss_after_mib", "added_mib", "peak_before_mib", "peak_after_mib",
 "outer_state_mib", "exchange_s"}.
 
-    python python/benchmarks/outer_memory.py [--params 100] [--per-site 2] [--modes ddp,fsdp]
+    python python/benchmarks/outer_memory.py [--params 100] [--per-site 2]
+        [--modes ddp-whole,ddp,fsdp]
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def rank_main(a: argparse.Namespace) -> None:
     dist.barrier()
     before, peak_before = rss_mib()
     sync = OuterSync(net, RoundPlan(4, 2, 1, "int8"), sites=sites, deadline_s=120.0,
-                     patience_s=120.0)
+                     patience_s=120.0, shard_state=a.mode != "ddp-whole")
     took: list[float] = []
     for _ in range(4 * a.rounds):
         step()
@@ -96,7 +99,7 @@ def main() -> None:
     ap.add_argument("--params", type=float, default=100.0, help="millions")
     ap.add_argument("--per-site", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--modes", default="ddp,fsdp")
+    ap.add_argument("--modes", default="ddp-whole,ddp,fsdp")
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--world", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--master", help=argparse.SUPPRESS)

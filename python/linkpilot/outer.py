@@ -9,8 +9,11 @@ optimizer (the DiLoCo family: DiLoCo, Streaming DiLoCo).
         sync.step()
 
 One rank per site (``sites`` None: every rank is a site) trains with a plain optimizer; with
-several ranks per site, wrap the model in DDP over ``sync.site_group`` and the site's leader
-(its first rank) exchanges for the site, handing every result to its site in the same step.
+several ranks per site, wrap the model in DDP over ``sync.site_group``: each rank of a site keeps
+and exchanges a shard of the flat outer state (as many as the smallest site has ranks; where a
+site has more, a shard's first holder exchanges and hands its results to the others) and
+spreads what its outer steps write to the rest of the site in the same step
+(``shard_state=False``: the site's first rank does it all).
 Sites may differ in size (8 ranks in one, 16 in the other): each site's pseudo-gradient is the
 average over its own ranks (DDP's), and the outer step takes the sites' mean weighted by the
 samples each processed in the round (its steps in the round times ``samples_per_step``).
@@ -149,6 +152,7 @@ class OuterSync:
         job_report: JobReport | Literal["auto"] | None = "auto",
         pace: Literal["steps", "time"] = "steps",
         samples_per_step: int = 1,
+        shard_state: bool = True,
     ) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
         numel = sum(_local(p).numel() for p in self.params)
@@ -194,8 +198,24 @@ class OuterSync:
         mine = torch.tensor(_shard_of(self.params), dtype=torch.int64)
         everyone = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(everyone, mine, group=host)
-        sets = replica_sets(sites, [(int(t[0]), int(t[1])) for t in everyone])
-        self.shard, self.shards = int(mine[0]), len(sets)
+        cuts = [(int(t[0]), int(t[1])) for t in everyone]
+        # Whole parameters (DDP) in sites of several ranks: each rank of a site keeps and
+        # exchanges a contiguous shard of the flat outer state, as many shards as the smallest
+        # site has ranks (8 against 16: each of the 8 shards held by one rank there and two
+        # here, the first of which exchanges it). Every rank holds the whole model, so what a
+        # shard's outer step writes is spread to the rest of its site (_sync_site).
+        fewest = min(len(s) for s in sites)
+        self._spread = shard_state and fewest > 1 and all(c == (0, 1) for c in cuts)
+        if self._spread:
+            at = {r: i % fewest for s in sites for i, r in enumerate(s)}
+            cuts = [(at[r], fewest) for r in range(world)]
+        sets = replica_sets(sites, cuts)
+        self.shard, self.shards = cuts[rank][0], len(sets)
+        #: This rank's outer state: [base, base + its length) of its flat local parameters.
+        self._base = numel * self.shard // self.shards if self._spread else 0
+        numel = numel * (self.shard + 1) // self.shards - self._base if self._spread else numel
+        self._len = numel
+        self._site_members = site
         holders = sets[self.shard]  # this shard's holders, by site
         self.leader = holders[self.site_index][0] == rank
         # The site group is the user's (DDP, on the job's backend); a hand-over group carries
@@ -239,12 +259,22 @@ class OuterSync:
         self.pace = "time" if int(words[4]) else "steps"
         if self.pace != pace:
             log.warning("pace %r differs from rank 0's %r: rank 0's is used", pace, self.pace)
+        self.plan = self.plan.check(numel)  # this rank's shard of the parameters
         #: This site's share of the round in force (its steps and overlap; the plan's when
         #: paced by steps).
         self.site_plan = self.plan
-        flat = self._flatten()
-        dist.broadcast(flat, src=first, group=replicas)
-        self._write(0, flat.numel(), flat)
+        if self._spread:  # whole parameters everywhere: rank 0's, one tensor at a time
+            with torch.no_grad():
+                for p in self.params:
+                    t = p.detach().to("cpu")  # p itself when on the host
+                    dist.broadcast(t, src=0, group=host)
+                    if t.data_ptr() != p.data_ptr():
+                        p.copy_(t)
+            flat = self._flatten()
+        else:
+            flat = self._flatten()
+            dist.broadcast(flat, src=first, group=replicas)
+            self._write(0, flat.numel(), flat)
         self.outer = flat  # a fresh copy (the flattening), written into the parameters
         # The outer step runs at the leader only: the others keep the outer values (handed
         # over); without momentum there is none to keep.
@@ -298,10 +328,17 @@ class OuterSync:
     # -- the flat parameters ---------------------------------------------------------------------
 
     def _flatten(self) -> torch.Tensor:
-        return torch.cat([_local(p).detach().reshape(-1).to("cpu", torch.float32)
-                          for p in self.params])
+        """This rank's outer state's part of its parameters, as one fresh fp32 host tensor."""
+        return self._read(0, self._len)
 
     def _read(self, lo: int, hi: int) -> torch.Tensor:
+        """[lo, hi) of this rank's outer state, read from its parameters."""
+        return self._read_flat(self._base + lo, self._base + hi)
+
+    def _write(self, lo: int, hi: int, values: torch.Tensor) -> None:
+        self._write_flat(self._base + lo, self._base + hi, values)
+
+    def _read_flat(self, lo: int, hi: int) -> torch.Tensor:
         parts, at = [], 0
         for p in self.params:
             local = _local(p).detach()
@@ -312,7 +349,7 @@ class OuterSync:
             at += n
         return torch.cat(parts)
 
-    def _write(self, lo: int, hi: int, values: torch.Tensor) -> None:
+    def _write_flat(self, lo: int, hi: int, values: torch.Tensor) -> None:
         at = 0
         with torch.no_grad():
             for p in self.params:
@@ -371,10 +408,33 @@ class OuterSync:
         if self._handover is not None:
             note = self._hand_over(note)
         self._apply(note)
-        done = torch.tensor([self._rounds_sent], dtype=torch.int64)
-        if self._site_ranks is not None:
-            dist.all_reduce(done, op=dist.ReduceOp.MIN, group=self._site_ranks)
-        self.rounds_done = int(done[0])
+        self._sync_site(note)
+
+    def _sync_site(self, note: _Note | None, ok: bool = True) -> bool:
+        """With several shards in a site: the rounds every shard completed, and (DDP) what each
+        shard's leader wrote this step, spread to the rest of the site; whether every shard's
+        ``ok`` held. Every rank of the site calls it at the same points."""
+        head = torch.tensor([self._rounds_sent, ok, 0, 0, 0], dtype=torch.int64)
+        if self._spread and self.leader and note is not None:
+            kind, a, b = note[:3]
+            lo, hi = (a, b) if kind == "apply" else (0, self.outer.numel())
+            head[2:] = torch.tensor([1, self._base + lo, self._base + hi])
+        if self._site_ranks is None:
+            self.rounds_done = self._rounds_sent
+            return ok
+        heads = [torch.empty_like(head) for _ in self._site_members]
+        dist.all_gather(heads, head, group=self._site_ranks)
+        self.rounds_done = min(int(h[0]) for h in heads)
+        for src, h in zip(self._site_members, heads):
+            if not int(h[2]):
+                continue
+            lo, hi = int(h[3]), int(h[4])
+            values = (self._read_flat(lo, hi) if src == dist.get_rank()
+                      else torch.empty(hi - lo))
+            dist.broadcast(values, src=src, group=self._site_ranks)
+            if src != dist.get_rank():
+                self._write_flat(lo, hi, values)
+        return all(int(h[1]) for h in heads)
 
     def _leader_step(self, plan: RoundPlan, at: int) -> _Note | None:
         """What this step brings to the site (the leader decides): a resync, a fragment to
@@ -727,7 +787,8 @@ class OuterSync:
             dist.broadcast(final, src=src, group=self._handover)
             self.outer.copy_(final)
         self._write(0, final.numel(), final)
-        self.agreed_at_close = bool(flag[0])
+        # Every shard's last state to the whole site; agreed only where every shard agreed.
+        self.agreed_at_close = self._sync_site(("resync", 0, 0, None, None, None), bool(flag[0]))
         if not self.agreed_at_close:
             log.warning("closed without the last exchange (the link was down, or another site "
                         "left first): site %d's parameters are its own last outer state, which "

@@ -6,7 +6,7 @@ an applied outer step) and, at the end, the digest of every parameter.
     python outer_rank.py --rank R --world W --port P --steps N --plan H,F,OVERLAP,CODEC
         [--sites 0,1/2,3] [--sleep S] [--deadline S] [--patience S] [--max-drift N] [--board PATH]
         [--master HOST:PORT] [--width N] [--pause-at STEP,STEP --pause-s S] [--cuda-only]
-        [--pace steps|time] [--samples N] [--rounds R] [--drift C] [--fsdp N]
+        [--pace steps|time] [--samples N] [--rounds R] [--drift C] [--fsdp N] [--whole-state]
 
 With --board, the rounds' plans follow that knob board (linkpilot.outer_board.BoardPlan), as
 the site's daemon decides them. --pause-at makes the rank print {"idle": STEP} after those
@@ -19,7 +19,9 @@ whose inner step subtracts C * (site + 1) from it (no data, no optimizer), so th
 compute the outer steps itself; applied exchanges then also carry the fragment's first value.
 With --fsdp N the model is sharded with FSDP2's fully_shard inside each site over groups of N
 ranks (HSDP where the site has more: its N-rank groups replicate each other), and the done line
-carries the digest of the whole parameters as well.
+carries the digest of the whole parameters as well. --whole-state keeps a DDP site's outer state
+whole at its first rank (OuterSync's shard_state=False). The done line's "digest" is of this
+rank's parameters (its shards' under FSDP), "outer" of its outer state (its shard's).
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--drift", type=float)
     ap.add_argument("--fsdp", type=int)
+    ap.add_argument("--whole-state", action="store_true")
     a = ap.parse_args()
     h, f, o, codec = a.plan.split(",")
     master = a.master or f"127.0.0.1:{a.port}"
@@ -134,7 +137,7 @@ def main() -> None:
     sync = OuterSync(model, RoundPlan(int(h), int(f), int(o), codec), sites=sites,
                      deadline_s=a.deadline, patience_s=a.patience, max_drift=a.max_drift,
                      plan_source=plans, on_round=on_round, pace=a.pace,
-                     samples_per_step=a.samples)
+                     samples_per_step=a.samples, shard_state=not a.whole_state)
     if sync.site_group is not None and a.drift is None and not a.fsdp:
         group = ddp_groups[sync.site_index] if ddp_groups else sync.site_group
         model = nn.parallel.DistributedDataParallel(model, process_group=group)
@@ -182,9 +185,11 @@ def main() -> None:
     sent = sync.sent_bytes
     agreed = sync.close()  # may finish the exchange in flight: its record goes with the done line
     gone = sync.job_report is not None and not os.path.exists(sync.job_report.path)
+    mine = torch.cat([(p.to_local() if a.fsdp else p).detach().reshape(-1)
+                      for p in model.parameters()])
     whole = torch.cat([p.full_tensor().detach().reshape(-1) for p in model.parameters()]
-                      ) if a.fsdp else sync._flatten()
-    print(json.dumps({"done": True, "rank": a.rank, "digest": digest(sync._flatten()),
+                      ) if a.fsdp else mine
+    print(json.dumps({"done": True, "rank": a.rank, "digest": digest(mine),
                       "outer": digest(sync.outer), "exchanges": list(recorded),
                       "report": report, "report_removed": gone, "sent_bytes": sent,
                       "agreed": agreed, "whole": digest(whole)}), flush=True)

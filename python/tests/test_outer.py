@@ -114,6 +114,12 @@ def only_common_exchanges_applied(exchanges: list[list[dict[str, Any]]]
     return both
 
 
+def holders(runs: list[list[dict[str, Any]]]) -> list[list[int]]:
+    """The ranks that hold each shard of the outer state (every rank: one shard)."""
+    shard = [lines[0]["shard"] for lines in runs]
+    return [[r for r, k in enumerate(shard) if k == s] for s in sorted(set(shard))]
+
+
 def site_members(sites: str | None) -> list[list[int]]:
     """The ranks of each site (two one-rank sites without ``sites``), each site sorted."""
     if not sites:
@@ -121,9 +127,11 @@ def site_members(sites: str | None) -> list[list[int]]:
     return [sorted(int(r) for r in s.split(",")) for s in sites.split("/")]
 
 
-# "1,0/3,2": a site's ranks in any order (its leader is its smallest rank). Unequal sites are
-# checked the same way on a group that refuses CPU tensors (below).
-@pytest.mark.parametrize("sites", [None, "1,0/3,2"])
+# "1,0/4,3,2": sites of 2 and 3 ranks, each in any order (a leader is its shard's smallest
+# rank): the outer state in 2 shards, each exchanged by its own pair of leaders, shard 0 held by
+# two ranks in site 1 (a hand-over). A one-rank site against a two-rank one is checked on a
+# group that refuses CPU tensors (below).
+@pytest.mark.parametrize("sites", [None, "1,0/4,3,2"])
 def test_every_replica_holds_the_same_fragment_after_its_outer_step(
         tmp_path: Path, sites: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "jobs").mkdir()
@@ -137,16 +145,21 @@ def test_every_replica_holds_the_same_fragment_after_its_outer_step(
         ["--sites", sites] if sites else [])
     runs = finish(tmp_path, *start(tmp_path, world, *args))
     digests = [applied_digests(lines) for lines in runs]
-    # 30 steps of rounds of 6: 5 rounds x 3 fragments, each applied one step after its send
-    # (the last one's by close(), after the last step).
-    assert len(digests[0]) == 15, sorted(digests[0])
-    for d in digests[1:]:
-        assert d == digests[0]
-    # The outer state is the same at every site's leader; after close() every rank holds it
-    # (the last synchronized model), and says so.
+    shards = holders(runs)
+    assert len(shards) == (2 if sites else 1), shards
+    # 30 steps of rounds of 6: 5 rounds x 3 fragments of each shard, each applied one step
+    # after its send (the last one's by close(), after the last step), the same values at
+    # every holder of the shard, and its outer state the same at all of them.
     done = [lines[-1] for lines in runs]
-    leaders = [done[m[0]] for m in members]
-    assert len({d["outer"] for d in leaders}) == 1, done
+    for ranks in shards:
+        assert len(digests[ranks[0]]) == 15, sorted(digests[ranks[0]])
+        for r in ranks[1:]:
+            assert digests[r] == digests[ranks[0]], (ranks, r)
+        assert len({done[r]["outer"] for r in ranks}) == 1, ranks
+    if sites:
+        assert set(digests[shards[0][0]].values()).isdisjoint(digests[shards[1][0]].values())
+    # After close() every rank holds the whole last synchronized model (a DDP site's ranks
+    # were handed the other shards' outer steps), and says so.
     assert len({d["digest"] for d in done}) == 1 and all(d["agreed"] for d in done), done
     # Every rank's job report: the 29 steps after the first (a step is its interval between two
     # calls), the bytes its leader handed to the exchange, the plan in force; removed on close.
@@ -155,7 +168,7 @@ def test_every_replica_holds_the_same_fragment_after_its_outer_step(
         assert (r["job"], r["kind"], r["world"], r["steps"]) == ("outer-test", "outer", world, 29)
         assert (r["codec"], r["sync_every"], r["wire_bytes"]) == ("int8", 6, d["sent_bytes"])
         assert 0 <= r["wait_s"] <= r["step_s"] and d["report_removed"]
-    assert sum(d["sent_bytes"] > 0 for d in done) == len(leaders)
+    assert sum(d["sent_bytes"] > 0 for d in done) == len(members) * len(shards)
 
 
 # Unequal sites: a one-rank site (no hand-over) and a two-rank one (a hand-over) in one job.
@@ -179,8 +192,9 @@ def test_a_job_whose_group_refuses_cpu_tensors_syncs_over_groups_of_its_own(
         assert len({runs[r][-1]["digest"] for r in m}) == 1, m
 
 
-# "0/1,2": a one-rank site and a two-rank one (whose ranks hand over), the cluster's shape.
-@pytest.mark.parametrize("sites", [None, "0/1,2"])
+# "0/1,2": a one-rank site and a two-rank one (whose ranks hand over), the cluster's shape;
+# "0,1/2,3": two-rank sites, each shard of the outer state ridden through by its own exchange.
+@pytest.mark.parametrize("sites", [None, "0/1,2", "0,1/2,3"])
 def test_a_site_stopped_past_the_deadline_is_ridden_through(tmp_path: Path,
                                                             sites: str | None) -> None:
     members = site_members(sites)
@@ -202,12 +216,13 @@ def test_a_site_stopped_past_the_deadline_is_ridden_through(tmp_path: Path,
     epochs = {lines[-2]["outer_epoch"] for lines in runs}
     assert len(epochs) == 1 and min(epochs) >= 1, epochs
     digests = [applied_digests(lines) for lines in runs]
-    last = runs[0][-2]["outer_epoch"]
-    after = {k: v for k, v in digests[0].items() if k[0] == last}
-    assert len(after) >= 4
-    for d in digests[1:]:
-        assert all(d.get(k) == v for k, v in after.items()), (after, d)
-    assert len({runs[m[0]][-1]["outer"] for m in members}) == 1
+    for ranks in holders(runs):
+        last = runs[ranks[0]][-2]["outer_epoch"]
+        after = {k: v for k, v in digests[ranks[0]].items() if k[0] == last}
+        assert len(after) >= 4
+        for r in ranks[1:]:
+            assert all(digests[r].get(k) == v for k, v in after.items()), (after, digests[r])
+        assert len({runs[r][-1]["outer"] for r in ranks}) == 1
     for m in members:
         assert len({runs[r][-1]["digest"] for r in m}) == 1, m
 
