@@ -2,7 +2,10 @@
 //! gloo on the hosts' eth0) syncing every 12 steps in 2 fragments overlapped by 4 steps, across
 //! 180 ms of RTT that is cut for 15 s in the middle (every packet dropped in the lab's router,
 //! at a step count, so a slow start cannot move it). The lab's own byte counters judge the bytes
-//! per round; the ranks' step times judge the overlap and the ride through the outage.
+//! per round; the ranks' step times judge the overlap and the ride through the outage. Then two
+//! ranks a site (DDP inside, the outer state sharded): the lab's counters judge that as many bytes
+//! cross as with one rank a site, and each host's own interface counters that every rank pair
+//! carries its own shard.
 
 use std::{
     process::{Child, Command, Stdio},
@@ -46,18 +49,24 @@ struct Rank {
 }
 
 impl Rank {
+    /// The outage test's rank (of two).
     fn start(host: &Host, master: &Host, rank: usize) -> Self {
-        let worker = concat!(env!("CARGO_MANIFEST_DIR"), "/../python/tests/outer_rank.py");
         let pauses = PAUSES.map(|p| p.to_string()).join(",");
+        let args = ["--steps", &STEPS.to_string(), "--plan", PLAN, "--sleep", "0.1"];
+        let more = ["--deadline", "1.5", "--max-drift", "1000", "--width", "2048"];
+        Self::spawn(host, master, rank, 2, &[&args[..], &more, &["--pause-at", &pauses]].concat())
+    }
+
+    fn spawn(host: &Host, master: &Host, rank: usize, world: usize, args: &[&str]) -> Self {
+        let worker = concat!(env!("CARGO_MANIFEST_DIR"), "/../python/tests/outer_rank.py");
         let mut child = Command::new("nsenter")
             .arg(format!("--net=/run/netns/{}", host.netns))
             .arg(python())
             .arg(worker)
-            .args(["--rank", &rank.to_string(), "--world", "2", "--port", "0"])
+            .args(["--rank", &rank.to_string(), "--world", &world.to_string(), "--port", "0"])
             .args(["--master", &format!("{}:29500", master.ipv4)])
-            .args(["--steps", &STEPS.to_string(), "--plan", PLAN, "--sleep", "0.1"])
-            .args(["--deadline", "1.5", "--max-drift", "1000", "--width", "2048"])
-            .args(["--pause-at", &pauses, "--pause-s", "3"])
+            .args(args)
+            .args(["--pause-s", "3"])
             .env("GLOO_SOCKET_IFNAME", "eth0")
             .env("PYTHONUNBUFFERED", "1")
             .env("OMP_NUM_THREADS", "1")
@@ -223,4 +232,114 @@ fn rounds_overlap_send_the_codecs_bytes_and_ride_through_an_outage() {
     let (a0, a1) = (applied(&ranks[0]), applied(&ranks[1]));
     assert!(a0.len() >= 4, "{} fragments applied after the resync", a0.len());
     assert_eq!(a0, a1, "the sites' fragments differ after the resync");
+}
+
+/// Bytes a host's TCP connections to any of `peers` delivered (acknowledged), from `ss`.
+fn bytes_to(host: &Host, peers: &[String]) -> u64 {
+    let net = format!("--net=/run/netns/{}", host.netns);
+    let out = linkpilot_tests::sh(&["nsenter", &net, "ss", "-tinH", "state", "established"]);
+    let mut total = 0;
+    let mut to_peer = false;
+    for line in out.lines() {
+        if !line.starts_with(char::is_whitespace) {
+            // Recv-Q, Send-Q, local address:port, peer address:port.
+            let peer = line.split_whitespace().nth(3).unwrap_or_default();
+            let ip = peer.rsplit_once(':').map_or(peer, |(ip, _)| ip);
+            to_peer =
+                peers.iter().any(|p| ip.trim_start_matches("[::ffff:").trim_end_matches(']') == p);
+        } else if to_peer {
+            let acked = line.split_whitespace().find_map(|f| f.strip_prefix("bytes_acked:"));
+            total += acked.map_or(0, |n| n.parse::<u64>().expect("bytes_acked"));
+        }
+    }
+    total
+}
+
+/// What one sharding run measured between its two pauses: the lab's WAN bytes, the bytes each HK
+/// host's connections to the US hosts delivered, the codec bytes the ranks sent, and rank 0's
+/// exchange times.
+#[derive(Debug)]
+struct Crossed {
+    lab: u64,
+    hk_tx: Vec<u64>,
+    codec: u64,
+    exchange_s: Vec<f64>,
+}
+
+/// `per_site` ranks a site, each on a host of its own, 200 steps of rounds of 12 in 2 fragments
+/// of int8, every apply step waiting for its exchange (so every shard's rounds keep to the
+/// schedule and the window between the pauses holds the same sends in both shapes).
+fn crossed(lab: &Lab, per_site: usize) -> Crossed {
+    let hosts: Vec<Host> = [Site::Hk, Site::Us]
+        .into_iter()
+        .flat_map(|s| (0..per_site).map(move |i| lab.host(s, i).clone()))
+        .collect();
+    let world = hosts.len();
+    let sites = if per_site == 2 { "0,1/2,3" } else { "0/1" };
+    let pauses = PAUSES.map(|p| p.to_string()).join(",");
+    let args = ["--steps", "200", "--plan", PLAN, "--sleep", "0.1", "--patience", "30"];
+    let more = ["--width", "8192", "--sites", sites, "--pause-at", &pauses];
+    let mut ranks: Vec<Rank> = (0..world)
+        .map(|r| Rank::spawn(&hosts[r], &hosts[0], r, world, &[&args[..], &more].concat()))
+        .collect();
+    let mut counters = Vec::new();
+    for step in PAUSES {
+        for r in &mut ranks {
+            r.until("idle", Some(step), Duration::from_secs(120));
+        }
+        thread::sleep(Duration::from_millis(1500));
+        let us: Vec<String> = hosts[per_site..].iter().map(|h| h.ipv4.to_string()).collect();
+        let hk: Vec<u64> = hosts[..per_site].iter().map(|h| bytes_to(h, &us)).collect();
+        counters.push((wan_bytes(lab), hk));
+    }
+    for r in &mut ranks {
+        r.until("done", None, Duration::from_secs(120));
+        assert!(r.child.wait().expect("rank exit").success(), "a rank failed");
+    }
+    let window = |v: &&Value| (PAUSES[0] + 2..=PAUSES[1] + 1).contains(&u(v, "sent"));
+    let codec = ranks
+        .iter()
+        .flat_map(|r| r.exchanges().filter(window).map(|x| u(x, "wire_bytes")).collect::<Vec<_>>())
+        .sum();
+    let done: Vec<&Value> = ranks.iter().map(|r| r.seen.last().expect("done")).collect();
+    assert!(
+        done.iter().all(|d| d["agreed"] == true && d["digest"] == done[0]["digest"]),
+        "{done:?}"
+    );
+    Crossed {
+        lab: counters[1].0 - counters[0].0,
+        hk_tx: counters[1].1.iter().zip(&counters[0].1).map(|(b, a)| b - a).collect(),
+        codec,
+        exchange_s: ranks[0].exchanges().filter(window).map(|x| f(x, "exchange_s")).collect(),
+    }
+}
+
+#[test]
+fn a_sharded_outer_state_crosses_as_one_pair_would_over_a_connection_per_pair() {
+    let scenario = Scenario::parse(SCENARIO, "outer-calm", None).expect("scenario");
+    let config = LabConfig { name: "toshard".into(), hosts_per_site: 2, ..LabConfig::default() };
+    let lab = Lab::start(config, scenario).expect("lab");
+    let one = crossed(&lab, 1);
+    let two = crossed(&lab, 2);
+    let median = |c: &Crossed| {
+        let mut t = c.exchange_s.clone();
+        t.sort_by(f64::total_cmp);
+        t.get(t.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    eprintln!("1 rank a site: {one:?}\n2 ranks a site, sharded: {two:?}");
+    eprintln!(
+        "a fragment's exchange: {:.3} s with 1 pair, {:.3} s with 2",
+        median(&one),
+        median(&two)
+    );
+    // The same fragments' worth crossed: the codec bytes differ by the second pair's headers
+    // only, and the WAN carried within 2% of what it carried for one pair.
+    assert!(one.codec > 0 && two.codec.abs_diff(one.codec) * 100 < one.codec, "{one:?} {two:?}");
+    let ratio = two.lab as f64 / one.lab as f64;
+    assert!((0.98..1.02).contains(&ratio), "2 ranks a site crossed {ratio:.4} of 1 rank's bytes");
+    // Each HK rank sent its own shard from its own host, over its own connections: about half
+    // of what the site sent across each.
+    let share = two.hk_tx[1] as f64 / (two.hk_tx[0] + two.hk_tx[1]) as f64;
+    assert!((0.4..0.6).contains(&share), "hk1 sent {share:.3} of the site's bytes across");
+    assert!(two.hk_tx[0] + two.hk_tx[1] > two.codec / 3, "{two:?}");
 }
