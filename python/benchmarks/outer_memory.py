@@ -74,12 +74,17 @@ def rank_main(a: argparse.Namespace) -> None:
     before, peak_before = rss_mib()
     sync = OuterSync(net, RoundPlan(4, 2, 1, "int8"), sites=sites, deadline_s=120.0,
                      patience_s=120.0, shard_state=a.mode != "ddp-whole")
+    built, _ = rss_mib()
     took: list[float] = []
     for _ in range(4 * a.rounds):
         step()
         sync.step()
         took += [s.exchange_s for s in sync.history if s.outcome == "applied"][len(took):]
     after, peak_after = rss_mib()
+    import ctypes
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    trimmed, _ = rss_mib()
+    print("DIAG", a.rank, round(built - before), round(trimmed - before), flush=True)
     held = sync.outer.numel()
     print(json.dumps({
         "mode": a.mode, "rank": a.rank, "params": sum(p.numel() for p in net.parameters()),

@@ -626,7 +626,9 @@ class OuterSync:
             self._record(job.stats)
             return None
         self.applied += 1
-        return ("apply", job.lo, job.hi, None, job.stats, job.values)
+        # The note carries the values from here: a job kept for its proposals keeps none.
+        values, job.values = job.values, None
+        return ("apply", job.lo, job.hi, None, job.stats, values)
 
     def _wait_for_link(self, note: _Note | None) -> _Note | None:
         """Past the drift bound: wait for the exchange to come back (it resyncs first), unless

@@ -186,6 +186,10 @@ class _Exchanger:
             except RuntimeError as e:
                 log.warning("cross-site exchange failed (%s): inner steps go on", e)
                 ok = False
+            # Sent or failed, the message is not needed again; the job may be kept for its
+            # proposals (a round's plan exchange), and a payload is as large as the codec makes
+            # a fragment.
+            job.message = None
             if not ok:
                 with job.lock:
                     job.stats.exchange_s = time.monotonic() - started
