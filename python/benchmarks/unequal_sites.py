@@ -125,8 +125,13 @@ def result(config: str, out: Path) -> list[dict[str, Any]]:
         if not steps or done is None:
             raise SystemExit(f"{config} rank {r}: no steps or no done line; see {out}")
         wall = steps[-1]["t_end"] - steps[0]["t_start"]
+        step_s = sorted(v["step_s"] for v in steps)
         sites.append({"steps": len(steps), "steps_per_s": len(steps) / wall,
-                      "eval_loss": done.get("final_eval_loss")})
+                      "eval_loss": done.get("final_eval_loss"),
+                      "median_step_s": round(step_s[len(step_s) // 2], 4),
+                      "in_steps_s": round(sum(step_s), 2),
+                      "outer_waited_s": round(sum(o[4] for v in steps
+                                                  for o in v.get("outer") or []), 2)})
     return sites
 
 
@@ -137,6 +142,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--slow-share", type=float, default=0.33)
     ap.add_argument("--configs", default=",".join(CONFIGS), help="alone first: the ceiling")
+    ap.add_argument("--keep", type=Path, help="keep each run's rank outputs under this directory")
     a = ap.parse_args()
     slow = SlowGroup(a.slow_share)
     try:
@@ -145,6 +151,9 @@ def main() -> None:
             for config in a.configs.split(","):
                 with tempfile.TemporaryDirectory() as tmp:
                     out = Path(tmp)
+                    if a.keep is not None:
+                        out = a.keep / f"{config}-{repeat}"
+                        out.mkdir(parents=True, exist_ok=True)
                     procs = launch(config, a.seconds, out, slow)
                     for r, p in enumerate(procs):
                         if (code := p.wait(timeout=a.seconds + 300)) != 0:

@@ -81,6 +81,7 @@ from linkpilot.outer_plan import (
     _plan_of,
     agree_plans,
     auto_sync_every,
+    paced_share,
     site_plan,
 )
 
@@ -263,6 +264,7 @@ class OuterSync:
         #: This site's share of the round in force (its steps and overlap; the plan's when
         #: paced by steps).
         self.site_plan = self.plan
+        self._carry = 0.0  # of paced_share, from round to round
         if self._spread:  # whole parameters everywhere: rank 0's, one tensor at a time
             with torch.no_grad():
                 for p in self.params:
@@ -520,19 +522,24 @@ class OuterSync:
         would collide)."""
         job, ex = self._pending, self._exchanger
         assert job is not None and ex is not None
-        new, mine = self.plan, self.site_plan
+        new, mine, carry = self.plan, self.site_plan, self._carry
         if job.done.is_set():
             if job.ok:
                 new = agree_plans(job.proposals).check(self.outer.numel())
-                mine = (site_plan(new, job.step_us, self.site_index) if self.pace == "time"
-                        else new)
+                mine, carry = (paced_share(new, job.step_us, self.site_index, self._carry)
+                               if self.pace == "time" else (new, 0.0))
         elif not (job.abandoned or not ex.up
                   or time.monotonic() - job.sent_at >= self.deadline_s):
             return
         self._pending = None
         self._round_start = self.step_count
+        self._carry = carry if new == self.plan else 0.0
         if (new, mine) != (self.plan, self.site_plan):
-            self._round_start = max([self.step_count, *self._inflight])
+            # A share that only moved by the carry begins now, unless its first apply step
+            # would come before one still in flight (the steps must stay in send order).
+            first = self.step_count + mine.sync_every // mine.fragments + mine.overlap
+            if new != self.plan or any(k >= first for k in self._inflight):
+                self._round_start = max([self.step_count, *self._inflight])
             if new.fragments != self.plan.fragments:
                 self._feedback.clear()
             self.plan, self.site_plan = new, mine
@@ -732,6 +739,7 @@ class OuterSync:
         self._plan_jobs.clear()
         self._pending = None
         self.plan = self.site_plan = plan  # paced again from the next agreement
+        self._carry = 0.0
         log.info("resync: epoch %d, %d fragment updates, plan %s", a, b, plan)
 
     def _record(self, stats: RoundStats) -> None:

@@ -11,7 +11,8 @@ import torch
 
 from linkpilot.codecs import CODEC_NAMES, get_codec
 
-__all__ = ["PlanInputs", "RoundPlan", "RoundStats", "agree_plans", "auto_sync_every", "site_plan"]
+__all__ = ["PlanInputs", "RoundPlan", "RoundStats", "agree_plans", "auto_sync_every",
+           "paced_share", "site_plan"]
 
 
 @dataclass(frozen=True)
@@ -84,19 +85,36 @@ def auto_sync_every(*, rate_bps: float, rtt_s: float, compute_s: float, numel: i
 def site_plan(plan: RoundPlan, step_us: Sequence[int], site: int) -> RoundPlan:
     """Site ``site``'s share of a round paced by time: about ``plan.sync_every`` inner steps of
     the fastest site. Each site's steps between two sends are rounded to whole steps (at least
-    one); the longest such interval in wall time sets the pace, and every site takes as many
-    of its steps (``step_us``, microseconds) as fit in it, so no site's interval is longer than
-    another's by a step or more (the fastest may take a few more than the plan's). The overlap
-    is scaled alike (the same wall time to hide an exchange in). Without every site's step time
-    (0 for one that has not measured yet) every site takes the plan's steps."""
+    one, and two when the plan overlaps: a step to send in and one to hide the exchange
+    behind); the longest such interval in wall time sets the pace, and every site takes as
+    many of its steps (``step_us``, microseconds) as fit in it, so no site's interval is longer
+    than another's by a step or more (the fastest may take a few more than the plan's). The
+    overlap is scaled alike (the same wall time to hide an exchange in), and covers at least
+    one step of the slowest site, whose sends come only at its steps' ends. Without every site's
+    step time (0 for one that has not measured yet) every site takes the plan's steps."""
+    return paced_share(plan, step_us, site)[0]
+
+
+def paced_share(plan: RoundPlan, step_us: Sequence[int], site: int, carry: float = 0.0
+                ) -> tuple[RoundPlan, float]:
+    """``site_plan``, and what is left of the steps that fit: a site that carries it into its
+    next round's share (``carry``) takes, round after round, as many steps on average as fit
+    the interval (3.5 a send: 3, then 4), so its sends keep the same pace as the others'
+    rather than running ahead by a fraction of a step every round and waiting for them."""
     if not step_us or min(step_us) <= 0:
-        return plan
+        return plan, 0.0
     between = plan.sync_every // plan.fragments
     fastest = min(step_us)
-    interval = max(max(1, round(between * fastest / t)) * t for t in step_us)
-    mine = max(1, interval // step_us[site])
-    overlap = min(mine - 1, math.ceil(plan.overlap * mine / between))
-    return replace(plan, sync_every=mine * plan.fragments, overlap=overlap)
+    least = 2 if plan.overlap > 0 else 1
+    interval = max(max(least, round(between * fastest / t)) * t for t in step_us)
+    exact = interval / step_us[site]
+    mine = max(1, math.floor(exact + carry + 1e-9))
+    overlap = math.ceil(plan.overlap * mine / between)
+    if plan.overlap > 0:  # the slowest site sends only at its steps' ends: hide one of them
+        overlap = max(overlap, math.ceil(max(step_us) / step_us[site]))
+    overlap = min(mine - 1, overlap)
+    return (replace(plan, sync_every=mine * plan.fragments, overlap=overlap),
+            max(0.0, carry + exact - mine))
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from linkpilot.outer import (
     RoundStats,
     agree_plans,
     auto_sync_every,
+    paced_share,
     site_plan,
 )
 
@@ -367,12 +368,27 @@ def test_a_round_paced_by_time_gives_each_site_the_steps_that_fit() -> None:
     # 3.3x: 3.64 steps round to 4 (0.264 s a send); the fast site fits 13 of its own in that.
     assert site_plan(plan, [20_000, 66_000], 1) == RoundPlan(8, 2, 1, "int8")
     assert site_plan(plan, [20_000, 66_000], 0) == RoundPlan(26, 2, 4, "int8")
-    # Far slower: at least one step between sends (no overlap then), and the fast site fills
-    # that step's time.
-    assert site_plan(plan, [1_000, 900_000], 1) == RoundPlan(2, 2, 0, "int8")
-    assert site_plan(plan, [1_000, 900_000], 0) == RoundPlan(1800, 2, 225, "int8")
+    # Far slower: two steps between sends (one to send in, one to hide the exchange behind),
+    # and the fast site fills their time, hiding its exchange behind one slow step.
+    assert site_plan(plan, [1_000, 900_000], 1) == RoundPlan(4, 2, 1, "int8")
+    assert site_plan(plan, [1_000, 900_000], 0) == RoundPlan(3600, 2, 900, "int8")
+    # Without an overlap in the plan one step is enough.
+    assert site_plan(RoundPlan(24, 2, 0), [1_000, 900_000], 1) == RoundPlan(2, 2, 0, "int8")
     # A site that has not measured its steps yet: every site takes the plan's.
     assert site_plan(plan, [0, 60_000], 1) == plan
+
+
+def test_a_paced_site_carries_the_fraction_of_a_step_that_did_not_fit() -> None:
+    """3.3x slower: 4 slow steps (0.264 s) a send set the pace, and the fast site fits 13.2 of
+    its own: 13 a send for four rounds, then 14, so that its sends keep the slow site's pace
+    instead of running ahead by 0.2 of a step a send and waiting for it."""
+    plan, carry, taken = RoundPlan(24, 2, 3, "int8"), 0.0, []
+    for _ in range(10):
+        share, carry = paced_share(plan, [20_000, 66_000], 0, carry)
+        taken.append(share.sync_every // share.fragments)
+        assert 0 <= carry < 1
+    assert taken == [13, 13, 13, 13, 14, 13, 13, 13, 13, 14], taken
+    assert paced_share(plan, [20_000, 66_000], 1, 0.0) == (RoundPlan(8, 2, 1, "int8"), 0.0)
 
 
 def expected_outer(runs: list[list[dict[str, Any]]], drift: float, samples: list[int]
