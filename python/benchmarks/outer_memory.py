@@ -11,8 +11,9 @@ The outer state itself is ``2 x`` the parameters a rank keeps, fp32: its shard (
 or the whole model at a "ddp-whole" site's first rank.
 
 Prints one JSON line per rank and mode: {"mode", "rank", "params", "held_params",
-"rss_before_mib", "rss_after_mib", "added_mib", "peak_before_mib", "peak_after_mib",
-"outer_state_mib", "exchange_s"}.
+"rss_before_mib", "rss_after_mib", "added_mib", "built_added_mib" (right after OuterSync was
+made), "trimmed_added_mib" (after, once glibc's malloc_trim returned what it kept of freed
+buffers), "peak_before_mib", "peak_after_mib", "outer_state_mib", "exchange_s"}.
 
     python python/benchmarks/outer_memory.py [--params 100] [--per-site 2]
         [--modes ddp-whole,ddp,fsdp]
@@ -21,6 +22,7 @@ Prints one JSON line per rank and mode: {"mode", "rank", "params", "held_params"
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import socket
@@ -81,15 +83,15 @@ def rank_main(a: argparse.Namespace) -> None:
         sync.step()
         took += [s.exchange_s for s in sync.history if s.outcome == "applied"][len(took):]
     after, peak_after = rss_mib()
-    import ctypes
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    # What of that the allocator only kept (freed exchange buffers glibc had not returned).
+    ctypes.CDLL(None).malloc_trim(0)
     trimmed, _ = rss_mib()
-    print("DIAG", a.rank, round(built - before), round(trimmed - before), flush=True)
     held = sync.outer.numel()
     print(json.dumps({
         "mode": a.mode, "rank": a.rank, "params": sum(p.numel() for p in net.parameters()),
         "held_params": held, "rss_before_mib": round(before), "rss_after_mib": round(after),
-        "added_mib": round(after - before), "peak_before_mib": round(peak_before),
+        "added_mib": round(after - before), "built_added_mib": round(built - before),
+        "trimmed_added_mib": round(trimmed - before), "peak_before_mib": round(peak_before),
         "peak_after_mib": round(peak_after), "outer_state_mib": round(2 * 4 * held / MIB),
         "exchange_s": round(sorted(took)[len(took) // 2], 3) if took else None}), flush=True)
     sync.close()
