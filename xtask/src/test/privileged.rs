@@ -23,7 +23,7 @@ pub const ALONE: &[(&str, &str)] = &[
     ),
     ("binary_id(linkpilot-tests::outcome)", "judges codecs by the training ranks' step times"),
     (
-        "binary_id(linkpilot-tests::outer)",
+        "binary_id(linkpilot-tests::outer) & test(=rounds_overlap_send_the_codecs_bytes_and_ride_through_an_outage)",
         "judges overlap by wall time against the ranks' compute time",
     ),
     (
