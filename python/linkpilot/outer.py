@@ -72,7 +72,7 @@ from linkpilot.codecs import ErrorFeedback, get_codec
 from linkpilot.jobreport import JobReport
 from linkpilot.outer_exchange import _RESYNC, _Exchanger, _Job, _Resync
 from linkpilot.pgtimeout import _member
-from linkpilot.sites import check_sites, replica_sets
+from linkpilot.sites import check_sites, replica_sets, state_shards
 from linkpilot.outer_plan import (
     PlanInputs,
     RoundPlan,
@@ -205,11 +205,10 @@ class OuterSync:
         # site has ranks (8 against 16: each of the 8 shards held by one rank there and two
         # here, the first of which exchanges it). Every rank holds the whole model, so what a
         # shard's outer step writes is spread to the rest of its site (_sync_site).
-        fewest = min(len(s) for s in sites)
-        self._spread = shard_state and fewest > 1 and all(c == (0, 1) for c in cuts)
+        self._spread = (shard_state and min(len(s) for s in sites) > 1
+                        and all(c == (0, 1) for c in cuts))
         if self._spread:
-            at = {r: i % fewest for s in sites for i, r in enumerate(s)}
-            cuts = [(at[r], fewest) for r in range(world)]
+            cuts = state_shards(sites)
         sets = replica_sets(sites, cuts)
         self.shard, self.shards = cuts[rank][0], len(sets)
         #: This rank's outer state: [base, base + its length) of its flat local parameters.

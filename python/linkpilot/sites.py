@@ -45,6 +45,16 @@ def shard_owners(sites: Sequence[Sequence[int]]) -> list[list[int]]:
     return owners
 
 
+def state_shards(sites: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    """Each rank's (shard, shard count) of a DDP job's outer state: as many shards as the
+    smallest site has ranks (``S``), the rank at position ``p`` of its site holding shard
+    ``p % S`` (8 ranks against 16: shard k at rank k of the 8 and at ranks k and k + 8 of the 16,
+    counted in their site). A site of one rank keeps the state whole, so all sites do."""
+    fewest = min(len(s) for s in sites)
+    at = {r: (p % fewest, fewest) for s in sites for p, r in enumerate(s)}
+    return [at[r] for r in range(len(at))]
+
+
 def replica_sets(sites: Sequence[Sequence[int]], shard_of: Sequence[tuple[int, int]]
                  ) -> list[list[list[int]]]:
     """The ranks that hold the same tensors, by site, for a job whose parameters are sharded

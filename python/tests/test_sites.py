@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from linkpilot.sites import check_sites, replica_sets, shard_bounds, shard_owners
+from linkpilot.sites import (
+    check_sites,
+    replica_sets,
+    shard_bounds,
+    shard_owners,
+    state_shards,
+)
 
 
 def test_the_reference_clusters_8_ranks_map_onto_16() -> None:
@@ -65,6 +71,22 @@ def test_shards_sync_among_the_ranks_that_hold_them() -> None:
     sets = replica_sets([list(range(8)), list(range(8, 24))], hk + us)
     assert sets[1] == [[1, 5], [9, 13, 17, 21]]
     assert sorted(r for s in sets for site in s for r in site) == list(range(24))
+
+
+def test_a_ddp_jobs_outer_state_of_8_ranks_against_16_is_cut_in_8() -> None:
+    """Hong Kong's 8 ranks (0-7) against the US's 16 (8-23): 8 shards, shard k held by rank k
+    in Hong Kong and by the US's k-th and (k + 8)-th ranks (8 + k and 16 + k); the first
+    holder in each site exchanges it, so 8 pairs of ranks cross, one connection each."""
+    sites = [list(range(8)), list(range(8, 24))]
+    cuts = state_shards(sites)
+    assert cuts[:8] == [(k, 8) for k in range(8)]
+    assert cuts[8:] == [(k, 8) for k in range(8)] * 2
+    sets = replica_sets(sites, cuts)
+    assert [s[0][0] for s in sets] == list(range(8))  # Hong Kong's holder = its leader
+    assert sets[3] == [[3], [11, 19]]
+    # Any order of ranks in a site, and a site of one rank: the state stays whole.
+    assert state_shards([[3, 1], [0, 2]]) == [(0, 2), (1, 2), (1, 2), (0, 2)]
+    assert state_shards([[0], [1, 2]]) == [(0, 1)] * 3
 
 
 def test_sites_that_cut_the_parameters_differently_are_refused() -> None:

@@ -2,10 +2,10 @@
 //! gloo on the hosts' eth0) syncing every 12 steps in 2 fragments overlapped by 4 steps, across
 //! 180 ms of RTT that is cut for 15 s in the middle (every packet dropped in the lab's router,
 //! at a step count, so a slow start cannot move it). The lab's own byte counters judge the bytes
-//! per round; the ranks' step times judge the overlap and the ride through the outage. Then two
-//! ranks a site (DDP inside, the outer state sharded): the lab's counters judge that as many bytes
-//! cross as with one rank a site, and each host's own interface counters that every rank pair
-//! carries its own shard.
+//! per round; the ranks' step times judge the overlap and the ride through the outage. Then one
+//! rank against two, and two ranks a site (DDP inside, the outer state sharded): the lab's
+//! counters judge that as many bytes cross as with one rank a site, and `ss` that every rank
+//! pair carries its own shard over its own connections.
 
 use std::{
     process::{Child, Command, Stdio},
@@ -266,19 +266,20 @@ struct Crossed {
     exchange_s: Vec<f64>,
 }
 
-/// `per_site` ranks a site, each on a host of its own, 200 steps of rounds of 12 in 2 fragments
-/// of int8, every apply step waiting for its exchange (so every shard's rounds keep to the
-/// schedule and the window between the pauses holds the same sends in both shapes).
-fn crossed(lab: &Lab, per_site: usize) -> Crossed {
-    let hosts: Vec<Host> = [Site::Hk, Site::Us]
-        .into_iter()
-        .flat_map(|s| (0..per_site).map(move |i| lab.host(s, i).clone()))
+/// `hk` ranks in Hong Kong and `us` in the US, each on a host of its own, 200 steps of rounds of
+/// 12 in 2 fragments of int8, every apply step waiting for its exchange (so every shard's rounds
+/// keep to the schedule and the window between the pauses holds the same sends in every shape).
+fn crossed(lab: &Lab, hk: usize, us: usize) -> Crossed {
+    let hosts: Vec<Host> = (0..hk)
+        .map(|i| lab.host(Site::Hk, i).clone())
+        .chain((0..us).map(|i| lab.host(Site::Us, i).clone()))
         .collect();
     let world = hosts.len();
-    let sites = if per_site == 2 { "0,1/2,3" } else { "0/1" };
+    let ranks = |from: usize, n: usize| (from..from + n).map(|r| r.to_string()).collect::<Vec<_>>();
+    let sites = format!("{}/{}", ranks(0, hk).join(","), ranks(hk, us).join(","));
     let pauses = PAUSES.map(|p| p.to_string()).join(",");
     let args = ["--steps", "200", "--plan", PLAN, "--sleep", "0.1", "--patience", "30"];
-    let more = ["--width", "8192", "--sites", sites, "--pause-at", &pauses];
+    let more = ["--width", "8192", "--sites", &sites, "--pause-at", &pauses];
     let mut ranks: Vec<Rank> = (0..world)
         .map(|r| Rank::spawn(&hosts[r], &hosts[0], r, world, &[&args[..], &more].concat()))
         .collect();
@@ -288,9 +289,9 @@ fn crossed(lab: &Lab, per_site: usize) -> Crossed {
             r.until("idle", Some(step), Duration::from_secs(120));
         }
         thread::sleep(Duration::from_millis(1500));
-        let us: Vec<String> = hosts[per_site..].iter().map(|h| h.ipv4.to_string()).collect();
-        let hk: Vec<u64> = hosts[..per_site].iter().map(|h| bytes_to(h, &us)).collect();
-        counters.push((wan_bytes(lab), hk));
+        let far: Vec<String> = hosts[hk..].iter().map(|h| h.ipv4.to_string()).collect();
+        let sent: Vec<u64> = hosts[..hk].iter().map(|h| bytes_to(h, &far)).collect();
+        counters.push((wan_bytes(lab), sent));
     }
     for r in &mut ranks {
         r.until("done", None, Duration::from_secs(120));
@@ -315,18 +316,19 @@ fn crossed(lab: &Lab, per_site: usize) -> Crossed {
 }
 
 #[test]
-fn a_sharded_outer_state_crosses_as_one_pair_would_over_a_connection_per_pair() {
+fn unequal_and_sharded_sites_cross_the_bytes_of_one_rank_a_site() {
     let scenario = Scenario::parse(SCENARIO, "outer-calm", None).expect("scenario");
     let config = LabConfig { name: "toshard".into(), hosts_per_site: 2, ..LabConfig::default() };
     let lab = Lab::start(config, scenario).expect("lab");
-    let one = crossed(&lab, 1);
-    let two = crossed(&lab, 2);
+    let one = crossed(&lab, 1, 1);
+    let two = crossed(&lab, 2, 2);
+    let unequal = crossed(&lab, 1, 2);
     let median = |c: &Crossed| {
         let mut t = c.exchange_s.clone();
         t.sort_by(f64::total_cmp);
         t.get(t.len() / 2).copied().unwrap_or(f64::NAN)
     };
-    eprintln!("1 rank a site: {one:?}\n2 ranks a site, sharded: {two:?}");
+    eprintln!("1 rank a site: {one:?}\n2 ranks a site, sharded: {two:?}\n1 against 2: {unequal:?}");
     eprintln!(
         "a fragment's exchange: {:.3} s with 1 pair, {:.3} s with 2",
         median(&one),
@@ -337,6 +339,10 @@ fn a_sharded_outer_state_crosses_as_one_pair_would_over_a_connection_per_pair() 
     assert!(one.codec > 0 && two.codec.abs_diff(one.codec) * 100 < one.codec, "{one:?} {two:?}");
     let ratio = two.lab as f64 / one.lab as f64;
     assert!((0.98..1.02).contains(&ratio), "2 ranks a site crossed {ratio:.4} of 1 rank's bytes");
+    // One rank against two (the state whole, as a one-rank site must keep it: the US's first
+    // rank exchanges and hands over to the second): the same bytes as equal sites.
+    let ratio = unequal.lab as f64 / one.lab as f64;
+    assert!((0.98..1.02).contains(&ratio), "1 against 2 ranks crossed {ratio:.4} of 1 against 1");
     // Each HK rank sent its own shard from its own host, over its own connections: about half
     // of what the site sent across each.
     let share = two.hk_tx[1] as f64 / (two.hk_tx[0] + two.hk_tx[1]) as f64;
