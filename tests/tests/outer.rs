@@ -38,6 +38,8 @@ const PLAN: &str = "12,2,4,int8";
 const STEPS: u64 = 820;
 /// The ranks pause at these steps (loop indices) while the test reads the lab's counters.
 const PAUSES: [u64; 2] = [40, 160];
+/// The pauses of the sharding test: 84 steps (7 rounds) apart.
+const SHARD_PAUSES: [u64; 2] = [24, 108];
 /// The link is cut when rank 0 has reported this step.
 const CUT_AT: u64 = 360;
 
@@ -277,14 +279,17 @@ fn crossed(lab: &Lab, hk: usize, us: usize) -> Crossed {
     let world = hosts.len();
     let ranks = |from: usize, n: usize| (from..from + n).map(|r| r.to_string()).collect::<Vec<_>>();
     let sites = format!("{}/{}", ranks(0, hk).join(","), ranks(hk, us).join(","));
-    let pauses = PAUSES.map(|p| p.to_string()).join(",");
-    let args = ["--steps", "200", "--plan", PLAN, "--sleep", "0.1", "--patience", "30"];
+    // A shorter run than the outage test's: 7 rounds between the pauses. Its ranks mostly
+    // sleep (a 0.1 s step, a 303k-parameter model), and bytes do not depend on the load, so it
+    // runs beside the other lab tests.
+    let pauses = SHARD_PAUSES.map(|p| p.to_string()).join(",");
+    let args = ["--steps", "112", "--plan", PLAN, "--sleep", "0.1", "--patience", "30"];
     let more = ["--width", "8192", "--sites", &sites, "--pause-at", &pauses];
     let mut ranks: Vec<Rank> = (0..world)
         .map(|r| Rank::spawn(&hosts[r], &hosts[0], r, world, &[&args[..], &more].concat()))
         .collect();
     let mut counters = Vec::new();
-    for step in PAUSES {
+    for step in SHARD_PAUSES {
         for r in &mut ranks {
             r.until("idle", Some(step), Duration::from_secs(120));
         }
@@ -297,7 +302,7 @@ fn crossed(lab: &Lab, hk: usize, us: usize) -> Crossed {
         r.until("done", None, Duration::from_secs(120));
         assert!(r.child.wait().expect("rank exit").success(), "a rank failed");
     }
-    let window = |v: &&Value| (PAUSES[0] + 2..=PAUSES[1] + 1).contains(&u(v, "sent"));
+    let window = |v: &&Value| (SHARD_PAUSES[0] + 2..=SHARD_PAUSES[1] + 1).contains(&u(v, "sent"));
     let codec = ranks
         .iter()
         .flat_map(|r| r.exchanges().filter(window).map(|x| u(x, "wire_bytes")).collect::<Vec<_>>())
