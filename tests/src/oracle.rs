@@ -277,3 +277,88 @@ impl Drop for KernelTrace {
         let _ = std::fs::remove_dir(&self.dir);
     }
 }
+
+/// One captured IPv4/TCP packet as tshark decodes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub dscp: u64,
+    /// 0 Not-ECT, 1 ECT(1), 2 ECT(0), 3 CE.
+    pub ecn: u64,
+    /// tshark verified the IPv4 header checksum as good.
+    pub checksum_good: bool,
+    pub tcp_len: u64,
+    /// Carries sequence space beyond all that its connection carried earlier in the capture.
+    /// Exact for a capture on the sender, which sees every transmission: there the others are
+    /// retransmissions (RTO, fast, tail loss probes). At a receiver, a lost segment's
+    /// retransmission can look new.
+    pub new_data: bool,
+}
+
+/// Every IPv4/TCP packet in `pcap`, in capture order, with the IPv4 checksum checked (tshark).
+pub fn segments(pcap: &str) -> Vec<Segment> {
+    let out = crate::sh(&[
+        "tshark",
+        "-r",
+        pcap,
+        "-o",
+        "ip.check_checksum:TRUE",
+        "-o",
+        "tcp.relative_sequence_numbers:TRUE",
+        "-T",
+        "fields",
+        "-e",
+        "ip.dsfield.dscp",
+        "-e",
+        "ip.dsfield.ecn",
+        "-e",
+        "ip.checksum.status",
+        "-e",
+        "tcp.len",
+        "-e",
+        "tcp.stream",
+        "-e",
+        "tcp.seq",
+    ]);
+    // Highest sequence number plus one seen so far, per connection (relative numbers: no wrap
+    // within a test's few hundred megabytes).
+    let mut sent_to: std::collections::HashMap<u64, u64> = Default::default();
+    out.lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            let num = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(u64::MAX);
+            let (len, seq) = (num(3), num(5));
+            let end = sent_to.entry(num(4)).or_insert(0);
+            let new_data = len > 0 && seq >= *end;
+            if len > 0 {
+                *end = (*end).max(seq.saturating_add(len));
+            }
+            Segment {
+                dscp: num(0),
+                ecn: num(1),
+                checksum_good: num(2) == 1,
+                tcp_len: len,
+                new_data,
+            }
+        })
+        .collect()
+}
+
+/// Whether every segment of new data in a capture on the sender left ECT(0), as the kernel sent
+/// it with ECN on. Retransmissions are not judged: the kernel sends them Not-ECT (RFC 3168
+/// 6.1.5; Linux clears ECT on them unless the congestion control needs ECN, as DCTCP does).
+pub fn new_data_is_ect0(sent: &[Segment]) -> Result<(), String> {
+    let new: Vec<_> = sent.iter().filter(|s| s.new_data).collect();
+    let bad: Vec<_> = new.iter().filter(|s| s.ecn != 2).collect();
+    if new.is_empty() {
+        return Err("no data segment captured".into());
+    }
+    if bad.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} of {} segments of new data left without ECT(0): {:?}",
+        bad.len(),
+        new.len(),
+        &bad[..bad.len().min(5)]
+    ))
+}

@@ -94,6 +94,14 @@ fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
         &pcap,
     )
     .expect("tcpdump");
+    // The sender's own capture, after the rewrite, tells new data from retransmissions exactly.
+    let sent_pcap = dir.join("hk.pcap").display().to_string();
+    let sent_dump = linkpilot_lab::selftest::start_capture(
+        &hk,
+        &format!("dst host {} and tcp", us.ipv4),
+        &sent_pcap,
+    )
+    .expect("tcpdump");
     let mut server = iperf3_server(&us);
     let onset = Instant::now();
     let mut client = hk
@@ -117,34 +125,16 @@ fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
     server.wait().expect("iperf3 server");
     thread::sleep(Duration::from_millis(300));
     assert_eq!(linkpilot_lab::selftest::stop_capture(dump).expect("stop tcpdump"), 0, "drops");
-    let fields = linkpilot_tests::sh(&[
-        "tshark",
-        "-r",
-        &pcap,
-        "-o",
-        "ip.check_checksum:TRUE",
-        "-T",
-        "fields",
-        "-e",
-        "ip.dsfield.dscp",
-        "-e",
-        "ip.dsfield.ecn",
-        "-e",
-        "ip.checksum.status",
-        "-e",
-        "tcp.len",
-    ]);
-    let rows: Vec<Vec<u64>> = fields
-        .lines()
-        .map(|l| l.split('\t').map(|f| f.parse().unwrap_or(u64::MAX)).collect())
-        .collect();
-    let data: Vec<_> = rows.iter().filter(|r| r[3] > 0).collect();
-    let count = |dscp: u64| data.iter().filter(|r| r[0] == dscp).count();
-    assert!(count(26) > 0 && count(10) > 100, "healthy 26 then congested 10: {rows:?}");
+    assert_eq!(linkpilot_lab::selftest::stop_capture(sent_dump).expect("stop tcpdump"), 0, "drops");
+    let segments = linkpilot_tests::oracle::segments(&pcap);
+    let data: Vec<_> = segments.iter().filter(|s| s.tcp_len > 0).collect();
+    let count = |dscp: u64| data.iter().filter(|s| s.dscp == dscp).count();
+    assert!(count(26) > 0 && count(10) > 100, "healthy 26 then congested 10: {segments:?}");
     assert_eq!(count(26) + count(10), data.len(), "only the policy's classes");
-    // ECN bits kept (ECT(0) or CE on data), checksums valid after the rewrite (1 = good).
-    assert!(data.iter().all(|r| r[1] == 2 || r[1] == 3), "ECN bits lost");
-    assert!(rows.iter().all(|r| r[2] == 1), "a bad or unverified IPv4 checksum");
+    // ECN bits kept by the rewrite, checksums valid after it.
+    linkpilot_tests::oracle::new_data_is_ect0(&linkpilot_tests::oracle::segments(&sent_pcap))
+        .unwrap();
+    assert!(segments.iter().all(|s| s.checksum_good), "a bad or unverified IPv4 checksum");
     // The lab's own count says the path really marked: the state follows the link, not noise.
     let lab_ce = lab.stats(Direction::HkToUs).ce_marked;
     assert!(lab_ce >= 10, "the lab marked only {lab_ce} packets CE");

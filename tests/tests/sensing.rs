@@ -67,52 +67,41 @@ fn dscp_rewrite_seen_by_tshark_with_ecn_intact_and_valid_checksums() {
     let pcap_s = pcap.display().to_string();
     let dump = selftest::start_capture(&us, &format!("src host {} and tcp", hk.ipv4), &pcap_s)
         .expect("tcpdump");
+    // The sender's own capture, after the rewrite: it sees every transmission, so it tells new
+    // data from retransmissions exactly.
+    let sent_pcap = format!("{pcap_s}.sent");
+    let sent_dump =
+        selftest::start_capture(&hk, &format!("dst host {} and tcp", us.ipv4), &sent_pcap)
+            .expect("tcpdump");
     let mut server = iperf3_server(&us);
     hk.exec(&["iperf3", "-c", &us.ipv4.to_string(), "-t", "3"]).expect("iperf3 -c");
     server.wait().expect("iperf3 server");
     thread::sleep(Duration::from_millis(300));
-    let dropped = selftest::stop_capture(dump).expect("stop tcpdump");
+    let dropped = selftest::stop_capture(dump).expect("stop tcpdump")
+        + selftest::stop_capture(sent_dump).expect("stop tcpdump");
     let lab_ce = lab.stats(Direction::HkToUs).ce_marked;
     let last = watcher.stop_with(Signal::SIGINT);
-    let fields = linkpilot_tests::sh(&[
-        "tshark",
-        "-r",
-        &pcap_s,
-        "-o",
-        "ip.check_checksum:TRUE",
-        "-T",
-        "fields",
-        "-e",
-        "ip.dsfield.dscp",
-        "-e",
-        "ip.dsfield.ecn",
-        "-e",
-        "ip.checksum.status",
-        "-e",
-        "tcp.len",
-    ]);
+    let segments = linkpilot_tests::oracle::segments(&pcap_s);
+    let sent = linkpilot_tests::oracle::segments(&sent_pcap);
     let _ = std::fs::remove_file(&pcap);
+    let _ = std::fs::remove_file(&sent_pcap);
     assert_eq!(dropped, 0, "tcpdump dropped packets");
-    let rows: Vec<Vec<u64>> = fields
-        .lines()
-        .map(|l| l.split('\t').map(|f| f.parse().unwrap_or(u64::MAX)).collect())
-        .collect();
-    assert!(rows.len() > 1000, "too few packets captured: {}", rows.len());
-    let not_46: Vec<_> = rows.iter().filter(|r| r[0] != 46).collect();
+    assert!(segments.len() > 1000, "too few packets captured: {}", segments.len());
+    let not_46: Vec<_> = segments.iter().filter(|s| s.dscp != 46).collect();
     assert!(
         not_46.is_empty(),
         "{} of {} packets left without DSCP 46: {:?}",
         not_46.len(),
-        rows.len(),
+        segments.len(),
         &not_46[..not_46.len().min(5)]
     );
-    // tshark: checksum status 1 = good.
-    assert!(rows.iter().all(|r| r[2] == 1), "a bad or unverified IPv4 checksum");
-    // ECN kept: data segments leave ECT(0) and arrive ECT(0) or, where the lab marked them, CE.
-    let data: Vec<_> = rows.iter().filter(|r| r[3] > 0).collect();
-    assert!(data.iter().all(|r| r[1] == 2 || r[1] == 3), "a data segment lost its ECN bits");
+    assert!(segments.iter().all(|s| s.checksum_good), "a bad or unverified IPv4 checksum");
+    // ECN kept by the rewrite: new data leaves ECT(0) (and arrives ECT(0) or, where the lab
+    // marked it, CE: the count below).
+    linkpilot_tests::oracle::new_data_is_ect0(&sent).unwrap();
+    assert!(sent.iter().all(|s| s.dscp == 46 && s.checksum_good), "the sender's view differs");
     assert_eq!(
-        rows.iter().filter(|r| r[1] == 3).count() as u64,
+        segments.iter().filter(|s| s.ecn == 3).count() as u64,
         lab_ce,
         "CE marks made by the lab, seen by tshark"
     );
