@@ -53,9 +53,10 @@ is kept rare (default every 10 steps); it runs after the step's ``t_end`` and is
 ``--stop-file F`` costs no round trip: before each step every rank reads F, and once it holds a
 step number K every rank stops before step K. Whoever writes F (the benchmark, which reads every
 rank's step lines) picks K far enough ahead of the furthest rank that no rank has begun step K.
-``--own-clock`` (``--hook outer``, one rank per site) makes ``--duration`` each rank's own: no
-collective, so sites of unequal speed each take the steps that fit, and OuterSync's close()
-gives both the same model.
+``--own-clock`` (``--hook outer``) makes ``--duration`` each site's own: no collective across
+sites, so sites of unequal speed each take the steps that fit, and OuterSync's close() gives
+every site the same model. The ranks of a site of several stop at the same step: each step they
+all_reduce (MAX) whether any one's clock has run out, over the site's own group.
 
 Checkpoints. ``--checkpoint-every-s S --checkpoint-dir D``: rank 0 saves the parameters after
 the first step that ends S seconds or more after its last save (and after the last step) to
@@ -277,8 +278,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--sync-every", type=int, default=10,
                      help="steps between --duration checks (each costs a round trip)")
     run.add_argument("--own-clock", action="store_true",
-                     help="--duration on each rank's own clock, with no collective (--hook outer, "
-                     "one rank per site)")
+                     help="--duration on each site's own clock, with no collective across "
+                     "sites (--hook outer)")
     run.add_argument("--stop-file", help="stop before the step number this file holds, once "
                      "it holds one (read before every step; no round trip)")
     run.add_argument("--checkpoint-every-s", type=float, default=0.0,
@@ -334,9 +335,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.steps is None and args.duration is None and args.stop_file is None:
         ap.error("give --steps, --duration or --stop-file")
-    if args.own_clock and (args.duration is None or args.hook != "outer" or (
-            args.sites and any("," in s for s in args.sites.split("/")))):
-        ap.error("--own-clock needs --duration, --hook outer and one rank per site")
+    if args.own_clock and (args.duration is None or args.hook != "outer"):
+        ap.error("--own-clock needs --duration and --hook outer")
     if args.checkpoint_every_s < 0 or (args.checkpoint_every_s and not args.checkpoint_dir):
         ap.error("--checkpoint-every-s needs a positive interval and --checkpoint-dir")
     if args.hook == "none" and args.sites:
@@ -359,6 +359,17 @@ def stop_step(path: str) -> int | None:
         return int(text.strip())
     except ValueError:
         return None
+
+
+def out_of_time(mine: bool, sync: OuterSync | None) -> bool:
+    """``--own-clock``: whether this site stops now; the ranks of a site of several agree (any
+    one's clock run out), so that they stop at the same step."""
+    group = sync.site_group if sync is not None else None
+    if group is None:
+        return mine
+    flag = torch.tensor([float(mine)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return bool(flag.item())
 
 
 class Checkpoints:
@@ -548,7 +559,7 @@ def train(args: argparse.Namespace, report: Reporter) -> int:
             checkpoints.save(net, step, t_end)
             saved, saved_at = step, t_end
         last = args.steps is not None and step >= args.steps
-        if args.own_clock and time.time() - started >= args.duration:
+        if args.own_clock and out_of_time(time.time() - started >= args.duration, sync):
             last, stopped = True, "duration"
         elif (args.duration is not None and not args.own_clock and not last
               and step % args.sync_every == 0):

@@ -181,3 +181,14 @@ def test_checkpoint_evaluation_refuses_what_it_cannot_do(tmp_path: Path) -> None
     bad = subprocess.run([sys.executable, str(evaluator), "--dir", str(tmp_path),
                           "--noise-sets", "1"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--noise-sets" in bad.stderr
+
+
+def test_own_clocks_stop_a_site_of_two_ranks_at_one_step_and_close_agrees() -> None:
+    # Hong Kong one rank, the US two: each site stops on its own clock, the US ranks together.
+    procs = run_job("--hook", "outer", "--sites", "0/1,2", "--own-clock", "--duration", "3",
+                    "--pace", "time", "--outer-every", "4", "--fragments", "2", world=3)
+    ranks = finish(procs)
+    done = [lines[-1] for lines in ranks]
+    assert all(d["done"] and d["stopped"] == "duration" for d in done), done
+    assert done[1]["steps"] == done[2]["steps"], done
+    assert len({d["digest"] for d in done}) == 1, done
