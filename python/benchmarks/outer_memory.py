@@ -92,7 +92,7 @@ def rank_main(a: argparse.Namespace) -> None:
         "held_params": held, "rss_before_mib": round(before), "rss_after_mib": round(after),
         "added_mib": round(after - before), "built_added_mib": round(built - before),
         "trimmed_added_mib": round(trimmed - before), "peak_before_mib": round(peak_before),
-        "peak_after_mib": round(peak_after), "outer_state_mib": round(2 * 4 * held / MIB),
+        "peak_after_mib": round(peak_after), "outer_state_mib": round(6 * held / MIB),
         "exchange_s": round(sorted(took)[len(took) // 2], 3) if took else None}), flush=True)
     sync.close()
     dist.barrier()

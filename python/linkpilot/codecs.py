@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +62,9 @@ class Codec(ABC):
     collective: Collective
     lossy: bool
     payload_dtype: torch.dtype
+    #: A chunk for :meth:`encode_into` and :meth:`decode_range` starts at a multiple of this;
+    #: 0 for a codec that only works on a whole tensor (top-k chooses among all its values).
+    chunk_align: int = 1
 
     @abstractmethod
     def payload_numel(self, numel: int) -> int:
@@ -89,6 +92,18 @@ class Codec(ABC):
                 f"{want} elements, got shape {tuple(payload.shape)} dtype {payload.dtype}"
             )
         return self._decode(payload, numel)
+
+    def encode_into(self, x: torch.Tensor, payload: torch.Tensor, numel: int, at: int) -> None:
+        """Encodes ``x``, values ``[at, at + x.numel())`` of a tensor of ``numel``, into their
+        place in ``payload`` (the whole tensor's, ``payload_numel(numel)`` elements): what
+        :meth:`encode` of the whole would have written there. ``at`` is a multiple of
+        ``chunk_align``, and so is ``x.numel()`` unless the chunk ends the tensor."""
+        raise ValueError(f"{self.name} encodes whole tensors only")
+
+    def decode_range(self, payload: torch.Tensor, numel: int, a: int, b: int) -> torch.Tensor:
+        """Values ``[a, b)`` of ``decode(payload, numel)`` (``a`` a multiple of
+        ``chunk_align``), without decoding the rest."""
+        return self.decode(payload, numel)[a:b]
 
     @abstractmethod
     def _encode(self, x: torch.Tensor) -> torch.Tensor: ...
@@ -134,6 +149,12 @@ class _CastCodec(Codec):
     def _decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
         return payload.to(torch.float32)
 
+    def encode_into(self, x: torch.Tensor, payload: torch.Tensor, numel: int, at: int) -> None:
+        payload[at:at + x.numel()].copy_(self._encode(x))
+
+    def decode_range(self, payload: torch.Tensor, numel: int, a: int, b: int) -> torch.Tensor:
+        return payload[a:b].to(torch.float32)
+
 
 class _BlockQuantCodec(Codec):
     """int8/int4: symmetric round-to-nearest with one scale per block of ``block`` values.
@@ -158,6 +179,7 @@ class _BlockQuantCodec(Codec):
         self.name = name
         self.bits = bits
         self.block = block
+        self.chunk_align = block
         self.qmax = float(2 ** (bits - 1) - 1)  # symmetric: [-127, 127] or [-7, 7]
 
     def _nblocks(self, numel: int) -> int:
@@ -197,6 +219,20 @@ class _BlockQuantCodec(Codec):
         q = F.pad(q, (0, nb * self.block - q.numel())).view(nb, self.block)
         return q.mul_(scales).view(-1)[:numel]
 
+    def encode_into(self, x: torch.Tensor, payload: torch.Tensor, numel: int, at: int) -> None:
+        m, first = x.numel(), at // self.block
+        part = self._encode(x)  # [scales of its blocks | its values]
+        scale_bytes = 4 * self._nblocks(m)
+        payload[4 * first:4 * first + scale_bytes].copy_(part[:scale_bytes])
+        values = 4 * self._nblocks(numel) + self._value_bytes(at)
+        payload[values:values + part.numel() - scale_bytes].copy_(part[scale_bytes:])
+
+    def decode_range(self, payload: torch.Tensor, numel: int, a: int, b: int) -> torch.Tensor:
+        first, values = a // self.block, 4 * self._nblocks(numel)
+        part = torch.cat((payload[4 * first:4 * (first + self._nblocks(b - a))],
+                          payload[values + self._value_bytes(a):values + self._value_bytes(b)]))
+        return self._decode(part, b - a)
+
 
 class _TopKCodec(Codec):
     """topk:R: the k = max(1, ceil(R*numel)) largest |x|, the rest dropped.
@@ -209,6 +245,7 @@ class _TopKCodec(Codec):
     collective: Collective = "all_gather"
     lossy = True
     payload_dtype = torch.uint8
+    chunk_align = 0
 
     def __init__(self, ratio: float) -> None:
         self.ratio = ratio
@@ -233,6 +270,14 @@ class _TopKCodec(Codec):
         values = _bytes_as(payload[4 * k :], torch.float32)
         out = torch.zeros(numel, dtype=torch.float32, device=payload.device)
         return out.index_copy_(0, idx, values)
+
+    def decode_range(self, payload: torch.Tensor, numel: int, a: int, b: int) -> torch.Tensor:
+        k = self.k(numel)
+        idx = _bytes_as(payload[: 4 * k], torch.int32).to(torch.int64)
+        inside = (idx >= a) & (idx < b)
+        values = _bytes_as(payload[4 * k :], torch.float32)[inside]
+        out = torch.zeros(b - a, dtype=torch.float32, device=payload.device)
+        return out.index_copy_(0, idx[inside] - a, values)
 
 
 def get_codec(name: str) -> Codec:
@@ -271,7 +316,10 @@ class ErrorFeedback:
     growing with the step count).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        #: The residual's dtype: float16 halves its memory (it is at most half a quantization
+        #: step of what it corrects, far inside fp16's range; it is clamped to it regardless).
+        self.dtype = dtype
         self._residual: torch.Tensor | None = None
 
     def encode(self, codec: Codec, x: torch.Tensor) -> torch.Tensor:
@@ -296,6 +344,43 @@ class ErrorFeedback:
         # An inf/NaN step (which GradScaler skips) must not poison every later step.
         self._residual = r.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
         return payload
+
+    def encode_chunked(self, codec: Codec, numel: int, read: Callable[[int, int], torch.Tensor],
+                       payload: torch.Tensor, chunk: int = 1 << 20) -> None:
+        """:meth:`encode` of ``x``, given by ``read(a, b)`` (a fresh float32 tensor of values
+        ``[a, b)``), into ``payload`` (``codec.payload_numel(numel)`` elements of its dtype),
+        ``chunk`` values at a time: nothing as large as ``x`` is made, only the residual is
+        kept. A codec that works on whole tensors only (top-k) reads ``x`` whole."""
+        r = self._residual
+        if r is not None and (r.numel() != numel or r.device != payload.device):
+            r = None
+        if codec.chunk_align == 0:
+            x = read(0, numel)
+            if r is not None:
+                x.add_(r)
+            got = codec.encode(x)
+            payload.copy_(got)
+            self._residual = self._kept(x.sub_(codec.decode(got, numel))) if codec.lossy else None
+            return
+        if r is None and codec.lossy:
+            r = torch.zeros(numel, dtype=self.dtype, device=payload.device)
+        step = max(1, chunk // codec.chunk_align) * codec.chunk_align
+        for a in range(0, numel, step):
+            b = min(numel, a + step)
+            x = read(a, b)
+            if r is not None:
+                x.add_(r[a:b])
+            codec.encode_into(x, payload, numel, a)
+            if codec.lossy and r is not None:
+                r[a:b] = self._kept(x.sub_(codec.decode_range(payload, numel, a, b)))
+        self._residual = r if codec.lossy else None
+
+    def _kept(self, residual: torch.Tensor) -> torch.Tensor:
+        """What is kept of a residual: finite (an inf/NaN step must not poison every later
+        one), within the residual's dtype."""
+        limit = torch.finfo(self.dtype).max
+        return residual.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).clamp_(-limit, limit).to(
+            self.dtype)
 
     def reset(self) -> None:
         """Forget the residual (e.g. after a skipped step or a model reload)."""

@@ -307,6 +307,10 @@ class OuterSync:
         self._late: collections.deque[_Job] = collections.deque()
         self._finished_at = 0.0  # when the latest apply step began waiting
         self._resync: _Resync | None = None
+        #: Exchanges that landed and stepped the outer values but are not yet applied here:
+        #: they take their values from the outer state at their apply step, unless the exchange
+        #: thread is about to write their range first (see ``_keep_values``). Under ``_lock``.
+        self._unapplied: list[_Job] = []
         self._lock = threading.Lock()
         self._exchanger: _Exchanger | None = None
         self._closing = False
@@ -478,21 +482,29 @@ class OuterSync:
                            weight=mine.sync_every * self.samples_per_step)
         with self._lock:
             resync_pending = self._resync is not None
-            outer = self.outer[lo:hi].clone()
         if self._exchanger.final_agreed:
             pass  # another site closed: this one trains on alone, with nothing to send
         elif not self._exchanger.up or resync_pending:
             stats.outcome = "skipped"
             self._record(stats)
         else:
-            pseudo = outer - self._read(lo, hi)
-            fb = self._feedback.setdefault(fragment, ErrorFeedback())
-            payload = fb.encode(get_codec(plan.codec), pseudo.contiguous())
             proposal = self._proposal(plan)
             header = _header(self.epoch, self._round, fragment, self.applied, plan, proposal,
                              step_us=round(self.compute_s * 1e6),
-                             weight=stats.weight)
-            message = torch.cat([header.view(torch.uint8), payload.reshape(-1).view(torch.uint8)])
+                             weight=stats.weight).view(torch.uint8)
+            codec = get_codec(plan.codec)
+            # The payload is encoded in place behind the header, a chunk at a time: nothing of
+            # the fragment's size is made in float32 (see ErrorFeedback.encode_chunked).
+            message = torch.empty(header.numel() + codec.wire_bytes(hi - lo), dtype=torch.uint8)
+            message[:header.numel()] = header
+            fb = self._feedback.setdefault(fragment, ErrorFeedback(torch.float16))
+
+            def pseudo(a: int, b: int) -> torch.Tensor:
+                with self._lock:  # a chunk's outer values are read whole
+                    return self.outer[lo + a:lo + b] - self._read(lo + a, lo + b)
+
+            fb.encode_chunked(codec, hi - lo, pseudo,
+                              message[header.numel():].view(codec.payload_dtype))
             job = _Job(stats, message, lo, hi)
             self.sent_bytes += message.numel()
             self._inflight[self.step_count + mine.overlap] = job
@@ -633,7 +645,12 @@ class OuterSync:
             return None
         self.applied += 1
         # The note carries the values from here: a job kept for its proposals keeps none.
-        values, job.values = job.values, None
+        with self._lock:
+            values, job.values = job.values, None
+            if values is None:  # nothing wrote its range since its outer step
+                values = self.outer[job.lo:job.hi].clone()
+            if job in self._unapplied:
+                self._unapplied.remove(job)
         return ("apply", job.lo, job.hi, None, job.stats, values)
 
     def _wait_for_link(self, note: _Note | None) -> _Note | None:
@@ -729,6 +746,7 @@ class OuterSync:
         assert plan is not None
         with self._lock:
             values = self.outer.clone()
+            self._unapplied.clear()
         self._write(0, values.numel(), values)
         self.epoch, self.applied = a, b
         self._inflight.clear()
@@ -748,6 +766,14 @@ class OuterSync:
             self.on_round(stats)
 
     # -- the outer step, on the exchange thread ----------------------------------------------------
+
+    def _keep_values(self, lo: int, hi: int) -> None:
+        """Before the exchange thread writes outer [lo, hi): each landed, unapplied exchange
+        over that range keeps its values as they are (a late apply step writes the values of its
+        own outer step, never a later one's). Held: ``_lock``."""
+        for job in self._unapplied:
+            if job.values is None and job.lo < hi and lo < job.hi:
+                job.values = self.outer[job.lo:job.hi].clone()
 
     def _outer_step(self, lo: int, hi: int, pseudo: torch.Tensor) -> None:
         if self.momentum == 0:

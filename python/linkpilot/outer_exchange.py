@@ -84,6 +84,8 @@ _CLOSED = "linkpilot-outer/closed"
 _WAIT_S = 10.0
 #: How long building a group may take (its collectives get ``deadline_s``).
 _CONNECT_S = 60.0
+#: Values decoded at a time when an exchange lands.
+_CHUNK = 1 << 20
 
 
 class _Exchanger:
@@ -235,21 +237,32 @@ class _Exchanger:
         # Each site's pseudo-gradient weighs what it processed (equal weights: the plain mean).
         weights = [max(1, h[_WEIGHT_AT]) for h in heads]
         equal = len(set(weights)) == 1
-        total = torch.zeros(n)
-        for payload, weight in zip(payloads, weights):  # site order: the same sum, bit for
-            if codec.payload_dtype != torch.uint8:       # bit, on every site
-                payload = payload.clone().view(codec.payload_dtype)
-            decoded = codec.decode(payload, n)
-            total += decoded if equal else decoded * weight
-        total /= self.size if equal else sum(weights)
+        payloads = [p.view(codec.payload_dtype) for p in payloads]  # fresh buffers: aligned
+        # Decoded, summed and stepped a chunk at a time: no float32 temporary of the
+        # fragment's size (site order: the same sum, bit for bit, on every site). The outer
+        # values are locked a chunk's step at a time, so the training side never waits for
+        # a whole fragment's decoding.
+        chunk = max(1, _CHUNK // max(1, codec.chunk_align)) * codec.chunk_align or n
         with job.lock:
             if job.abandoned:
                 return False
+            with self.sync._lock:
+                self.sync._keep_values(job.lo, job.hi)
+            for a in range(0, n, chunk):
+                b = min(n, a + chunk)
+                total = torch.zeros(b - a)
+                for payload, weight in zip(payloads, weights):
+                    decoded = codec.decode_range(payload, n, a, b)
+                    total += decoded if equal else decoded * weight
+                total /= self.size if equal else sum(weights)
+                with self.sync._lock:
+                    self.sync._outer_step(job.lo + a, job.lo + b, total)
+            with self.sync._lock:
+                # Its values are read at its apply step (see OuterSync._keep_values): no copy
+                # of the fragment is held while it waits for it.
+                self.sync._unapplied.append(job)
             job.proposals = [_plan_of(h[_PLAN_AT:_PLAN_AT + 4]) for h in heads]
             job.step_us = [h[_STEP_US_AT] for h in heads]
-            with self.sync._lock:
-                self.sync._outer_step(job.lo, job.hi, total)
-                job.values = self.sync.outer[job.lo:job.hi].clone()
             job.stats.exchange_s = time.monotonic() - started
             job.ok = True
             job.done.set()
@@ -356,6 +369,9 @@ class _Exchanger:
         epoch = max(int(h[1]) for h in heads) + (0 if final else 1)
         self.epoch = epoch
         with s._lock:
+            # Exchanges of the old epoch that were waiting for their apply step are not applied
+            # on their own: the training side takes the resync instead.
+            s._unapplied.clear()
             s.outer.copy_(state[:n])
             s.velocity.copy_(state[n:])
             s._resync = _Resync(epoch, counts[root], _plan_of(heads[root][2:6].tolist()))

@@ -264,3 +264,66 @@ def test_cuda_matches_cpu(heavy: torch.Tensor, name: str) -> None:
     y = c.decode(p, x.numel())
     assert y.is_cuda
     torch.testing.assert_close(y.cpu(), c.decode(c.encode(x), x.numel()), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("n", [1, 255, 1000, 4097])
+def test_chunks_encode_and_decode_what_the_whole_does(name: str, n: int) -> None:
+    c = get_codec(name)
+    x = torch.distributions.StudentT(2.0).sample((n,))
+    whole = c.encode(x)
+    for chunk in ([c.chunk_align, 3 * c.chunk_align, n] if c.chunk_align else [n]):
+        payload = torch.full_like(whole, 77)
+        got = [c.decode_range(whole, n, a, min(n, a + chunk)) for a in range(0, n, chunk)]
+        assert torch.equal(torch.cat(got), c.decode(whole, n))
+        if c.chunk_align:
+            for a in range(0, n, chunk):
+                c.encode_into(x[a:a + chunk], payload, n, a)
+            assert torch.equal(payload, whole)
+    if not c.chunk_align:
+        with pytest.raises(ValueError, match="whole tensors only"):
+            c.encode_into(x, whole.clone(), n, 0)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_chunked_error_feedback_sends_what_the_whole_does(name: str) -> None:
+    # In float32 the chunked form is the same computation, chunk by chunk: identical payloads
+    # and residuals over steps (a step through a lossless codec included).
+    n, c, none = 5000, get_codec(name), get_codec("none")
+    whole, chunked = ErrorFeedback(), ErrorFeedback()
+    g = torch.Generator().manual_seed(3)
+    for codec in (c, c, none, c):
+        x = torch.randn(n, generator=g)
+        payload = torch.empty(codec.payload_numel(n), dtype=codec.payload_dtype)
+        chunked.encode_chunked(codec, n, lambda a, b: x[a:b].clone(), payload, chunk=1024)
+        assert torch.equal(payload, whole.encode(codec, x.clone()))
+
+
+def test_half_precision_error_feedback_tracks_the_sum_as_float32_does() -> None:
+    n, c = 1 << 14, get_codec("int8")
+    g = torch.Generator().manual_seed(1)
+    true = torch.zeros(n, dtype=torch.float64)
+    sums = {torch.float32: torch.zeros_like(true), torch.float16: torch.zeros_like(true)}
+    feedback = {dtype: ErrorFeedback(dtype) for dtype in sums}
+    without = torch.zeros_like(true)
+    for _ in range(100):
+        x = 1e-3 * torch.randn(n, generator=g)  # pseudo-gradients are small
+        true += x.double()
+        without += c.decode(c.encode(x), n).double()
+        for dtype, ef in feedback.items():
+            payload = torch.empty(c.payload_numel(n), dtype=torch.uint8)
+            ef.encode_chunked(c, n, lambda a, b: x[a:b].clone(), payload, chunk=4096)
+            sums[dtype] += c.decode(payload, n).double()
+    e32, e16 = rel_err(sums[torch.float32], true), rel_err(sums[torch.float16], true)
+    assert e16 <= 1.5 * e32, (e16, e32)
+    assert e16 <= rel_err(without, true) / 3
+
+
+def test_half_precision_residual_stays_finite() -> None:
+    c, ef = get_codec("int8"), ErrorFeedback(torch.float16)
+    x = torch.randn(1000) * 1e6  # beyond fp16's range
+    x[7] = float("inf")
+    payload = torch.empty(c.payload_numel(1000), dtype=torch.uint8)
+    ef.encode_chunked(c, 1000, lambda a, b: x[a:b].clone(), payload, chunk=256)
+    ef.encode_chunked(c, 1000, lambda a, b: torch.randn(b - a), payload, chunk=256)
+    assert bool(torch.isfinite(c.decode(payload, 1000)).all())

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from collections import deque
@@ -18,8 +19,10 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 import pytest
+import torch
 from test_train_lm import free_port
 
+from linkpilot.codecs import get_codec
 from linkpilot.outer import (
     OuterSync,
     RoundPlan,
@@ -29,6 +32,8 @@ from linkpilot.outer import (
     paced_share,
     site_plan,
 )
+from linkpilot.outer_exchange import _Exchanger, _Job
+from linkpilot.outer_plan import _header
 
 WORKER = Path(__file__).with_name("outer_rank.py")
 
@@ -353,6 +358,45 @@ def test_the_measured_exchange_time_is_the_median_of_the_latest_of_the_plans_siz
     assert OuterSync._exchange_s(site, int8) == 0.7  # type: ignore[arg-type]
     assert OuterSync._exchange_s(site, int4) == 3.0  # type: ignore[arg-type]
     assert OuterSync._exchange_s(site, RoundPlan(12, 2, 2, "int8")) == 0.0  # type: ignore[arg-type]
+
+
+def test_an_apply_step_writes_its_own_outer_steps_values_even_after_a_later_one_landed() -> None:
+    # The exchange thread's commit and the training side's settle, as OuterSync runs them: a
+    # fragment's exchange lands (its outer step taken), and the same fragment's next exchange
+    # lands before the first is applied (it was late). Each apply must write the values of its
+    # own outer step; no copy is kept while nothing else writes the range.
+    n, plan = 600, RoundPlan(4, 1, 1, "int8")
+    codec = get_codec(plan.codec)
+    sync = SimpleNamespace(outer=torch.zeros(n), momentum=0.0, outer_lr=1.0, applied=0,
+                           _lock=threading.Lock(), _unapplied=[], history=deque(),
+                           failed_exchanges=0, on_round=None)
+    for name in ("_keep_values", "_outer_step", "_record"):
+        setattr(sync, name, getattr(OuterSync, name).__get__(sync))
+    exchanger = SimpleNamespace(rank=0, size=2, sync=sync, landed_at=0.0)
+    g = torch.Generator().manual_seed(0)
+
+    def land(rnd: int) -> tuple[_Job, torch.Tensor]:
+        """An exchange of round ``rnd`` landing: its job and the outer values it leaves."""
+        stats = RoundStats(0, rnd, 0, 0, plan, codec.wire_bytes(n), 0, n)
+        job = _Job(stats, None, 0, n)
+        sent = [torch.randn(n, generator=g) for _ in range(2)]
+        heads = [_header(0, rnd, 0, 0, plan, plan).tolist() for _ in range(2)]
+        payloads = [codec.encode(x) for x in sent]
+        want = sync.outer - sum(codec.decode(p, n) for p in payloads) / 2
+        assert _Exchanger._commit(exchanger, job, heads, payloads, 0.0)  # type: ignore[arg-type]
+        assert torch.allclose(sync.outer, want) and job.values is None
+        return job, want
+
+    settle = OuterSync._settle.__get__(sync)
+    first, after_first = land(0)
+    second, after_second = land(1)  # before the first is applied
+    assert first.values is not None and second.values is None
+    for job, want in ((first, after_first), (second, after_second)):
+        note = settle(job)
+        assert note is not None and note[0] == "apply"
+        assert torch.equal(note[5], want)
+    assert sync._unapplied == [] and sync.applied == 2
+    assert [s.outcome for s in sync.history] == []  # recorded by the apply step, not here
 
 
 def test_a_round_paced_by_time_gives_each_site_the_steps_that_fit() -> None:
