@@ -2,6 +2,8 @@
 outer state sharded across the site's ranks, "ddp", or whole at its first rank, "ddp-whole")
 and with parameters sharded inside a site (FSDP2's fully_shard, "fsdp"): peak resident memory per rank
 (VmRSS, and the peak VmHWM) before OuterSync exists and after it ran rounds, for a model of ``--params`` million parameters.
+"ddp-alone" and "fsdp-alone" are the controls: the same steps without OuterSync (FSDP's own
+peak grows after its first step, by about a full copy of the parameters).
 
 Two sites of ``--per-site`` ranks on loopback (gloo). Each rank builds the model and its AdamW
 state (one step), reads its memory, makes OuterSync, trains ``--rounds`` rounds of H steps
@@ -13,10 +15,12 @@ or the whole model at a "ddp-whole" site's first rank.
 Prints one JSON line per rank and mode: {"mode", "rank", "params", "held_params",
 "rss_before_mib", "rss_after_mib", "added_mib", "built_added_mib" (right after OuterSync was
 made), "trimmed_added_mib" (after, once glibc's malloc_trim returned what it kept of freed
-buffers), "peak_before_mib", "peak_after_mib", "outer_state_mib", "exchange_s"}.
+buffers), "peak_before_mib", "peak_after_mib", "outer_state_mib", "exchange_s"}; then, after close() (no
+exchange in flight) and a trim, {"mode", "rank", "closed_added_mib", "outer_state_mib"}: what
+the rank keeps, the outer state itself.
 
     python python/benchmarks/outer_memory.py [--params 100] [--per-site 2]
-        [--modes ddp-whole,ddp,fsdp]
+        [--modes ddp-whole,ddp,fsdp,ddp-alone,fsdp-alone]
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ def rank_main(a: argparse.Namespace) -> None:
     layers = max(1, round(a.params * 1e6 / (width * width + width)))
     torch.manual_seed(0)
     net = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
-    if a.mode == "fsdp":
+    alone = a.mode.endswith("-alone")
+    if a.mode.startswith("fsdp"):
         fully_shard(net, mesh=DeviceMesh.from_group(groups[site], "cpu", mesh=sites[site]))
         model: nn.Module = net
     else:
@@ -74,19 +79,21 @@ def rank_main(a: argparse.Namespace) -> None:
     step()  # AdamW's state exists from here
     dist.barrier()
     before, peak_before = rss_mib()
-    sync = OuterSync(net, RoundPlan(4, 2, 1, "int8"), sites=sites, deadline_s=120.0,
-                     patience_s=120.0, shard_state=a.mode != "ddp-whole")
+    sync = None if alone else OuterSync(
+        net, RoundPlan(4, 2, 1, "int8"), sites=sites, deadline_s=120.0, patience_s=120.0,
+        shard_state=a.mode != "ddp-whole")
     built, _ = rss_mib()
     took: list[float] = []
     for _ in range(4 * a.rounds):
         step()
-        sync.step()
-        took += [s.exchange_s for s in sync.history if s.outcome == "applied"][len(took):]
+        if sync is not None:
+            sync.step()
+            took += [s.exchange_s for s in sync.history if s.outcome == "applied"][len(took):]
     after, peak_after = rss_mib()
     # What of that the allocator only kept (freed exchange buffers glibc had not returned).
     ctypes.CDLL(None).malloc_trim(0)
     trimmed, _ = rss_mib()
-    held = sync.outer.numel()
+    held = sync.outer.numel() if sync is not None else 0
     print(json.dumps({
         "mode": a.mode, "rank": a.rank, "params": sum(p.numel() for p in net.parameters()),
         "held_params": held, "rss_before_mib": round(before), "rss_after_mib": round(after),
@@ -94,8 +101,15 @@ def rank_main(a: argparse.Namespace) -> None:
         "trimmed_added_mib": round(trimmed - before), "peak_before_mib": round(peak_before),
         "peak_after_mib": round(peak_after), "outer_state_mib": round(6 * held / MIB),
         "exchange_s": round(sorted(took)[len(took) // 2], 3) if took else None}), flush=True)
-    sync.close()
+    if sync is not None:
+        sync.close()
     dist.barrier()
+    # What the rank keeps once no exchange is in flight: the outer state (and what the
+    # allocator holds back even after a trim).
+    ctypes.CDLL(None).malloc_trim(0)
+    closed, _ = rss_mib()
+    print(json.dumps({"mode": a.mode, "rank": a.rank, "closed_added_mib": round(closed - before),
+                      "outer_state_mib": round(6 * held / MIB)}), flush=True)
     sys.stdout.flush()
     os._exit(0)
 

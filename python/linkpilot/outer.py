@@ -100,6 +100,8 @@ _HANDOVER_TIMEOUT = datetime.timedelta(days=1)
 _MEASURED = 16
 #: The least an apply step waits for its exchange by default.
 _MIN_PATIENCE_S = 0.1
+#: Values a site's spread of a shard's outer step moves per broadcast (4 MiB of fp32).
+_SPREAD_CHUNK = 1 << 20
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
@@ -431,15 +433,22 @@ class OuterSync:
         dist.all_gather(heads, head, group=self._site_ranks)
         self.rounds_done = min(int(h[0]) for h in heads)
         for src, h in zip(self._site_members, heads):
-            if not int(h[2]):
-                continue
-            lo, hi = int(h[3]), int(h[4])
-            values = (self._read_flat(lo, hi) if src == dist.get_rank()
-                      else torch.empty(hi - lo))
-            dist.broadcast(values, src=src, group=self._site_ranks)
-            if src != dist.get_rank():
-                self._write_flat(lo, hi, values)
+            if int(h[2]):
+                self._spread_range(src, int(h[3]), int(h[4]))
         return all(int(h[1]) for h in heads)
+
+    def _spread_range(self, src: int, lo: int, hi: int) -> None:
+        """[lo, hi) of the flat parameters, from ``src`` to the rest of the site, a chunk at a
+        time: a fragment's values in fp32 would be the largest buffer a rank holds (100 MB for
+        a 25M-parameter fragment), above its outer state's bound."""
+        mine = src == dist.get_rank()
+        buf = torch.empty(0) if mine else torch.empty(min(hi - lo, _SPREAD_CHUNK))
+        for a in range(lo, hi, _SPREAD_CHUNK):
+            b = min(hi, a + _SPREAD_CHUNK)
+            values = self._read_flat(a, b) if mine else buf[:b - a]
+            dist.broadcast(values, src=src, group=self._site_ranks)
+            if not mine:
+                self._write_flat(a, b, values)
 
     def _leader_step(self, plan: RoundPlan, at: int) -> _Note | None:
         """What this step brings to the site (the leader decides): a resync, a fragment to

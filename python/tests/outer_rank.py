@@ -7,6 +7,7 @@ an applied outer step) and, at the end, the digest of every parameter.
         [--sites 0,1/2,3] [--sleep S] [--deadline S] [--patience S] [--max-drift N] [--board PATH]
         [--master HOST:PORT] [--width N] [--pause-at STEP,STEP --pause-s S] [--cuda-only]
         [--pace steps|time] [--samples N] [--rounds R] [--drift C] [--fsdp N] [--whole-state]
+        [--spread-chunk N]
 
 With --board, the rounds' plans follow that knob board (linkpilot.outer_board.BoardPlan), as
 the site's daemon decides them. --pause-at makes the rank print {"idle": STEP} after those
@@ -22,6 +23,8 @@ ranks (HSDP where the site has more: its N-rank groups replicate each other), an
 carries the digest of the whole parameters as well. --whole-state keeps a DDP site's outer state
 whole at its first rank (OuterSync's shard_state=False). The done line's "digest" is of this
 rank's parameters (its shards' under FSDP), "outer" of its outer state (its shard's).
+--spread-chunk N spreads a DDP site's shard outer steps N values per broadcast, so that a small
+model's fragment takes several.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 from linkpilot.board import KnobBoard
+from linkpilot import outer
 from linkpilot.outer import OuterSync, RoundPlan, RoundStats
 from linkpilot.outer_board import BoardPlan
 from linkpilot.pgtimeout import _member
@@ -101,7 +105,10 @@ def main() -> None:
     ap.add_argument("--drift", type=float)
     ap.add_argument("--fsdp", type=int)
     ap.add_argument("--whole-state", action="store_true")
+    ap.add_argument("--spread-chunk", type=int)
     a = ap.parse_args()
+    if a.spread_chunk:
+        outer._SPREAD_CHUNK = a.spread_chunk
     h, f, o, codec = a.plan.split(",")
     master = a.master or f"127.0.0.1:{a.port}"
     pauses = {int(x) for x in a.pause_at.split(",") if x}

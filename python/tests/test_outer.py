@@ -135,8 +135,9 @@ def site_members(sites: str | None) -> list[list[int]]:
 
 # "1,0/4,3,2": sites of 2 and 3 ranks, each in any order (a leader is its shard's smallest
 # rank): the outer state in 2 shards, each exchanged by its own pair of leaders, shard 0 held by
-# two ranks in site 1 (a hand-over). A one-rank site against a two-rank one is checked on a
-# group that refuses CPU tensors (below).
+# two ranks in site 1 (a hand-over); each shard's outer steps spread to the rest of its site 150
+# values a broadcast, several for each fragment (~400), the last one partial. A one-rank site
+# against a two-rank one is checked on a group that refuses CPU tensors (below).
 @pytest.mark.parametrize("sites", [None, "1,0/4,3,2"])
 def test_every_replica_holds_the_same_fragment_after_its_outer_step(
         tmp_path: Path, sites: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -148,7 +149,7 @@ def test_every_replica_holds_the_same_fragment_after_its_outer_step(
     # Apply steps wait for their exchange (patience = the deadline), so the schedule is fixed:
     # each round's plan exchange (its first) has been applied before the round ends.
     args = ["--steps", "30", "--plan", "6,3,1,int8", "--patience", "30"] + (
-        ["--sites", sites] if sites else [])
+        ["--sites", sites, "--spread-chunk", "150"] if sites else [])
     runs = finish(tmp_path, *start(tmp_path, world, *args))
     digests = [applied_digests(lines) for lines in runs]
     shards = holders(runs)
