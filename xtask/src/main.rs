@@ -56,10 +56,11 @@ enum Command {
     /// Real DDP training across the WAN lab: untuned vs the static hand-tuning vs linkpilot
     /// adaptive vs fixed codecs (the per-phase oracle); results in target/bench-training (root).
     BenchTraining {
-        /// The short form CI runs: training-quick, untuned vs adaptive and a hook that ignores
-        /// its board, once; fails unless adaptive's ranks follow the boards through a codec
-        /// change (and the ignoring hook fails that check), and adaptive is faster when
-        /// congested.
+        /// The short form CI runs: training-quick, static-bbr vs adaptive, a hook that ignores
+        /// its board and the shipped policy pinned to no compression, once, no checkpoint
+        /// evaluated; fails unless adaptive's ranks follow the boards through a codec change
+        /// (and the ignoring hook fails that check), and adaptive is faster than static-bbr
+        /// when congested (and the pinned policy is not).
         #[arg(long)]
         quick: bool,
         /// Runs per configuration, interleaved round-robin (default: 3; quick: 1).
@@ -83,7 +84,7 @@ enum Command {
         /// Only summarize the runs already in target/bench-training.
         #[arg(long, conflicts_with_all = ["repeats", "configs", "keep", "resume"])]
         report_only: bool,
-        /// Held-out windows per evaluation of a checkpoint.
+        /// Held-out windows per evaluation of a checkpoint (the quick form evaluates none).
         #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=512))]
         eval_windows: u32,
         /// The congestion control every lab host starts with (default cubic, the common

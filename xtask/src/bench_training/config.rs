@@ -37,14 +37,16 @@ const HELD_OUT_CONFIGS: &[&str] = &[
     "outer-expert",
     "adaptive-outer",
 ];
-/// The quick form: the comparison CI checks, and the negative control of its codec check.
-const QUICK_CONFIGS: &[&str] = &["untuned", "adaptive", "board-ignored"];
+/// The quick form: adaptive against the strongest fixed baseline, and the negative controls of
+/// its two checks (a hook that ignores its board; a policy pinned to the wrong codec).
+const QUICK_CONFIGS: &[&str] = &["static-bbr", "adaptive", "board-ignored", "adaptive-none"];
 /// Fixed codecs left out of the full run unless named: uncompressed and fp16 exchanges are the
 /// slowest in every phase of the earlier training day (0.48 and 0.78 steps/s calm where int8 ran
 /// 1.45) and cannot reach a late target within it, so they cannot be the oracle; the
 /// co-located run is the uncompressed reference for loss per step. `adaptive-auto` (the policy
-/// with `capacity = "auto"`) is run when named.
-const NOT_BY_DEFAULT: &[&str] = &["fixed-none", "fixed-fp16", "adaptive-auto"];
+/// with `capacity = "auto"`) is run when named, and the quick form's negative controls only there.
+const NOT_BY_DEFAULT: &[&str] =
+    &["fixed-none", "fixed-fp16", "adaptive-auto", "board-ignored", "adaptive-none"];
 
 /// A policy file the daemon runs with on every host: the shipped one, mirrored for the US site
 /// (its peer is the HK prefix), its link's capacity the lab's (the shipped files describe the
@@ -229,6 +231,15 @@ pub fn all() -> Vec<Config> {
             ..base("adaptive-2x", Hook::Board, Some(Policy::shipped("hk-us.toml")))
         },
         base("board-ignored", Hook::IgnoresBoard, Some(Policy::shipped("hk-us.toml"))),
+        // The negative control of the quick form's speed check: the shipped policy with every
+        // state's codec pinned to none, wrong on a congested link. Its ranks follow their
+        // boards, so only a check of what adaptation buys can fail it. (A policy whose codecs
+        // go the other way, lighter as states worsen, is refused at load.)
+        base(
+            "adaptive-none",
+            Hook::Board,
+            Some(Policy { compression: Some("none".into()), ..Policy::shipped("hk-us.toml") }),
+        ),
         base(
             "adaptive-auto",
             Hook::Board,
@@ -276,8 +287,8 @@ pub fn all() -> Vec<Config> {
 }
 
 /// The configurations to run over `scenario`: `--configs` by name, else the scenario's default
-/// set (quick: untuned, adaptive and the negative control; a held-out scenario: the goals'
-/// comparisons; the tuned scenario: everything but the negative control and the dominated
+/// set (quick: static-bbr, adaptive and the negative controls; a held-out scenario: the goals'
+/// comparisons; the tuned scenario: everything but the negative controls and the dominated
 /// fixed codecs).
 pub fn select(
     scenario: &str,
@@ -293,7 +304,7 @@ pub fn select(
         }
         None => all
             .iter()
-            .filter(|c| c.hook != Hook::IgnoresBoard && !NOT_BY_DEFAULT.contains(&c.name.as_str()))
+            .filter(|c| !NOT_BY_DEFAULT.contains(&c.name.as_str()))
             .map(|c| c.name.clone())
             .collect(),
     };
@@ -397,5 +408,23 @@ impl Config {
             a.extend(["--sites".into(), sites.join("/")]);
         }
         a
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_quick_forms_controls_run_there_only() {
+        let quick = select(QUICK_SCENARIO, true, None).unwrap();
+        let names: Vec<&str> = quick.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, QUICK_CONFIGS);
+        let pinned = quick.iter().find(|c| c.name == "adaptive-none").unwrap();
+        let policy = pinned.policy.as_ref().unwrap();
+        assert_eq!(policy.compression.as_deref(), Some("none"));
+        assert!(policy.file.ends_with("policies/hk-us.toml") && pinned.hook == Hook::Board);
+        let full = select("training-day", false, None).unwrap();
+        assert!(!full.iter().any(|c| c.name == "adaptive-none" || c.name == "board-ignored"));
     }
 }

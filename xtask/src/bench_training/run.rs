@@ -40,7 +40,7 @@ const LAG_BUDGET_S: f64 = 1.0;
 /// collapsed window after the pass) is cut short: nothing after the pass is reported.
 const GRACE_S: f64 = 30.0;
 
-/// How the run's checkpoints are evaluated.
+/// How the run's checkpoints are evaluated (none: the ranks save none).
 #[derive(Clone, Copy, Debug)]
 pub struct Eval {
     pub windows: u32,
@@ -53,7 +53,8 @@ pub struct Spec<'a> {
     pub repeat: usize,
     pub pass_s: f64,
     pub capacity: Option<f64>,
-    pub eval: Eval,
+    /// None: no checkpoint saved or evaluated (the quick form judges steps and codecs only).
+    pub eval: Option<Eval>,
     /// The congestion control every host starts with.
     pub cc: &'a str,
     pub dir: PathBuf,
@@ -88,7 +89,7 @@ pub fn run(spec: &Spec) -> anyhow::Result<()> {
     let (tx, lines) = mpsc::channel();
     let world = hosts.len();
     let mut ranks: Vec<Reaped> = (0..world)
-        .map(|r| start_rank(c, r, &hosts, &stop_file, dir, tx.clone()))
+        .map(|r| start_rank(c, r, &hosts, &stop_file, dir, spec.eval.is_some(), tx.clone()))
         .collect::<anyhow::Result<_>>()?;
     drop(tx);
     // The pass ends when the lab's clock says so: its first line gives the scenario's start.
@@ -196,7 +197,10 @@ pub fn run(spec: &Spec) -> anyhow::Result<()> {
     write_lines(&dir.join("steps.jsonl"), &all)?;
     write_lines(&dir.join("lab.jsonl"), &timeline)?;
     fs::write(dir.join("transport.json"), serde_json::to_string_pretty(&transport)?)?;
-    let evals = evaluate(&dir.join("checkpoints"), spec.eval)?;
+    let evals = match spec.eval {
+        Some(eval) => evaluate(&dir.join("checkpoints"), eval)?,
+        None => Vec::new(),
+    };
     write_lines(&dir.join("evals.jsonl"), &evals)?;
     let record = json!({
         "config": c.name, "setup": c.describe(), "scenario": spec.scenario,
@@ -292,6 +296,7 @@ fn start_rank(
     hosts: &[Host],
     stop_file: &Path,
     dir: &Path,
+    checkpoints: bool,
     lines: mpsc::Sender<Value>,
 ) -> anyhow::Result<Reaped> {
     // Wan: rank r on the r-th host (HK hosts first); colocated: every rank on the first host.
@@ -313,8 +318,6 @@ fn start_rank(
         .args(["--master", &format!("{master}:29500"), "--iface", iface])
         .arg("--stop-file")
         .arg(stop_file)
-        .args(["--checkpoint-every-s", &CHECKPOINT_EVERY_S.to_string(), "--checkpoint-dir"])
-        .arg(dir.join("checkpoints"))
         .args(["--eval-every", "0", "--all-ranks-report"])
         .args(c.rank_args(&dir.join(format!("{tag}-knobs")), &dir.join(format!("{tag}-nccl.env"))))
         .env("PYTHONUNBUFFERED", "1")
@@ -323,6 +326,10 @@ fn start_rank(
         .env("LINKPILOT_JOBS", dir.join(format!("{tag}-jobs")))
         .stdout(Stdio::piped())
         .stderr(fs::File::create(dir.join(format!("rank{rank}.log")))?);
+    if checkpoints {
+        cmd.args(["--checkpoint-every-s", &CHECKPOINT_EVERY_S.to_string(), "--checkpoint-dir"])
+            .arg(dir.join("checkpoints"));
+    }
     let mut child = cmd.spawn().context("starting a training rank")?;
     let stdout = child.stdout.take().context("rank stdout")?;
     let mut raw = fs::File::create(dir.join(format!("rank{rank}.jsonl")))?;
