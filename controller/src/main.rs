@@ -202,6 +202,16 @@ enum PolicyAction {
         /// Its round-trip time when idle, e.g. 180ms.
         #[arg(long)]
         rtt: linkpilot_common::units::Nanos,
+        /// Mark the link's TCP packets to its peers with this DSCP (default: "keep", never
+        /// rewritten). Not the RoCE class's DSCP: `policy check` warns where they share a queue.
+        #[arg(long, value_parser = clap::value_parser!(u8).range(0..=63))]
+        dscp: Option<u8>,
+        /// NCCL_IB_TC and the RoCE ports' class, e.g. 106 (default: "keep").
+        #[arg(long, value_parser = clap::value_parser!(u8).range(0..=255))]
+        roce_traffic_class: Option<u8>,
+        /// Leave connections to the peers on the host's congestion control (no BBR profile).
+        #[arg(long)]
+        no_transport: bool,
     },
 }
 
@@ -254,10 +264,30 @@ fn main() -> ExitCode {
             return if all_ok { ExitCode::SUCCESS } else { ExitCode::from(1) };
         }
         Command::Policy {
-            action: PolicyAction::Init { link, interface, peers, capacity, rtt },
+            action:
+                PolicyAction::Init {
+                    link,
+                    interface,
+                    peers,
+                    capacity,
+                    rtt,
+                    dscp,
+                    roce_traffic_class,
+                    no_transport,
+                },
         } => {
             use linkpilot::control::policy::init::{render, InitAnswers};
-            return match render(&InitAnswers { link, interface, peers, capacity, rtt }) {
+            let answers = InitAnswers {
+                link,
+                interface,
+                peers,
+                capacity,
+                rtt,
+                dscp,
+                roce_traffic_class,
+                transport: !no_transport,
+            };
+            return match render(&answers) {
                 Ok(text) => {
                     print!("{text}");
                     ExitCode::SUCCESS

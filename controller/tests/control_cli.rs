@@ -208,6 +208,69 @@ fn policy_init_writes_a_policy_that_policy_check_passes() {
     assert!(err.contains("10.0.0.300/8"), "{err}");
 }
 
+/// `policy init` for the lab's link decides as the shipped hk-us.toml on a recorded trace: the
+/// same states, codecs and sync plan, change by change.
+#[test]
+fn policy_init_replays_a_lab_trace_as_the_shipped_hk_us_policy() {
+    let (code, init, err) = linkpilot(&[
+        "policy",
+        "init",
+        "--link",
+        "hk-us",
+        "--interface",
+        "eth0",
+        "--peer",
+        "us=198.18.2.0/24,2001:db8:2::/64",
+        "--capacity",
+        "40Gbit/s",
+        "--rtt",
+        "180ms",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let init = temp("init-lab.toml", &init);
+    let replay = |policy: &str| {
+        let (code, out, err) = linkpilot(&["replay", &repo(TRACE), "--policy", policy, "--json"]);
+        assert_eq!(code, 0, "{policy}: {err}");
+        out.lines()
+            .map(|l| {
+                let d: serde_json::Value = serde_json::from_str(l).expect("a JSON decision");
+                let k = &d["knobs"];
+                (
+                    d["at_ms"].clone(),
+                    d["state"].clone(),
+                    k["compression"].clone(),
+                    k["sync"].clone(),
+                )
+            })
+            // The bounds differ (sized for the link, not hand-tuned), and so do the chunk's
+            // changes: the decisions that change the state, codec or sync plan are compared.
+            .fold(Vec::new(), |mut v: Vec<(_, _, _, _)>, d| {
+                if v.last().is_none_or(|l| (&l.1, &l.2, &l.3) != (&d.1, &d.2, &d.3)) {
+                    v.push(d);
+                }
+                v
+            })
+    };
+    let ours = replay(&init.display().to_string());
+    let shipped = replay(&repo("policies/hk-us.toml"));
+    assert!(ours.iter().any(|d| d.1 != "healthy"), "the trace escalates: {ours:?}");
+    assert_eq!(ours, shipped);
+    // And `policy check` has nothing to warn of but what this host lacks.
+    let (code, out, err) = linkpilot(&["policy", "check", &init.display().to_string()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!err.contains("dscp"), "{err}");
+}
+
+#[test]
+fn the_recipes_dscp_on_tcp_is_warned_of_and_still_checks() {
+    let (code, out, err) = linkpilot(&["policy", "check", &repo("policies/hk-us.toml")]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        err.contains("warning: dscp = 26 on TCP is the DSCP of the policy's roce_traffic_class"),
+        "{err}"
+    );
+}
+
 #[test]
 fn an_interface_this_host_lacks_is_a_warning_not_an_error() {
     let (_, policy, _) = linkpilot(&[
@@ -226,6 +289,7 @@ fn an_interface_this_host_lacks_is_a_warning_not_an_error() {
     assert!(out.contains(": OK (sha256 "), "{out}");
     assert!(err.contains("warning: link \"wan\": no interface lpnosuch0 on this host"), "{err}");
     // One this host has: no warning.
+    // (No transport profile: one naming BBR draws a warning where tcp_bbr is not loaded.)
     let (_, policy, _) = linkpilot(&[
         "policy",
         "init",
@@ -235,6 +299,7 @@ fn an_interface_this_host_lacks_is_a_warning_not_an_error() {
         "1Gbit/s",
         "--rtt",
         "1ms",
+        "--no-transport",
     ]);
     let file = temp("lo.toml", &policy);
     let (code, out, err) = linkpilot(&["policy", "check", &file.display().to_string()]);

@@ -20,6 +20,8 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
+// The kernel lets only GPL-compatible programs call its GPL-only helpers; this crate is
+// GPL-2.0-only (LICENSE at the repository's root).
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 4] = *b"GPL\0";

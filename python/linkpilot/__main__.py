@@ -52,7 +52,10 @@ def render(s: BoardSnapshot) -> str:
 
 
 def render_tuner(d: Diagnosis, pid: int | None) -> str:
-    lines = [f"NCCL_TUNER_PLUGIN={d.setting or ''}"]
+    where = {None: " (set nowhere: not in the environment nor the daemon's env file)",
+             "environment": "", "argument": ""}.get(
+        d.source, f" (from {d.source}, which linkpilot.init_process_group loads)")
+    lines = [f"NCCL_TUNER_PLUGIN={d.setting or ''}{where}"]
     if d.library is None:
         lines.append("NCCL loads no tuner plugin: it makes its own choices")
         return "\n".join(lines)
@@ -93,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         "--board", help="the board file (default: $LINKPILOT_BOARD, else /run/linkpilot/knobs)"
     )
     tuner = commands.add_parser(
-        "tuner", help="check that NCCL can load the tuner plugin NCCL_TUNER_PLUGIN names "
-        "(exit 1 if not)")
+        "tuner", help="check that NCCL can load the tuner plugin NCCL_TUNER_PLUGIN names, in "
+        "the environment or else the daemon's env file (exit 1 if not)")
     tuner.add_argument("--pid", type=int, help="also check that this process has it loaded")
     tuner.add_argument("--json", action="store_true", help="one JSON object")
     args = parser.parse_args(argv)

@@ -168,6 +168,9 @@ class Diagnosis:
     needs_glibc: str | None
     #: With a pid: whether that process has the library mapped (None: not asked, or unknown).
     loaded_in_pid: bool | None = None
+    #: Where the setting came from: an env file's path (the daemon's, which
+    #: ``linkpilot.init_process_group`` loads), "environment", "argument", or None (nowhere).
+    source: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -204,13 +207,36 @@ def _mapped_by(pid: int, library: str) -> bool | None:
     return any(line.rstrip().endswith(("/" + name, library)) for line in maps.splitlines())
 
 
+def _setting_and_source() -> tuple[str | None, str | None]:
+    """NCCL_TUNER_PLUGIN as a job that loads the daemon's env file has it
+    (``linkpilot.init_process_group``, whose file replaces the job's own values): the env
+    file's (``LINKPILOT_ENV_FILE``, else /run/linkpilot/nccl.env), else the environment's."""
+    from linkpilot.envfile import DEFAULT_PATH, EnvFileError, parse_env
+
+    path = os.environ.get("LINKPILOT_ENV_FILE") or DEFAULT_PATH
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = parse_env(f.read(), path).get("NCCL_TUNER_PLUGIN")
+    except (OSError, UnicodeDecodeError, EnvFileError):
+        found = None
+    if found is not None:
+        return found, path
+    if "NCCL_TUNER_PLUGIN" in os.environ:
+        return os.environ["NCCL_TUNER_PLUGIN"], "environment"
+    return None, None
+
+
 def diagnose(setting: str | None = None, pid: int | None = None) -> Diagnosis:
-    """Checks the plugin ``NCCL_TUNER_PLUGIN`` (or ``setting``) names, as NCCL would load it."""
-    setting = os.environ.get("NCCL_TUNER_PLUGIN") if setting is None else setting
+    """Checks the plugin ``NCCL_TUNER_PLUGIN`` (or ``setting``) names, as NCCL would load it: the
+    one the daemon's env file sets, else the environment's."""
+    source: str | None = "argument"
+    if setting is None:
+        setting, source = _setting_and_source()
     library = plugin_path(setting or "")
     glibc = (os.confstr("CS_GNU_LIBC_VERSION") or "unknown").removeprefix("glibc ")
     if library is None:
-        return Diagnosis(setting, None, "NCCL_TUNER_PLUGIN names no plugin", False, glibc, None)
+        return Diagnosis(setting, None, "NCCL_TUNER_PLUGIN names no plugin", False, glibc, None,
+                         source=source)
     error, gate = None, False
     try:
         gate = hasattr(ctypes.CDLL(library), "linkpilot_tuner_adopt")
@@ -219,4 +245,4 @@ def diagnose(setting: str | None = None, pid: int | None = None) -> Diagnosis:
     on_disk = library if os.path.isfile(library) else None
     loaded = _mapped_by(pid, library) if pid is not None else None
     return Diagnosis(setting, library, error, gate, glibc,
-                     _glibc_needed(on_disk) if on_disk else None, loaded)
+                     _glibc_needed(on_disk) if on_disk else None, loaded, source)

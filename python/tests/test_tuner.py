@@ -67,7 +67,9 @@ def test_a_load_check_says_why_nccl_would_run_without_it(tmp_path: Path) -> None
     garbage.write_bytes(b"not an ELF file")
     d = diagnose(str(garbage), pid=os.getpid())
     assert not d.ok and d.load_error and d.loaded_in_pid is False
-    env = dict(os.environ, NCCL_TUNER_PLUGIN=str(garbage))
+    # No env file: a daemon's on this host would name the plugin in place of the environment.
+    env = dict(os.environ, NCCL_TUNER_PLUGIN=str(garbage),
+               LINKPILOT_ENV_FILE=str(tmp_path / "no-env-file"))
     out = subprocess.run([sys.executable, "-m", "linkpilot", "tuner"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "NOT LOADABLE here" in out.stdout, out.stdout
@@ -75,3 +77,29 @@ def test_a_load_check_says_why_nccl_would_run_without_it(tmp_path: Path) -> None
     out = subprocess.run([sys.executable, "-m", "linkpilot", "tuner"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "linkpilot's plugin, with the gate" in out.stdout, out.stdout
+
+
+def test_the_check_reads_the_plugin_the_daemons_env_file_names(tmp_path: Path) -> None:
+    """A job that loads the env file gets NCCL_TUNER_PLUGIN from it: so does the check."""
+    so = plugin()
+    env_file = tmp_path / "nccl.env"
+    env_file.write_text(f"NCCL_BUFFSIZE=33554432\nNCCL_TUNER_PLUGIN={so}\n")
+    env = {k: v for k, v in os.environ.items() if k != "NCCL_TUNER_PLUGIN"}
+    env["LINKPILOT_ENV_FILE"] = str(env_file)
+    run = lambda: subprocess.run([sys.executable, "-m", "linkpilot", "tuner"], env=env,  # noqa: E731
+                                 capture_output=True, text=True, timeout=60)
+    out = run()
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"(from {env_file}, which linkpilot.init_process_group loads)" in out.stdout, out.stdout
+    # The env file's wins over the environment's, as init_process_group makes it win.
+    env["NCCL_TUNER_PLUGIN"] = "none"
+    out = run()
+    assert out.returncode == 0 and f"(from {env_file}" in out.stdout, out.stdout
+    # Without it in the file, the environment's.
+    env_file.write_text("NCCL_BUFFSIZE=33554432\n")
+    out = run()
+    assert out.returncode == 1 and "NCCL loads no tuner plugin" in out.stdout, out.stdout
+    # Neither: said so.
+    del env["NCCL_TUNER_PLUGIN"]
+    out = run()
+    assert out.returncode == 1 and "set nowhere" in out.stdout, out.stdout

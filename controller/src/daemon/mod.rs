@@ -66,6 +66,9 @@ fn load_policy(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<Policy> {
     let src = std::str::from_utf8(bytes)
         .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text: {e}", path.display()))?;
     let mut policy = Policy::parse(src, &path.display().to_string())?;
+    for w in policy.lossless_queue_warnings() {
+        warn!("{}: {w}", path.display());
+    }
     if policy.names_interface(iface::DEFAULT_ROUTE) {
         let dev = iface::default_route_device()?;
         anyhow::ensure!(

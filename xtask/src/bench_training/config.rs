@@ -44,7 +44,8 @@ const QUICK_CONFIGS: &[&str] = &["static-bbr", "adaptive", "board-ignored", "ada
 /// slowest in every phase of the earlier training day (0.48 and 0.78 steps/s calm where int8 ran
 /// 1.45) and cannot reach a late target within it, so they cannot be the oracle; the
 /// co-located run is the uncompressed reference for loss per step. `adaptive-auto` (the policy
-/// with `capacity = "auto"`) is run when named, and the quick form's negative controls only there.
+/// with `capacity = "auto"`) is run when named, and the quick form's negative controls only there;
+/// so is outer-expert's H sweep.
 const NOT_BY_DEFAULT: &[&str] =
     &["fixed-none", "fixed-fp16", "adaptive-auto", "board-ignored", "adaptive-none"];
 
@@ -160,8 +161,23 @@ const OUTER_STATIC: OuterPlan =
 /// As an engineer sets it from the published runs (Streaming DiLoCo): the same H, the model in
 /// 4 fragments streamed one after another, each overlapped with 5 inner steps (at most H /
 /// fragments - 1), int8 pseudo-gradients.
-const OUTER_EXPERT: OuterPlan =
-    OuterPlan::Fixed { every: OUTER_STATIC_EVERY, fragments: 4, overlap: 5, codec: "int8" };
+const OUTER_EXPERT: OuterPlan = outer_expert(OUTER_STATIC_EVERY);
+/// The H of the sweep that picks outer-expert's (`outer-expert-h{H}`, run when named): the
+/// expert fixes H once, at the value best on the training day.
+pub const OUTER_EXPERT_SWEEP: &[u32] = &[16, 25, 100];
+
+/// The expert's plan at `every` steps a round: 4 fragments, each overlapped with 5 inner steps,
+/// or fewer where a round is too short for that (a fragment's exchange must land before the
+/// next one starts).
+const fn outer_expert(every: u32) -> OuterPlan {
+    let most = every / 4 - 1;
+    OuterPlan::Fixed {
+        every,
+        fragments: 4,
+        overlap: if most < 5 { most } else { 5 },
+        codec: "int8",
+    }
+}
 
 /// Where the ranks run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -255,6 +271,13 @@ pub fn all() -> Vec<Config> {
         Hook::Outer(OUTER_EXPERT),
         Some(Policy::shipped("static-bbr.toml")),
     ));
+    for every in OUTER_EXPERT_SWEEP {
+        v.push(base(
+            &format!("outer-expert-h{every}"),
+            Hook::Outer(outer_expert(*every)),
+            Some(Policy::shipped("static-bbr.toml")),
+        ));
+    }
     for (per_site, suffix) in [(1, ""), (2, "-2x")] {
         v.push(Config {
             per_site,
@@ -304,7 +327,9 @@ pub fn select(
         }
         None => all
             .iter()
-            .filter(|c| !NOT_BY_DEFAULT.contains(&c.name.as_str()))
+            .filter(|c| {
+                !NOT_BY_DEFAULT.contains(&c.name.as_str()) && !c.name.starts_with("outer-expert-h")
+            })
             .map(|c| c.name.clone())
             .collect(),
     };
@@ -426,5 +451,29 @@ mod tests {
         assert!(policy.file.ends_with("policies/hk-us.toml") && pinned.hook == Hook::Board);
         let full = select("training-day", false, None).unwrap();
         assert!(!full.iter().any(|c| c.name == "adaptive-none" || c.name == "board-ignored"));
+    }
+
+    #[test]
+    fn the_h_sweep_varies_h_only_and_runs_when_named() {
+        let named: Vec<String> = ["outer-expert", "outer-expert-h16", "outer-expert-h100"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        let sweep = select("ref-day", false, Some(&named)).unwrap();
+        let plans: Vec<OuterPlan> = sweep
+            .iter()
+            .map(|c| match c.hook {
+                Hook::Outer(p) => p,
+                other => panic!("{}: {other:?}", c.name),
+            })
+            .collect();
+        let f = |every, overlap| OuterPlan::Fixed { every, fragments: 4, overlap, codec: "int8" };
+        assert_eq!(plans, [f(50, 5), f(16, 3), f(100, 5)]);
+        assert!(sweep.iter().all(|c| c.policy.as_ref().unwrap().file.ends_with("static-bbr.toml")));
+        for day in ["ref-day", "training-day"] {
+            let by_default = select(day, false, None).unwrap();
+            assert!(by_default.iter().any(|c| c.name == "outer-expert"), "{day}");
+            assert!(!by_default.iter().any(|c| c.name.starts_with("outer-expert-h")), "{day}");
+        }
     }
 }

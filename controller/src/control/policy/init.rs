@@ -1,7 +1,10 @@
 //! `linkpilot policy init`: a commented starting policy for one link from a few answers (its
-//! interface, the far side's prefixes, its capacity and base RTT). The RTT and capacity size the
-//! bounds (buffers and chunks from the bandwidth-delay product, timeouts from the RTT); the
-//! ladder's thresholds are the shipped default's, with the jitter ones scaled to the RTT.
+//! interface, the far side's prefixes, its capacity and base RTT). The ladder is the shipped
+//! `hk-us.toml`'s, the one measured on the lab's days: escalation on the signals of others'
+//! traffic with the job's own at a higher bar, int8 then int4, BBR toward the peers. The RTT and
+//! capacity size the bounds (buffers and chunks from the bandwidth-delay product, jitter
+//! thresholds from the RTT). Nothing the site owns is changed unless asked: DSCP and the RoCE
+//! class stay "keep" without `--dscp` / `--roce-traffic-class`, and no `[host]` sysctl is set.
 
 use std::fmt::Write as _;
 
@@ -19,6 +22,12 @@ pub struct InitAnswers {
     pub capacity: BitRate,
     /// The link's round-trip time when idle.
     pub rtt: Nanos,
+    /// The DSCP to write on the link's TCP packets to its peers; none: "keep".
+    pub dscp: Option<u8>,
+    /// NCCL_IB_TC and the RoCE ports' class; none: "keep".
+    pub roce_traffic_class: Option<u8>,
+    /// Whether the states give connections to the peers BBR (`[state.transport]`).
+    pub transport: bool,
 }
 
 /// Parses `NAME=CIDR[,CIDR...]`.
@@ -50,6 +59,14 @@ fn quoted(items: &[String]) -> String {
     items.iter().map(|i| format!("{i:?}")).collect::<Vec<_>>().join(", ")
 }
 
+/// A jitter threshold: `share` of the RTT, to 10 ms above 50 ms (so the hk-us ladder's
+/// 100/50/200/100 ms come out at its 180 ms), never under `floor` (a LAN's scheduling noise).
+fn jitter(rtt_ms: f64, share: f64, floor: u64) -> String {
+    let v = rtt_ms * share;
+    let v = if v > 50.0 { (v / 10.0).round() * 10.0 } else { v.round() };
+    ms((v as u64).max(floor))
+}
+
 /// The policy's text, checked: an answer the checks refuse (a bad prefix, an interface name the
 /// parser cannot take) comes back as their errors, located in the generated text.
 pub fn render(a: &InitAnswers) -> Result<String, PolicyErrors> {
@@ -58,9 +75,6 @@ pub fn render(a: &InitAnswers) -> Result<String, PolicyErrors> {
     // Buffers up to twice the BDP (the auto formula's factor), within what a socket may hold.
     let buffers_max = pow2_at_least(2.0 * bdp).clamp(8 << 20, 1 << 30);
     let chunk_max = pow2_at_least(bdp / 64.0).clamp(4 << 20, 256 << 20);
-    // Jitter thresholds: a share of the RTT, above a floor a LAN's scheduling noise stays
-    // under; each of severe's twice degraded's, so the ladder never overlaps.
-    let jitter = |share: f64, floor: u64| ms(((rtt_ms * share).round() as u64).max(floor));
     let mut s = String::new();
     let w = &mut s;
     let _ = writeln!(
@@ -71,11 +85,27 @@ pub fn render(a: &InitAnswers) -> Result<String, PolicyErrors> {
         fmt_rate(a.capacity),
         ms(rtt_ms.round() as u64)
     );
-    let _ = writeln!(w, "# Written by `linkpilot policy init`; every key is in docs/policy.md.");
-    let _ = writeln!(w, "# First run it observe-only: `linkpilot run --dry-run --policy THIS` and");
-    let _ = writeln!(
+    let _ = write!(
         w,
-        "# `linkpilot status` show the states and knobs it would set, changing nothing."
+        "\
+# Written by `linkpilot policy init`; every key is in docs/policy.md. The ladder is the shipped
+# hk-us.toml's, measured in the WAN lab (BENCHMARKS.md); the bounds are sized for this link.
+# First run it observe-only: `linkpilot run --dry-run --policy THIS` and `linkpilot status`
+# show the states and knobs it would set, changing nothing.
+#
+# What it changes when it acts: the knob board and env file the training jobs read (codec,
+# chunk, NCCL timeouts, sync plan) and the socket buffer maxima (tcp_buffers \"auto\", within
+# [bounds]).
+{transport}# DSCP and the RoCE class stay as the site has them (\"keep\") unless --dscp /
+# --roce-traffic-class set them. No [host] sysctl is set: the ones the lab's runs hold are at
+# the end, commented out.
+",
+        transport = if a.transport {
+            "# BBR on TCP connections to the peers, in every state ([state.transport];\n\
+             # --no-transport leaves it out).\n"
+        } else {
+            ""
+        },
     );
     let _ = writeln!(w, "\n[bounds]");
     let _ = writeln!(
@@ -89,6 +119,14 @@ pub fn render(a: &InitAnswers) -> Result<String, PolicyErrors> {
         Bytes(buffers_max)
     );
     let _ = writeln!(w, "chunk = {{ min = \"1MiB\", max = \"{}\", initial = \"4MiB\", in_flight = 64, max_step = 2.0 }}", Bytes(chunk_max));
+    let _ = write!(
+        w,
+        "\
+# Jobs that synchronize across sites every H steps (linkpilot.outer): \"auto\" H fits a
+# fragment's exchange inside the inner steps it overlaps with, 25% to spare.
+sync_every = {{ min = 8, max = 200, margin = \"25%\", max_drift = 800 }}
+"
+    );
     let _ = writeln!(
         w,
         "\n[[link]]\nname = {:?}\ninterfaces = [{:?}]\ncapacity = \"{}\"",
@@ -112,46 +150,81 @@ pub fn render(a: &InitAnswers) -> Result<String, PolicyErrors> {
         r#"
 # The ladder, healthiest first: any enter condition held for 300 ms enters a state (possibly
 # skipping levels); all exit conditions held for 10 s step down one level.
-[[state]]
-name = "healthy"
-[state.knobs]
-compression = "none"
-# "keep" (in every state) leaves a knob to the site: the packets' DSCP, or the RoCE class.
-dscp = 26                  # AF31 on the link's egress packets to its peers
-roce_traffic_class = 106   # NCCL_IB_TC: a class with ECN on your switches
-
+#
+# cross_ce_fraction and cross_rtt_inflation read others' traffic: a job's own bursts keep a
+# marking queue above its step and its flows' RTT above the baseline, and counted they would
+# hold the link in a worse state all day. The job's own view stays in every state at a higher
+# bar (rtt_inflation at twice cross_rtt_inflation's), for a link whose capacity dropped under a
+# lone job; retransmissions count whoever caused them.
+"#
+    );
+    let knobs = |w: &mut String, codec: &str, outer: &str, timeout: &str, first: bool| {
+        let _ = writeln!(w, "[state.knobs]\ncompression = {codec:?}\nchunk = \"auto\"");
+        let _ = writeln!(w, "nccl_ib_timeout = {timeout}");
+        let _ = match a.dscp {
+            Some(d) => writeln!(w, "dscp = {d}"),
+            None if first => {
+                writeln!(w, "dscp = \"keep\"                # --dscp N marks TCP to the peers")
+            }
+            None => writeln!(w, "dscp = \"keep\""),
+        };
+        let _ = match a.roce_traffic_class {
+            Some(t) => writeln!(w, "roce_traffic_class = {t}"),
+            None if first => writeln!(
+                w,
+                "roce_traffic_class = \"keep\"  # --roce-traffic-class N sets NCCL_IB_TC"
+            ),
+            None => writeln!(w, "roce_traffic_class = \"keep\""),
+        };
+        let _ = writeln!(w, "sync_every = \"auto\"\nouter_codec = {outer:?}\nfragments = 4");
+        if a.transport {
+            let _ = writeln!(w, "[state.transport]\ncongestion_control = \"bbr\"");
+        }
+    };
+    let _ = writeln!(w, "[[state]]\nname = \"healthy\"");
+    knobs(w, "int8", "int8", "\"auto\"", true);
+    let _ = writeln!(
+        w,
+        r#"
 [[state]]
 name = "congested"
-enter = {{ ce_fraction = "1%", retrans = "0.5%", rtt_inflation = "25%" }}
-exit = {{ ce_fraction = "0.2%", retrans = "0.1%", rtt_inflation = "10%" }}
-[state.knobs]
-compression = "int8"
-dscp = 26
-roce_traffic_class = 106
-
+enter = {{ cross_ce_fraction = "1%", retrans = "0.5%", cross_rtt_inflation = "20%", rtt_inflation = "40%", cnp_rate = "1000/s" }}
+exit = {{ cross_ce_fraction = "0.2%", retrans = "0.1%", cross_rtt_inflation = "10%", rtt_inflation = "25%", cnp_rate = "200/s" }}"#
+    );
+    knobs(w, "int4", "int4", "\"auto\"", false);
+    let _ = writeln!(
+        w,
+        r#"
 [[state]]
 name = "degraded"
-enter = {{ ce_fraction = "5%", retrans = "2%", rtt_inflation = "60%", jitter = "{dj}" }}
-exit = {{ ce_fraction = "1%", retrans = "0.5%", rtt_inflation = "25%", jitter = "{dx}" }}
-[state.knobs]
-compression = "int4"
-dscp = 26
-roce_traffic_class = 106
-
+enter = {{ cross_ce_fraction = "5%", retrans = "2%", cross_rtt_inflation = "50%", rtt_inflation = "80%", jitter = "{}" }}
+exit = {{ cross_ce_fraction = "1%", retrans = "0.5%", cross_rtt_inflation = "20%", rtt_inflation = "40%", jitter = "{}" }}"#,
+        jitter(rtt_ms, 5.0 / 9.0, 20),
+        jitter(rtt_ms, 5.0 / 18.0, 10),
+    );
+    knobs(w, "int4", "int4", "\"auto\"", false);
+    let _ = writeln!(
+        w,
+        r#"
 [[state]]
 name = "severe"
 # unanswered: retransmitted and heard nothing back for 1 s: a dead link or peer.
-enter = {{ retrans = "5%", rtt_inflation = "120%", jitter = "{sj}", unanswered = "1s" }}
-exit = {{ retrans = "2%", rtt_inflation = "60%", jitter = "{sx}", unanswered = "500ms" }}
-[state.knobs]
-compression = "int4"
-dscp = 26
-roce_traffic_class = 106
-"#,
-        dj = jitter(0.5, 20),
-        dx = jitter(0.25, 10),
-        sj = jitter(1.0, 40),
-        sx = jitter(0.5, 20),
+enter = {{ retrans = "5%", rtt_inflation = "100%", jitter = "{}", unanswered = "1s" }}
+exit = {{ retrans = "2%", rtt_inflation = "50%", jitter = "{}", unanswered = "500ms" }}"#,
+        jitter(rtt_ms, 10.0 / 9.0, 40),
+        jitter(rtt_ms, 5.0 / 9.0, 20),
+    );
+    knobs(w, "int4", "int4", "24", false);
+    let _ = write!(
+        w,
+        r#"
+# Host sysctls the lab's runs hold (restored when linkpilot stops); uncomment what you want
+# linkpilot to own. tcp_slow_start_after_idle = 0 keeps the window across a compute gap, which
+# every exchange follows; tcp_ecn = 1 makes our own connections negotiate ECN.
+# [host]
+# tcp_slow_start_after_idle = 0
+# tcp_ecn = 1
+"#
     );
     Policy::parse(&s, "<policy init>")?;
     Ok(s)
@@ -178,6 +251,47 @@ mod tests {
             peers,
             capacity: rate.parse().unwrap(),
             rtt: rtt.parse().unwrap(),
+            dscp: None,
+            roce_traffic_class: None,
+            transport: true,
+        }
+    }
+
+    fn shipped(name: &str) -> Policy {
+        let text = super::super::SHIPPED.iter().find(|(n, _)| *n == name).unwrap().1;
+        Policy::parse(text, name).unwrap()
+    }
+
+    /// At the lab's 180 ms, the ladder is hk-us.toml's: the same thresholds, hysteresis and
+    /// estimator (so a trace replays through the same states) and the same codecs; and it
+    /// changes nothing the site owns unless asked.
+    #[test]
+    fn the_ladder_is_the_shipped_hk_us_one_and_keeps_what_the_site_owns() {
+        let us = parse_peer("us=198.18.2.0/24,2001:db8:2::/64").unwrap();
+        let text = render(&answers(vec![us.clone()], "100Mbit/s", "180ms")).unwrap();
+        let ours = Policy::parse(&text, "init").unwrap();
+        let hk_us = shipped("hk-us");
+        assert_eq!(ours.estimator, hk_us.estimator);
+        assert_eq!(ours.hysteresis, hk_us.hysteresis);
+        assert_eq!(ours.states.len(), hk_us.states.len());
+        for (a, b) in ours.states.iter().zip(&hk_us.states) {
+            assert_eq!((&a.name, &a.enter, &a.exit), (&b.name, &b.enter, &b.exit));
+            assert_eq!(a.knobs.compression, b.knobs.compression, "{}", a.name);
+            assert_eq!(a.knobs.transport, b.knobs.transport, "{}", a.name);
+            assert_eq!((a.knobs.dscp, a.knobs.roce_traffic_class), (None, None), "{}", a.name);
+        }
+        assert_eq!(ours.host, super::super::Host::default());
+        // Asked for: the values, in every state; no transport profile with --no-transport.
+        let asked = InitAnswers {
+            dscp: Some(10),
+            roce_traffic_class: Some(106),
+            transport: false,
+            ..answers(vec![us], "100Mbit/s", "180ms")
+        };
+        let p = Policy::parse(&render(&asked).unwrap(), "asked").unwrap();
+        for s in &p.states {
+            assert_eq!((s.knobs.dscp, s.knobs.roce_traffic_class), (Some(10), Some(106)));
+            assert!(s.knobs.transport.is_none(), "{}", s.name);
         }
     }
 
@@ -188,7 +302,10 @@ mod tests {
         // 40 Gbit/s x 180 ms = 900 MB: buffers capped at 1 GiB, chunks 16 MiB (BDP / 64).
         assert!(text.contains("max = \"1GiB\""), "{text}");
         assert!(text.contains("max = \"16MiB\""), "{text}");
-        assert!(text.contains("jitter = \"90ms\""), "{text}");
+        assert!(
+            text.contains("jitter = \"100ms\"") && text.contains("jitter = \"200ms\""),
+            "{text}"
+        );
         let p = Policy::parse(&text, "t").unwrap();
         assert_eq!(p.links[0].peers.len(), 1);
         // A LAN: small bounds, jitter thresholds at their floors.

@@ -12,6 +12,7 @@ use super::knobs::Compression;
 mod check;
 mod file;
 pub mod init;
+mod queues;
 mod sections;
 
 /// `linkpilot policy check`: prints OK or the errors of each file; whether all were OK.
@@ -21,7 +22,9 @@ pub fn check_files(files: &[std::path::PathBuf]) -> bool {
         match crate::control::Policy::load_with_digest(f) {
             Ok((policy, sha256)) => {
                 println!("{}: OK (sha256 {sha256})", f.display());
-                for w in missing_interfaces(&policy) {
+                for w in
+                    missing_interfaces(&policy).into_iter().chain(policy.lossless_queue_warnings())
+                {
                     eprintln!("{}: warning: {w}", f.display());
                 }
                 // Like the interfaces, a warning here (`linkpilot run` refuses them).
