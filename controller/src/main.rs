@@ -21,6 +21,11 @@ struct Cli {
 enum Command {
     /// The node daemon: watch the policy's links, decide, and apply the knobs every tick.
     Run(Box<linkpilot::daemon::RunOptions>),
+    /// Put back what a daemon that stopped without rolling back left changed (killed, or
+    /// given up on): sysctls and RoCE classes from their crash-state files, and a killed run's
+    /// classifiers on the policy's interfaces. The systemd unit's ExecStopPost. Refused while a
+    /// daemon runs.
+    Restore(linkpilot::daemon::RestoreOptions),
     /// Ask the running daemon for its links' states, knobs and signals (root only).
     Status {
         /// The daemon's status socket.
@@ -241,6 +246,7 @@ fn main() -> ExitCode {
             linkpilot::actuate::envfile::print(&file, policy.as_deref(), &nccl_tuner)
         }
         Command::Run(options) => runtime.block_on(linkpilot::daemon::run(*options)),
+        Command::Restore(options) => linkpilot::daemon::restore::run(&options),
         Command::Status { socket, json } => {
             linkpilot::daemon::status::query(&socket).and_then(|s| {
                 if json {

@@ -383,3 +383,71 @@ fn the_units_syscall_filter_allows_every_call_the_daemon_makes() {
     eprintln!("{} distinct system calls, all allowed: {used:?}", used.len());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A daemon that dies without rolling back (SIGKILL, or systemd giving up restarting it) leaves
+/// its sysctls and netlink classifiers behind; the unit's ExecStopPost, run as systemd runs it
+/// (the unit's capabilities, after the daemon is gone), puts them back, judged by sysctl(8) and
+/// tc(8). While a daemon runs, the same command is refused and changes nothing.
+#[test]
+fn the_units_exec_stop_post_restores_what_a_killed_daemon_left() {
+    let caps = unit_capabilities();
+    let post = unit_values("ExecStopPost");
+    assert_eq!(post.len(), 1, "one ExecStopPost line: {post:?}");
+    let words: Vec<&str> = post[0].split_whitespace().collect();
+    assert_eq!(words, ["/usr/local/bin/linkpilot", "restore"], "{post:?}");
+    let lab = lab_with("scpost", "delay = \"5ms\"");
+    let hk = lab.host(linkpilot_lab::lab::Site::Hk, 0).clone();
+    let (ecn, rmem) = (sysctl(&hk.netns, "net.ipv4.tcp_ecn"), tcp_rmem_max(&hk.netns));
+    let filters = |dir: &str| hk.exec(&["tc", "filter", "show", "dev", "eth0", dir]);
+    let dir = linkpilot_tests::temp_dir("unit-post");
+    let wrapper = setpriv(&caps);
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    // The unit's restore command on this daemon's files, in its namespace, under the unit's set.
+    let restore = || {
+        let p = |f: &str| dir.join(f).display().to_string();
+        let bin = linkpilot_bin().display().to_string();
+        let mut args = vec!["nsenter".to_owned(), format!("--net=/run/netns/{}", hk.netns)];
+        args.extend(wrapper.iter().map(|s| (*s).to_owned()));
+        args.extend([bin, words[1].to_owned()]);
+        for (flag, file) in [
+            ("--policy", "policy.toml"),
+            ("--sysctl-state", "sysctl.json"),
+            ("--roce-tc-state", "roce-tc.json"),
+            ("--lock", "lock"),
+        ] {
+            args.extend([flag.to_owned(), p(file)]);
+        }
+        run(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let netlink = ["--netlink-tc", "--metrics-addr", "off"];
+    let mut d = Daemon::start_under(&hk.netns, &wrapper, &dir, POLICY, &netlink);
+    wait_for("the policy's sysctls and filters", Duration::from_secs(20), || {
+        sysctl(&hk.netns, "net.ipv4.tcp_ecn") == "1"
+            && tcp_rmem_max(&hk.netns) == "67108864"
+            && filters("egress").is_ok_and(|f| f.contains("lp_tc_egress"))
+    });
+    // Refused while the daemon runs: it owns all of it.
+    let out = restore();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("another linkpilot is running"), "{err}");
+    assert_eq!(sysctl(&hk.netns, "net.ipv4.tcp_ecn"), "1", "nothing restored under it");
+    d.child.kill().expect("SIGKILL");
+    d.child.wait().expect("exit");
+    assert_eq!(sysctl(&hk.netns, "net.ipv4.tcp_ecn"), "1", "the kill left it changed");
+    assert!(filters("egress").expect("tc").contains("lp_tc_egress"), "and the classifier");
+    let out = restore();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!((sysctl(&hk.netns, "net.ipv4.tcp_ecn"), tcp_rmem_max(&hk.netns)), (ecn, rmem));
+    for direction in ["ingress", "egress"] {
+        let f = filters(direction).expect("tc");
+        assert!(!f.contains("lp_tc"), "{direction}: {f}");
+    }
+    assert!(!dir.join("sysctl.json").exists(), "the crash-state file is gone");
+    // Again, with nothing left: it says so and changes nothing.
+    let out = restore();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("nothing to restore"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -15,6 +15,7 @@ pub(crate) mod metrics;
 mod options;
 mod reload;
 mod report;
+pub mod restore;
 mod serve;
 pub mod status;
 pub mod status_request;
@@ -49,6 +50,10 @@ use actuate::Actuators;
 use health::SensingHealth;
 use metrics::Metrics;
 pub use options::{MetricsAddr, RunOptions};
+pub use restore::RestoreOptions;
+
+/// One daemon per host: the lock `linkpilot run` holds (and `linkpilot restore` waits for).
+pub const DEFAULT_LOCK: &str = "/run/linkpilot/linkpilot.lock";
 use reload::PolicyWatch;
 use status::Status;
 use transport::TransportPath;

@@ -53,7 +53,7 @@ pub struct RunOptions {
     #[arg(long, default_value = status::DEFAULT_SOCKET)]
     pub status_socket: PathBuf,
     /// One daemon per host: held locked while running.
-    #[arg(long, default_value = "/run/linkpilot/linkpilot.lock")]
+    #[arg(long, default_value = super::DEFAULT_LOCK)]
     pub lock: PathBuf,
     /// RDMA devices' sysfs (their ports' netdevs and congestion counters).
     #[arg(long, default_value = crate::rdma::SYSFS_ROOT)]
