@@ -236,6 +236,23 @@ fn every_daemonsets_args_parse_and_its_configmaps_policy_checks() {
             c["env"].as_array().into_iter().flatten().map(|e| e["name"].clone()).collect(),
         ));
         assert!(env.contains(&"NODE_IP".to_owned()), "$(NODE_IP) needs its env entry");
+        // Every site starts observing; the operator switches it with `kubectl set env`.
+        let dry =
+            c["env"].as_array().into_iter().flatten().find(|e| e["name"] == "LINKPILOT_DRY_RUN");
+        let dry = dry.and_then(|e| e["value"].as_str());
+        assert_eq!(dry, Some("true"), "{}: rolled out observing first", name(ds));
+        // Both values the rollout uses are ones the binary takes (a bad one stops it at start).
+        for value in ["true", "false", "bogus"] {
+            let out = Command::new(env!("CARGO_BIN_EXE_linkpilot"))
+                .args(["run", "--policy", "/nonexistent/linkpilot-policy.toml"])
+                .env("LINKPILOT_DRY_RUN", value)
+                .output()
+                .expect("linkpilot");
+            let err = String::from_utf8_lossy(&out.stderr);
+            let parsed = !err.contains("invalid value");
+            assert_eq!(parsed, value != "bogus", "{value}: {err}");
+            assert!(!out.status.success(), "{err}");
+        }
         let line = command_line(c);
         assert_eq!(line[0], "/usr/local/bin/linkpilot");
         // The binary's own parser: every flag known, every value valid (then --help exits 0).

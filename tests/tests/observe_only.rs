@@ -108,3 +108,44 @@ fn the_default_policy_changes_nothing_until_it_names_peers() {
     drop(d);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A site rolled out as the DaemonSets ship (`LINKPILOT_DRY_RUN=true` in the environment, no
+/// flag) decides but changes nothing: DSCP 0 on the wire (tcpdump, tshark), the sysctls as they
+/// were (`sysctl -n`), no board or env file, status and metrics saying so. The operator's
+/// switch (`LINKPILOT_DRY_RUN=false`, the pod restarted) makes the same policy act.
+#[test]
+fn a_site_rolled_out_observing_acts_only_once_switched() {
+    let lab = lab_with("dstage", "delay = \"5ms\"\nrate = \"100Mbit/s\"");
+    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    let peered = DEFAULT.replacen(
+        "capacity = \"10Gbit/s\"\n",
+        "capacity = \"10Gbit/s\"\n[[link.peer]]\nname = \"us\"\ncidrs = [\"198.18.2.0/24\"]\n",
+        1,
+    );
+    let before: Vec<String> = SYSCTLS.iter().map(|s| sysctl(&hk.netns, s)).collect();
+    let dir = std::env::temp_dir().join(format!("lp-stage-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let observing = ["env", "LINKPILOT_DRY_RUN=true"];
+    let d = Daemon::start_under(&hk.netns, &observing, &dir, &peered, &[]);
+    wait_for("a decision", Duration::from_secs(20), || {
+        std::fs::read_to_string(dir.join("decisions.jsonl")).is_ok_and(|l| !l.is_empty())
+    });
+    let dscp = dscp_seen(&hk, &us, &dir.join("observing.pcap"));
+    assert!(dscp.len() > 100 && dscp.iter().all(|&d| d == 0), "{dscp:?}");
+    let st = status_json(&dir);
+    assert_eq!(st["dry_run"], true, "{st}");
+    assert!(st["links"][0]["decision_id"].as_u64().is_some_and(|id| id >= 1), "{st}");
+    assert!(linkpilot_tests::daemon::scrape(&hk.netns).contains("linkpilot_dry_run 1"));
+    assert_eq!(SYSCTLS.iter().map(|s| sysctl(&hk.netns, s)).collect::<Vec<_>>(), before);
+    assert!(!dir.join("knobs").exists() && !dir.join("nccl.env").exists(), "board or env file");
+    drop(d);
+    // Switched: the same policy, the pod restarted with the variable false.
+    let acting = ["env", "LINKPILOT_DRY_RUN=false"];
+    let d = Daemon::start_under(&hk.netns, &acting, &dir, &peered, &[]);
+    wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
+    let dscp = dscp_seen(&hk, &us, &dir.join("switched.pcap"));
+    assert!(dscp.len() > 100 && dscp.iter().all(|&d| d == 26), "{dscp:?}");
+    assert_eq!(status_json(&dir)["dry_run"], false);
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -12,8 +12,10 @@ pub struct RunOptions {
     /// The policy file.
     #[arg(long, default_value = crate::control::policy::DEFAULT_PATH)]
     pub policy: PathBuf,
-    /// Compute and log every decision; change nothing.
-    #[arg(long)]
+    /// Compute and log every decision; change nothing. Also from the environment
+    /// (`LINKPILOT_DRY_RUN=true`): the DaemonSets start every site observing, and one
+    /// `kubectl set env` switches a site to acting (docs/deploy.md).
+    #[arg(long, env = "LINKPILOT_DRY_RUN")]
     pub dry_run: bool,
     #[arg(long, default_value = crate::board::DEFAULT_PATH)]
     pub board: PathBuf,
