@@ -217,6 +217,10 @@ enum PolicyAction {
         /// Leave connections to the peers on the host's congestion control (no BBR profile).
         #[arg(long)]
         no_transport: bool,
+        /// The host's socket buffer maxima: "keep" (as the hosts have them) or "auto" (sized
+        /// by linkpilot from the delivered rate and the RTT).
+        #[arg(long, default_value = "keep", value_parser = ["keep", "auto"])]
+        tcp_buffers: String,
     },
 }
 
@@ -280,6 +284,7 @@ fn main() -> ExitCode {
                     dscp,
                     roce_traffic_class,
                     no_transport,
+                    tcp_buffers,
                 },
         } => {
             use linkpilot::control::policy::init::{render, InitAnswers};
@@ -292,6 +297,7 @@ fn main() -> ExitCode {
                 dscp,
                 roce_traffic_class,
                 transport: !no_transport,
+                tcp_buffers: tcp_buffers == "auto",
             };
             return match render(&answers) {
                 Ok(text) => {

@@ -112,16 +112,21 @@ fn the_default_policy_changes_nothing_until_it_names_peers() {
 /// A site rolled out as the DaemonSets ship (`LINKPILOT_DRY_RUN=true` in the environment, no
 /// flag) decides but changes nothing: DSCP 0 on the wire (tcpdump, tshark), the sysctls as they
 /// were (`sysctl -n`), no board or env file, status and metrics saying so. The operator's
-/// switch (`LINKPILOT_DRY_RUN=false`, the pod restarted) makes the same policy act.
+/// switch (`LINKPILOT_DRY_RUN=false`, the pod restarted) makes the same policy act: DSCP 26,
+/// and, its socket buffer maxima "keep", still no sysctl written.
 #[test]
 fn a_site_rolled_out_observing_acts_only_once_switched() {
     let lab = lab_with("dstage", "delay = \"5ms\"\nrate = \"100Mbit/s\"");
     let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
-    let peered = DEFAULT.replacen(
-        "capacity = \"10Gbit/s\"\n",
-        "capacity = \"10Gbit/s\"\n[[link.peer]]\nname = \"us\"\ncidrs = [\"198.18.2.0/24\"]\n",
-        1,
-    );
+    // Socket buffer maxima kept: once it acts, it marks DSCP but writes no sysctl.
+    let peered = DEFAULT
+        .replacen(
+            "capacity = \"10Gbit/s\"\n",
+            "capacity = \"10Gbit/s\"\n[[link.peer]]\nname = \"us\"\ncidrs = [\"198.18.2.0/24\"]\n",
+            1,
+        )
+        .replace("[state.knobs]\n", "[state.knobs]\ntcp_buffers = \"keep\"\n");
+    assert!(!DEFAULT.contains("[host]"), "the default policy sets no host sysctl");
     let before: Vec<String> = SYSCTLS.iter().map(|s| sysctl(&hk.netns, s)).collect();
     let dir = std::env::temp_dir().join(format!("lp-stage-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -146,6 +151,7 @@ fn a_site_rolled_out_observing_acts_only_once_switched() {
     let dscp = dscp_seen(&hk, &us, &dir.join("switched.pcap"));
     assert!(dscp.len() > 100 && dscp.iter().all(|&d| d == 26), "{dscp:?}");
     assert_eq!(status_json(&dir)["dry_run"], false);
+    assert_eq!(SYSCTLS.iter().map(|s| sysctl(&hk.netns, s)).collect::<Vec<_>>(), before, "kept");
     drop(d);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -110,10 +110,12 @@ pub(super) fn knobs_for(
         },
     };
     let tcp_buffer_bytes = match k.tcp_buffers {
-        Setting::Fixed(v) => v,
+        // "keep": 0, which the actuator reads as "write no sysctl".
+        None => 0,
+        Some(Setting::Fixed(v)) => v,
         // A measured rate is sized on the RTT baseline: the p99 grows with the queue the buffers
         // build, and would grow them further.
-        Setting::Auto => match (buffer_rtt(rate, s), rate.bps()) {
+        Some(Setting::Auto) => match (buffer_rtt(rate, s), rate.bps()) {
             (Some((rtt_name, p99)), Some(bps)) => {
                 let want = b.buffers_bdp_factor * bps / 8.0 * p99 / 1e3;
                 let prev = prev.map_or(b.buffers_min, |k| k.tcp_buffer_bytes);

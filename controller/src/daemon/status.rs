@@ -337,7 +337,8 @@ pub fn render(s: &Status) -> String {
             k.nccl_ib_timeout,
             crate::control::knobs::kept(k.roce_traffic_class),
             k.watchdog_s,
-            bytes(k.tcp_buffer_bytes),
+            // 0: "keep", the host's maxima left alone.
+            if k.tcp_buffer_bytes == 0 { "keep".to_owned() } else { bytes(k.tcp_buffer_bytes) },
         );
     }
     for l in &s.links {

@@ -164,7 +164,20 @@ pub(super) fn check(raw: RawPolicy, e: &mut Errors) -> Policy {
     // goodput_below is a share of the nominal capacity, which "auto" does not have.
     let by_goodput =
         states.iter().find(|s| s.enter.goodput_below.is_some() || s.exit.goodput_below.is_some());
+    // "keep" socket buffer maxima: nothing to size the probe's or the sockets' buffers with.
+    let kept_buffers = states.first().is_some_and(|s| s.knobs.tcp_buffers.is_none());
     for (l, raw) in links.iter().zip(&raw.links) {
+        if kept_buffers && l.capacity_bps.is_none() {
+            e.at(
+                raw.span(),
+                format!(
+                    "link {:?} has capacity \"auto\", which probes the rate by raising the \
+                     socket buffer maxima, but tcp_buffers is \"keep\": give the link's \
+                     capacity, or let linkpilot set the buffers",
+                    l.name
+                ),
+            );
+        }
         if let (None, Some(st)) = (l.capacity_bps, by_goodput) {
             e.at(
                 raw.span(),
@@ -411,6 +424,7 @@ fn check_states(raw: &[Spanned<RawState>], b: &Bounds, e: &mut Errors) -> (Vec<S
                     first.knobs.roce_traffic_class.is_some(),
                     k.roce_traffic_class.0.is_some(),
                 ),
+                ("tcp_buffers", first.knobs.tcp_buffers.is_some(), k.tcp_buffers.0.is_some()),
             ];
             for (knob, _, set_here) in mixed.into_iter().filter(|(_, a, b)| a != b) {
                 let (here, there) = if set_here { ("sets", "keeps") } else { ("keeps", "sets") };
@@ -463,7 +477,7 @@ fn check_states(raw: &[Spanned<RawState>], b: &Bounds, e: &mut Errors) -> (Vec<S
                 );
             }
         }
-        if let Setting::Fixed(t) = k.tcp_buffers {
+        if let Some(Setting::Fixed(t)) = k.tcp_buffers.0 {
             if t.0 < b.buffers_min || t.0 > b.buffers_max {
                 outside(
                     "tcp_buffers",
@@ -486,6 +500,17 @@ fn check_states(raw: &[Spanned<RawState>], b: &Bounds, e: &mut Errors) -> (Vec<S
             }
         }
         let transport = s.transport.as_ref().map(|t| check_transport(&name, t, b, e, &mut ccs));
+        if k.tcp_buffers.0.is_none()
+            && transport.as_ref().is_some_and(|t| t.socket_buffers == Some(Setting::Auto))
+        {
+            e.at(
+                kspan.clone(),
+                format!(
+                    "state {name:?}: transport socket_buffers \"auto\" is the state's \
+                     tcp_buffers, which is \"keep\": give socket_buffers a size"
+                ),
+            );
+        }
         states.push(State {
             name,
             enter,
@@ -498,7 +523,7 @@ fn check_states(raw: &[Spanned<RawState>], b: &Bounds, e: &mut Errors) -> (Vec<S
                 watchdog_s: map_setting(k.watchdog, secs),
                 dscp: k.dscp.0,
                 roce_traffic_class: k.roce_traffic_class.0,
-                tcp_buffers: map_setting(k.tcp_buffers, |b| b.0),
+                tcp_buffers: k.tcp_buffers.0.map(|s| map_setting(s, |b| b.0)),
                 sync_every: k.sync_every,
                 outer_compression: k.outer_codec,
                 fragments: k.fragments,

@@ -39,12 +39,12 @@ pub(super) struct RawPolicy {
 #[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawHost {
-    /// net.ipv4.tcp_ecn.
-    pub(super) tcp_ecn: Option<Spanned<i64>>,
+    /// net.ipv4.tcp_ecn. Each key left out, or "keep": the host's value, never written.
+    pub(super) tcp_ecn: Option<Spanned<Keep<i64>>>,
     /// net.core.netdev_max_backlog.
-    pub(super) netdev_max_backlog: Option<Spanned<i64>>,
+    pub(super) netdev_max_backlog: Option<Spanned<Keep<i64>>>,
     /// net.ipv4.tcp_slow_start_after_idle.
-    pub(super) tcp_slow_start_after_idle: Option<Spanned<i64>>,
+    pub(super) tcp_slow_start_after_idle: Option<Spanned<Keep<i64>>>,
 }
 
 pub(super) fn d_nccl() -> Spanned<RawNccl> {
@@ -445,8 +445,9 @@ pub(super) struct RawKnobs {
     /// Omitted or "keep": the daemon never sets the ports' RoCE class nor NCCL_IB_TC.
     #[serde(default)]
     pub(super) roce_traffic_class: Keep<u8>,
-    #[serde(default = "auto")]
-    pub(super) tcp_buffers: Setting<Bytes>,
+    /// Omitted: "auto"; "keep": the host's socket buffer maxima are never written.
+    #[serde(default = "auto_kept")]
+    pub(super) tcp_buffers: Keep<Setting<Bytes>>,
     /// Inner steps per cross-site round (1: the per-step exchange), or "auto".
     #[serde(default = "d_sync_every")]
     pub(super) sync_every: Setting<u32>,
@@ -493,6 +494,10 @@ pub(super) fn d_one() -> u16 {
 
 pub(super) fn auto<T>() -> Setting<T> {
     Setting::Auto
+}
+
+pub(super) fn auto_kept<T>() -> Keep<Setting<T>> {
+    Keep(Some(Setting::Auto))
 }
 
 pub(super) fn d_retry() -> u8 {

@@ -28,6 +28,9 @@ pub struct InitAnswers {
     pub roce_traffic_class: Option<u8>,
     /// Whether the states give connections to the peers BBR (`[state.transport]`).
     pub transport: bool,
+    /// Whether the daemon sizes the host's socket buffer maxima (`tcp_buffers = "auto"`);
+    /// otherwise "keep", as the site has them.
+    pub tcp_buffers: bool,
 }
 
 /// Parses `NAME=CIDR[,CIDR...]`.
@@ -94,12 +97,24 @@ pub fn render(a: &InitAnswers) -> Result<String, PolicyErrors> {
 # show the states and knobs it would set, changing nothing.
 #
 # What it changes when it acts: the knob board and env file the training jobs read (codec,
-# chunk, NCCL timeouts, sync plan) and the socket buffer maxima (tcp_buffers \"auto\", within
-# [bounds]).
-{transport}# DSCP and the RoCE class stay as the site has them (\"keep\") unless --dscp /
+# chunk, NCCL timeouts, sync plan).
+{transport}{buffers}# DSCP and the RoCE class stay as the site has them (\"keep\") unless --dscp /
 # --roce-traffic-class set them. No [host] sysctl is set: the ones the lab's runs hold are at
 # the end, commented out.
 ",
+        buffers = if a.tcp_buffers {
+            "# The socket buffer maxima (tcp_buffers \"auto\": 2 x the delivered rate x the RTT,\n\
+             # within [bounds]).\n"
+                .to_owned()
+        } else {
+            format!(
+                "# Not the socket buffer maxima (tcp_buffers \"keep\"): one connection's window is\n\
+                 # capped by net.core.rmem_max / wmem_max and tcp_rmem / tcp_wmem, and filling this\n\
+                 # link takes {} (the bandwidth-delay product); raise them on the hosts, or\n\
+                 # `--tcp-buffers auto` lets linkpilot size them.\n",
+                Bytes(bdp as u64)
+            )
+        },
         transport = if a.transport {
             "# BBR on TCP connections to the peers, in every state ([state.transport];\n\
              # --no-transport leaves it out).\n"
@@ -176,6 +191,7 @@ sync_every = {{ min = 8, max = 200, margin = \"25%\", max_drift = 800 }}
             ),
             None => writeln!(w, "roce_traffic_class = \"keep\""),
         };
+        let _ = writeln!(w, "tcp_buffers = {:?}", if a.tcp_buffers { "auto" } else { "keep" });
         let _ = writeln!(w, "sync_every = \"auto\"\nouter_codec = {outer:?}\nfragments = 4");
         if a.transport {
             let _ = writeln!(w, "[state.transport]\ncongestion_control = \"bbr\"");
@@ -254,6 +270,7 @@ mod tests {
             dscp: None,
             roce_traffic_class: None,
             transport: true,
+            tcp_buffers: false,
         }
     }
 
@@ -278,7 +295,8 @@ mod tests {
             assert_eq!((&a.name, &a.enter, &a.exit), (&b.name, &b.enter, &b.exit));
             assert_eq!(a.knobs.compression, b.knobs.compression, "{}", a.name);
             assert_eq!(a.knobs.transport, b.knobs.transport, "{}", a.name);
-            assert_eq!((a.knobs.dscp, a.knobs.roce_traffic_class), (None, None), "{}", a.name);
+            let kept = (a.knobs.dscp, a.knobs.roce_traffic_class, a.knobs.tcp_buffers);
+            assert_eq!(kept, (None, None, None), "{}", a.name);
         }
         assert_eq!(ours.host, super::super::Host::default());
         // Asked for: the values, in every state; no transport profile with --no-transport.
@@ -286,11 +304,13 @@ mod tests {
             dscp: Some(10),
             roce_traffic_class: Some(106),
             transport: false,
+            tcp_buffers: true,
             ..answers(vec![us], "100Mbit/s", "180ms")
         };
         let p = Policy::parse(&render(&asked).unwrap(), "asked").unwrap();
         for s in &p.states {
             assert_eq!((s.knobs.dscp, s.knobs.roce_traffic_class), (Some(10), Some(106)));
+            assert_eq!(s.knobs.tcp_buffers, Some(super::super::Setting::Auto));
             assert!(s.knobs.transport.is_none(), "{}", s.name);
         }
     }

@@ -313,7 +313,8 @@ pub struct StateKnobs {
     /// None: "keep", never touched (the same in every state of the ladder).
     pub dscp: Option<u8>,
     pub roce_traffic_class: Option<u8>,
-    pub tcp_buffers: Setting<u64>,
+    /// None: "keep", the host's socket buffer maxima never written (the same in every state).
+    pub tcp_buffers: Option<Setting<u64>>,
     pub sync_every: Setting<u32>,
     pub outer_compression: Setting<Compression>,
     pub fragments: u16,

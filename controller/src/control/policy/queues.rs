@@ -97,6 +97,7 @@ mod tests {
             dscp: None,
             roce_traffic_class: Some(106),
             transport: true,
+            tcp_buffers: false,
         };
         let p = Policy::parse(&init::render(&a).unwrap(), "init").unwrap();
         assert!(p.lossless_queue_warnings().is_empty());

@@ -9,7 +9,7 @@ use toml::Spanned;
 
 use super::{
     check::map_setting,
-    file::{RawHost, RawNccl, RawOutcome, RawTransport, Setting},
+    file::{Keep, RawHost, RawNccl, RawOutcome, RawTransport, Setting},
     Bounds, Errors, Host, Nccl, NcclRule, Outcome, PolicyError, State, StateTransport,
 };
 use crate::actuate::envfile;
@@ -21,18 +21,23 @@ use linkpilot_common::units::Bytes;
 pub(super) type CcUses = Vec<(CcName, PolicyError)>;
 
 pub(super) fn check_host(h: &RawHost, e: &mut Errors) -> Host {
-    let tcp_ecn = host_int(h.tcp_ecn.as_ref(), 0..=2, e, |n| {
+    // "keep" is the key left out: never written.
+    let set = |v: &Option<Spanned<Keep<i64>>>| {
+        v.as_ref().and_then(|s| s.get_ref().0.map(|n| Spanned::new(s.span(), n)))
+    };
+    let (tcp_ecn, backlog, slow_start) =
+        (set(&h.tcp_ecn), set(&h.netdev_max_backlog), set(&h.tcp_slow_start_after_idle));
+    let tcp_ecn = host_int(tcp_ecn.as_ref(), 0..=2, e, |n| {
         format!(
             "host tcp_ecn {n} must be 0 (off), 1 (ask for and accept ECN) or 2 (accept when \
              asked, the kernel's default)"
         )
     });
     // The sysctl is a C int.
-    let netdev_max_backlog =
-        host_int(h.netdev_max_backlog.as_ref(), 1..=i64::from(i32::MAX), e, |n| {
-            format!("host netdev_max_backlog {n} must be 1 to {} (a C int)", i32::MAX)
-        });
-    let tcp_slow_start_after_idle = host_int(h.tcp_slow_start_after_idle.as_ref(), 0..=1, e, |n| {
+    let netdev_max_backlog = host_int(backlog.as_ref(), 1..=i64::from(i32::MAX), e, |n| {
+        format!("host netdev_max_backlog {n} must be 1 to {} (a C int)", i32::MAX)
+    });
+    let tcp_slow_start_after_idle = host_int(slow_start.as_ref(), 0..=1, e, |n| {
         format!(
             "host tcp_slow_start_after_idle {n} must be 0 (keep the window after idle) or 1 \
              (restart it, the kernel's default)"

@@ -134,8 +134,9 @@ fn host_and_env_sections() {
         ),
         (
             "\n[host]\ntcp_ecn = \"on\"\n",
-            "p.toml:14:11: invalid type: string \"on\", expected i64",
+            "p.toml:14:11: invalid type: string \"on\", expected i64, or \"keep\"",
         ),
+        ("\n[host]\ntcp_ecn = \"keep\"\ntcp_slow_start_after_idle = \"keep\"\n", "OK"),
         (
             "\n[host]\nrmem_max = 1\n",
             "p.toml:14:1: unknown field `rmem_max`, expected one of `tcp_ecn`, `netdev_max_backlog`, `tcp_slow_start_after_idle`",
@@ -486,7 +487,7 @@ fn every_knob_has_a_default_so_a_state_may_set_none() {
         (k.compression, k.dscp, k.roce_traffic_class),
         (Setting::Fixed(Compression::None), None, None)
     );
-    assert_eq!((k.chunk, k.tcp_buffers, k.transport), (Setting::Auto, Setting::Auto, None));
+    assert_eq!((k.chunk, k.tcp_buffers, k.transport), (Setting::Auto, Some(Setting::Auto), None));
 }
 
 #[test]
@@ -534,4 +535,49 @@ fn compression_auto_and_its_bounds() {
             .any(|e| e.contains("invalid compression \"auto-ish\"") && e.contains("or \"auto\"")),
         "{e:?}"
     );
+}
+
+/// "keep" socket buffer maxima: the whole ladder or none of it; nothing that needs the buffers
+/// sized (socket_buffers "auto", a probed capacity) beside it; "keep" host sysctls are unset.
+#[test]
+fn kept_socket_buffers_and_host_sysctls() {
+    let kept = Policy::parse(
+        "[[link]]\nname = \"wan\"\ninterfaces = [\"eth0\"]\ncapacity = \"10Gbit/s\"\n\
+         [[state]]\nname = \"healthy\"\n[state.knobs]\ntcp_buffers = \"keep\"\n\
+         [host]\ntcp_ecn = \"keep\"\nnetdev_max_backlog = 1000\n",
+        "p.toml",
+    )
+    .unwrap();
+    assert_eq!(kept.states[0].knobs.tcp_buffers, None);
+    assert_eq!(kept.host, Host { netdev_max_backlog: Some(1000), ..Host::default() });
+    let cases = [
+        (
+            "\n[[state]]\nname = \"congested\"\nenter = { retrans = \"1%\" }\n[state.knobs]\n\
+             dscp = 26\nroce_traffic_class = 106\ntcp_buffers = \"keep\"\n",
+            "p.toml:16:1: state \"congested\" keeps tcp_buffers while state \"healthy\" sets it; \"keep\" (or leaving it out) applies to every state of the ladder or to none",
+        ),
+        (
+            "\n[[state]]\nname = \"congested\"\nenter = { retrans = \"1%\" }\n[state.knobs]\n\
+             dscp = 26\nroce_traffic_class = 106\ntcp_buffers = \"1KB\"\n",
+            "p.toml:19:15: invalid size \"1KB\": expected a number and a unit: B, KiB, MiB, GiB, kB, MB, GB (e.g. \"2MiB\"), or \"auto\", or \"keep\"",
+        ),
+    ];
+    for (extra, want) in cases {
+        assert_eq!(errors(extra), want, "for:\n{extra}");
+    }
+    let with = |knobs: &str, capacity: &str| {
+        let src = format!(
+            "[[link]]\nname = \"wan\"\ninterfaces = [\"eth0\"]\ncapacity = \"{capacity}\"\n\
+             [[state]]\nname = \"healthy\"\n[state.knobs]\ntcp_buffers = \"keep\"\n{knobs}"
+        );
+        Policy::parse(&src, "p.toml").map(|_| ()).map_err(|e| e.to_string())
+    };
+    let e = with("[state.transport]\nsocket_buffers = \"auto\"\n", "10Gbit/s").unwrap_err();
+    assert!(
+        e.contains("socket_buffers \"auto\" is the state's tcp_buffers, which is \"keep\""),
+        "{e}"
+    );
+    assert!(with("[state.transport]\nsocket_buffers = \"8MiB\"\n", "10Gbit/s").is_ok());
+    let e = with("", "auto").unwrap_err();
+    assert!(e.contains("capacity \"auto\", which probes the rate"), "{e}");
 }

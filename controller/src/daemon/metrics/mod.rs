@@ -154,7 +154,7 @@ impl Metrics {
             ("knob_watchdog_seconds", "Collective watchdog timeout"),
             ("knob_dscp", "DSCP of the link's egress traffic (-1: left alone)"),
             ("knob_roce_traffic_class", "RoCE traffic class (NCCL_IB_TC; -1: left alone)"),
-            ("knob_tcp_buffer_bytes", "TCP buffer limit asked for"),
+            ("knob_tcp_buffer_bytes", "TCP buffer limit asked for (0: left alone)"),
             (
                 "knob_sync_every",
                 "Inner steps per cross-site sync round (1: every step; 0: auto, the training side \
