@@ -1,19 +1,19 @@
 //! Builds the eBPF crate for bpfel-unknown-none (nightly, build-std, bpf-linker) into OUT_DIR, so
 //! the controller embeds the object. `cargo xtask build-ebpf` goes through this same path.
-//! Without the `native` feature (the fuzz targets) the embedded object is empty. With
+//! Without the `ebpf` feature (the fuzz targets) the embedded object is empty. With
 //! `LINKPILOT_EBPF_OBJECT` set (by `cargo xtask test`, to an object an earlier build of the same
 //! run made) that object is embedded instead of building it again for another profile.
-#[cfg(feature = "native")]
+#[cfg(feature = "ebpf")]
 use anyhow::{anyhow, Context as _};
 
-#[cfg(not(feature = "native"))]
+#[cfg(not(feature = "ebpf"))]
 fn main() -> anyhow::Result<()> {
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out.join("linkpilot"), b"")?;
     Ok(())
 }
 
-#[cfg(feature = "native")]
+#[cfg(feature = "ebpf")]
 fn main() -> anyhow::Result<()> {
     println!("cargo::rerun-if-env-changed=LINKPILOT_EBPF_OBJECT");
     if let Some(object) = std::env::var_os("LINKPILOT_EBPF_OBJECT") {

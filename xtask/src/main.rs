@@ -6,6 +6,7 @@ mod bench_datapath;
 mod bench_streams;
 mod bench_training;
 mod build_ebpf;
+mod build_portable;
 mod build_tuner;
 mod demo;
 mod fuzz;
@@ -38,6 +39,9 @@ enum Command {
     /// Build the NCCL tuner plugin as shipped (against glibc 2.28, with cargo-zigbuild), check
     /// the glibc versions it needs, and print its path.
     BuildTuner,
+    /// Build the daemon for glibc 2.28 userlands (cargo-zigbuild, without libibverbs), check
+    /// the glibc versions and libraries it needs, and print its path (target/portable/linkpilot).
+    BuildPortable,
     /// The main job on a built-in default: the WAN lab plays hk-us-day, the daemon tunes the
     /// Hong Kong side with policies/hk-us.toml under real TCP traffic (as root).
     Demo {
@@ -175,6 +179,10 @@ fn main() -> anyhow::Result<()> {
         }
         Command::BuildTuner => {
             println!("{}", build_tuner::build()?.display());
+            Ok(())
+        }
+        Command::BuildPortable => {
+            println!("{}", build_portable::build()?.display());
             Ok(())
         }
         Command::Soak { quick, steps, seed, restarts, minutes, release } => {

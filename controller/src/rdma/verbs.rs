@@ -35,18 +35,21 @@ pub struct Verbs {
     pub unavailable: Option<String>,
 }
 
-/// Without libibverbs linked in (no `native` feature) there is nothing to list.
-#[cfg(not(feature = "native"))]
+/// Without libibverbs linked in (no `verbs` feature) there is nothing to list.
+#[cfg(not(feature = "verbs"))]
 pub fn discover() -> io::Result<Verbs> {
     Ok(Verbs {
         devices: Vec::new(),
-        unavailable: Some("built without libibverbs (the `native` feature)".into()),
+        unavailable: Some(
+            "built without libibverbs (the `verbs` feature: the glibc 2.28 build leaves it out)"
+                .into(),
+        ),
     })
 }
 
 /// Lists the RDMA devices. A kernel without RDMA support (ENOSYS) or without devices gives an
 /// empty list; other failures (permissions, memory) are errors.
-#[cfg(feature = "native")]
+#[cfg(feature = "verbs")]
 pub fn discover() -> io::Result<Verbs> {
     let list = match ibverbs::devices() {
         Ok(list) => list,
@@ -80,7 +83,7 @@ pub fn discover() -> io::Result<Verbs> {
     Ok(Verbs { devices, unavailable: None })
 }
 
-#[cfg(feature = "native")]
+#[cfg(feature = "verbs")]
 fn ifname(ifindex: u32) -> Option<String> {
     let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
     // SAFETY: `buf` has the IF_NAMESIZE bytes if_indextoname writes at most.
@@ -90,7 +93,7 @@ fn ifname(ifindex: u32) -> Option<String> {
 }
 
 /// `0x0002c90300a1b2c3` -> `0002:c903:00a1:b2c3`.
-#[cfg(any(feature = "native", test))]
+#[cfg(any(feature = "verbs", test))]
 fn format_guid(g: u64) -> String {
     let w = |i: u32| (g >> (48 - 16 * i)) & 0xffff;
     format!("{:04x}:{:04x}:{:04x}:{:04x}", w(0), w(1), w(2), w(3))

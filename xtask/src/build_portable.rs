@@ -1,0 +1,93 @@
+//! `cargo xtask build-portable`: the daemon for glibc 2.28 userlands (RHEL 8, Ubuntu 20.04 and
+//! newer), linked as the tuner plugin is (cargo-zigbuild against glibc 2.28), without libibverbs
+//! (the `verbs` feature: only `linkpilot rdma`'s device list uses it; the daemon reads RDMA
+//! ports from sysfs and netlink), so it needs nothing beyond the C library. Checked after the
+//! build: the newest glibc symbol version it names, and the libraries it loads.
+
+use std::{fs, path::PathBuf, process::Command};
+
+use anyhow::{bail, Context as _};
+
+use crate::{
+    build_tuner::{highest_glibc, GLIBC},
+    run::{output, status, workspace_root},
+};
+
+const TARGET: &str = "x86_64-unknown-linux-gnu";
+/// What a glibc 2.28 system has without packages: the C library's own parts.
+const LIBC_ONLY: &[&str] = &[
+    "libc.so.6",
+    "libm.so.6",
+    "libpthread.so.0",
+    "libdl.so.2",
+    "librt.so.1",
+    "ld-linux-x86-64.so.2",
+];
+
+pub fn shipped() -> PathBuf {
+    workspace_root().join("target/portable/linkpilot")
+}
+
+pub fn build() -> anyhow::Result<PathBuf> {
+    let path = crate::python::path_with_tools(&[crate::python::zig_dir()?]);
+    let target_dir = workspace_root().join(format!("target/glibc-{}.{}", GLIBC.0, GLIBC.1));
+    status(
+        "cargo zigbuild (the daemon for glibc 2.28)",
+        Command::new(env!("CARGO"))
+            .args(["zigbuild", "--release", "-p", "linkpilot", "--bin", "linkpilot"])
+            .args(["--no-default-features", "--features", "ebpf", "--target"])
+            .arg(format!("{TARGET}.{}.{}", GLIBC.0, GLIBC.1))
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .env("PATH", path),
+    )?;
+    let built = target_dir.join(TARGET).join("release/linkpilot");
+    let out = shipped();
+    fs::create_dir_all(out.parent().context("a parent")?)?;
+    fs::copy(&built, &out).with_context(|| format!("copying {}", built.display()))?;
+    let symbols = output(Command::new("objdump").arg("-T").arg(&out))
+        .with_context(|| format!("objdump -T {} failed", out.display()))?;
+    match highest_glibc(&symbols) {
+        Some(v) if v <= GLIBC => {}
+        Some(v) => bail!(
+            "{} needs GLIBC_{}.{}, newer than the {}.{} it is built for",
+            out.display(),
+            v.0,
+            v.1,
+            GLIBC.0,
+            GLIBC.1
+        ),
+        None => bail!("objdump -T {}: no GLIBC symbol versions", out.display()),
+    }
+    let headers = output(Command::new("objdump").arg("-p").arg(&out))
+        .with_context(|| format!("objdump -p {} failed", out.display()))?;
+    let others = other_libraries(&headers);
+    if !others.is_empty() {
+        bail!("{} loads {} beside the C library", out.display(), others.join(", "));
+    }
+    Ok(out)
+}
+
+/// The NEEDED libraries of `objdump -p` that are not the C library's.
+fn other_libraries(headers: &str) -> Vec<String> {
+    headers
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("NEEDED")?.split_whitespace().next())
+        .filter(|lib| !LIBC_ONLY.contains(lib))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn libraries_beside_the_c_library_are_named() {
+        let headers = "Dynamic Section:\n  NEEDED               libm.so.6\n  \
+                       NEEDED               libibverbs.so.1\n  NEEDED               libc.so.6\n  \
+                       SONAME               x\n";
+        assert_eq!(other_libraries(headers), ["libibverbs.so.1"]);
+        assert!(other_libraries("  NEEDED  libc.so.6\n  NEEDED  libdl.so.2\n").is_empty());
+    }
+}
