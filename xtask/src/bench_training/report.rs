@@ -31,6 +31,7 @@ pub const STRONGEST_FIXED: &str = "static-bbr";
 fn is_fixed(name: &str) -> bool {
     matches!(name, "untuned" | "static" | "static-bbr" | "outer-static" | "outer-expert")
         || name.starts_with("fixed-")
+        || name.starts_with("outer-expert-h")
 }
 
 /// A target loss: where it was read (`source` at `at` of its day) and what its speedups are
@@ -446,6 +447,16 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn the_h_sweeps_configurations_are_fixed_ones() {
+        for name in ["static-bbr", "outer-expert", "outer-expert-h16", "outer-expert-h100"] {
+            assert!(is_fixed(name), "{name}");
+        }
+        for name in ["adaptive", "adaptive-outer", "oracle", "co-located"] {
+            assert!(!is_fixed(name), "{name}");
+        }
+    }
 
     /// A run of `config` whose eval loss falls linearly from 3.0 by `per_s` nats a second over a
     /// 100 s day (evals every 5 s), taking `steps_per_s` steps a second; one 100 s phase "calm"
