@@ -311,6 +311,17 @@ pub const MAP_ROCE_QPS: &str = "LP_ROCE_QPS";
 /// Queue pairs tracked for retransmissions; the least recently used are forgotten.
 pub const MAX_ROCE_QPS: u32 = 65536;
 
+/// Hash: network namespace inode number (`u32`) -> the ifindex (`u32`) of the watched interface
+/// whose counters take the flows of that namespace: the namespaces of reporting jobs that run
+/// in their own (a pod's), whose addresses no watched interface owns. Empty unless the
+/// policy opts in.
+pub const MAP_JOB_NETNS: &str = "LP_JOB_NETNS";
+/// Array of one `u32`: how many entries [`MAP_JOB_NETNS`] has; while 0 the tracepoints skip
+/// the namespace read a socket of no watched address would otherwise cost.
+pub const MAP_JOB_NETNS_COUNT: &str = "LP_JOB_NETNS_N";
+/// Capacity of [`MAP_JOB_NETNS`].
+pub const MAX_JOB_NAMESPACES: u32 = 256;
+
 /// LRU hash: [`FlowKey`] -> [`FlowState`], written by the TCP tracepoints.
 pub const MAP_FLOWS: &str = "LP_FLOWS";
 /// Flows tracked; the least recently updated are forgotten first.
@@ -363,6 +374,10 @@ pub struct FlowState {
     pub burst_from_us: u32,
     /// `bpf_ktime_get_ns` when `burst_rtt_us` was taken (0: never).
     pub burst_ns: u64,
+    /// The socket's network namespace (inode number; 0: not read, on kernels without BTF): a
+    /// flow in a reporting job's own namespace is that job's.
+    pub netns: u32,
+    pub _pad: u32,
 }
 
 /// RTT samples of one (interface, peer), from the flows' smoothed RTTs.
@@ -591,7 +606,7 @@ const _: () = assert!(core::mem::size_of::<RoceCounters>() == 16 * 8);
 const _: () = assert!(core::mem::size_of::<QpKey>() == 28);
 const _: () = assert!(core::mem::size_of::<PeerStats>() == 2 * 72 + 2 * 128 + 32 + 8 + 32 + 64 * 8);
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 40);
-const _: () = assert!(core::mem::size_of::<FlowState>() == 80);
+const _: () = assert!(core::mem::size_of::<FlowState>() == 88);
 const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 16);
 const _: () = assert!(core::mem::size_of::<LocalAddr>() == 20);
 const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 52);

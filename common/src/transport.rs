@@ -6,9 +6,11 @@ pub const PROG_SOCK_OPS: &str = "lp_sock_ops";
 /// Array of [`TransportProfile`], indexed by peer id (1..=[`crate::MAX_PEERS`]; slot 0, traffic to
 /// no named peer, is never enabled).
 pub const MAP_TRANSPORT: &str = "LP_TRANSPORT";
-/// Array of one `u64`: the network namespace cookie whose sockets the program may touch (0:
-/// none). Cgroup programs see every namespace's sockets, and the lab's namespaces reuse
-/// addresses: the peer's address alone would tune another namespace's connections.
+/// Hash: network namespace cookie (`u64`) -> `u32` (1), the namespaces whose sockets the program
+/// may touch: the controller's, and the reporting jobs' own where the policy opts in (none
+/// until the controller says). Cgroup programs see every namespace's sockets, and the lab's
+/// namespaces reuse addresses: the peer's address alone would tune another namespace's
+/// connections.
 pub const MAP_TRANSPORT_NETNS: &str = "LP_TRANSPORT_NS";
 /// LRU hash: socket cookie (`u64`) -> [`ManagedSocket`], the connections carrying a profile.
 pub const MAP_MANAGED_SOCKETS: &str = "LP_MANAGED_SK";

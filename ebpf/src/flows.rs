@@ -9,9 +9,9 @@ use linkpilot_common::{
 };
 
 use crate::{
-    kernel::{in_watched_netns, Record},
+    jobs::flow_iface,
+    kernel::Record,
     losses::{flow_table, lost},
-    retransmit::LOCAL_ADDRS,
     rtt::{addresses, AddrOffsets, FLOWS},
     traffic::{iface_slot, peer_stats},
 };
@@ -83,11 +83,8 @@ fn try_state(ctx: &TracePointContext) -> Result<(), i64> {
     let Some((local_key, local, remote)) = addresses(ctx, family, &SOCK_STATE_ADDRS)? else {
         return Ok(());
     };
-    // SAFETY: the controller writes this map only with whole values.
-    let Some(&ifindex) = (unsafe { LOCAL_ADDRS.get(local_key) }) else { return Ok(()) };
-    if !in_watched_netns(ctx, rec::SKADDR) {
-        return Ok(());
-    }
+    let sk: u64 = unsafe { ctx.field(rec::SKADDR)? };
+    let Some((ifindex, netns)) = flow_iface(sk, &local_key) else { return Ok(()) };
     let peer = crate::peers::peer_of_uncached(&remote);
     if let Some(ps) = iface_slot(ifindex).and_then(|slot| peer_stats(slot, peer)) {
         // SAFETY: a per-CPU value.
@@ -105,7 +102,7 @@ fn try_state(ctx: &TracePointContext) -> Result<(), i64> {
         Event::ActiveOpen | Event::PassiveOpen => {
             // SAFETY: bpf_ktime_get_ns has no preconditions.
             let now = unsafe { bpf_ktime_get_ns() };
-            let state = FlowState { last_ns: now, ifindex, peer, ..FlowState::default() };
+            let state = FlowState { last_ns: now, ifindex, peer, netns, ..FlowState::default() };
             match FLOWS.insert(key, state, NOEXIST) {
                 Ok(()) => flow_table(false),
                 Err(EEXIST) => {}

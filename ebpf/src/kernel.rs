@@ -1,5 +1,6 @@
 //! What the controller patches in at load time from the running kernel (BTF offsets, the watched
-//! network namespace), and the namespace check every tracepoint makes before it counts.
+//! network namespace), and reading a socket's namespace, which every tracepoint checks before it
+//! counts (`jobs.rs`).
 
 use aya_ebpf::{helpers::bpf_probe_read_kernel, programs::TracePointContext, EbpfContext};
 use linkpilot_common::KernelOffsets;
@@ -92,36 +93,35 @@ pub(crate) static LP_KERNEL_OFFSETS: KernelOffsets = KernelOffsets {
     sock_v6_daddr: 0,
 };
 
-/// Whether the socket at record offset `skaddr` lives in the watched network namespace.
-/// Tracepoints see every namespace's sockets, and the same addresses recur in each: the address
-/// alone would count another namespace's connections. True when no namespace is set.
+/// The watched network namespace's inode number, or None when there is none to check against
+/// (none set, or no BTF offsets to read a socket's by): every namespace counts then.
 #[inline(always)]
-pub(crate) fn in_watched_netns(ctx: &TracePointContext, skaddr: usize) -> bool {
-    // SAFETY: the offset is within the record (checked against tracefs at load time).
-    let Ok(sk) = (unsafe { ctx.field::<u64>(skaddr) }) else { return false };
-    sock_in_watched_netns(sk)
-}
-
-/// Whether socket `sk` (a kernel address) lives in the watched network namespace; true when
-/// no namespace is set.
-#[inline(always)]
-pub(crate) fn sock_in_watched_netns(sk: u64) -> bool {
+pub(crate) fn watched_netns() -> Option<u32> {
     // SAFETY: a read-only global patched at load time.
-    let (want, sock_net, net_inum) = unsafe {
+    let (want, net_inum) = unsafe {
         (
             core::ptr::read_volatile(&LP_KERNEL_OFFSETS.netns_inum),
+            core::ptr::read_volatile(&LP_KERNEL_OFFSETS.net_inum),
+        )
+    };
+    (want != 0 && net_inum != 0).then_some(want)
+}
+
+/// The network namespace (inode number) of socket `sk`, a kernel address; None when the
+/// kernel gave no offsets to read it by or a read fails.
+#[inline(always)]
+pub(crate) fn sock_netns(sk: u64) -> Option<u32> {
+    // SAFETY: a read-only global patched at load time.
+    let (sock_net, net_inum) = unsafe {
+        (
             core::ptr::read_volatile(&LP_KERNEL_OFFSETS.sock_net),
             core::ptr::read_volatile(&LP_KERNEL_OFFSETS.net_inum),
         )
     };
-    if want == 0 || net_inum == 0 {
-        return true;
+    if net_inum == 0 {
+        return None;
     }
     // SAFETY: bpf_probe_read_kernel tolerates any address and reports failure.
-    let Ok(net) = (unsafe { bpf_probe_read_kernel((sk + u64::from(sock_net)) as *const u64) })
-    else {
-        return false;
-    };
-    let inum = unsafe { bpf_probe_read_kernel((net + u64::from(net_inum)) as *const u32) };
-    inum == Ok(want)
+    let net = unsafe { bpf_probe_read_kernel((sk + u64::from(sock_net)) as *const u64) }.ok()?;
+    unsafe { bpf_probe_read_kernel((net + u64::from(net_inum)) as *const u32) }.ok()
 }

@@ -5,6 +5,7 @@
 #![no_main]
 
 mod flows;
+mod jobs;
 mod kernel;
 mod losses;
 mod peers;

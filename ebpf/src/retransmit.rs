@@ -23,7 +23,8 @@ use linkpilot_common::{
 };
 
 use crate::{
-    kernel::{sock_in_watched_netns, Record, LP_KERNEL_OFFSETS},
+    jobs::flow_iface,
+    kernel::{Record, LP_KERNEL_OFFSETS},
     rtt::{addresses, v4_addresses, v6_addresses, AddrOffsets, Addresses, FLOWS},
     traffic::{iface_slot, peer_stats, IFACE_STATS},
 };
@@ -131,11 +132,7 @@ fn from_record(ctx: &TracePointContext) -> Result<Option<Retransmission>, i64> {
 #[inline(always)]
 fn count(r: &Retransmission) -> Result<(), i64> {
     let (key, local, remote) = &r.addrs;
-    // SAFETY: the controller writes this map only with whole values.
-    let Some(&ifindex) = (unsafe { LOCAL_ADDRS.get(key) }) else { return Ok(()) };
-    if !sock_in_watched_netns(r.sk) {
-        return Ok(());
-    }
+    let Some((ifindex, _)) = flow_iface(r.sk, key) else { return Ok(()) };
     let Some(slot) = iface_slot(ifindex) else { return Ok(()) };
     let Some(stats) = IFACE_STATS.get_ptr_mut(slot) else { return Ok(()) };
     // SAFETY: a per-CPU value; see traffic.rs.

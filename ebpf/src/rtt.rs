@@ -13,9 +13,9 @@ use linkpilot_common::{
 };
 
 use crate::{
-    kernel::{in_watched_netns, Record},
+    jobs::flow_iface,
+    kernel::Record,
     losses::{flow_table, lost},
-    retransmit::LOCAL_ADDRS,
     traffic::{iface_slot, peer_stats},
 };
 use linkpilot_common::packet::Loss;
@@ -111,11 +111,8 @@ fn try_probe(ctx: &TracePointContext) -> Result<(), i64> {
     let Some((local_key, local, remote)) = addresses(ctx, family, &PROBE_ADDRS)? else {
         return Ok(());
     };
-    // SAFETY: the controller writes this map only with whole values.
-    let Some(&ifindex) = (unsafe { LOCAL_ADDRS.get(local_key) }) else { return Ok(()) };
-    if !in_watched_netns(ctx, rec::SKADDR) {
-        return Ok(());
-    }
+    let sk: u64 = unsafe { ctx.field(rec::SKADDR)? };
+    let Some((ifindex, netns)) = flow_iface(sk, &local_key) else { return Ok(()) };
     let peer = crate::peers::peer_of_uncached(&remote);
     if let Some(ps) = iface_slot(ifindex).and_then(|slot| peer_stats(slot, peer)) {
         // SAFETY: a per-CPU value.
@@ -161,6 +158,7 @@ fn try_probe(ctx: &TracePointContext) -> Result<(), i64> {
                 peer,
                 snd_cwnd: cwnd,
                 snd_nxt,
+                netns,
                 ..FlowState::default()
             };
             match FLOWS.insert(key, state, 0) {

@@ -1,7 +1,7 @@
 //! Per-peer transport: a sock_ops program that gives TCP connections to a watched link's peers
 //! the profile of the link's state (congestion control, initial windows, a send-window clamp,
-//! socket buffers, ECN), in the controller's network namespace only, and leaves every other
-//! connection alone. Established connections are brought up to date at their next RTT sample
+//! socket buffers, ECN), in the controller's network namespace and the reporting jobs' own
+//! where the policy opts in, and leaves every other connection alone. Established connections are brought up to date at their next RTT sample
 //! after the profile changes.
 
 use aya_ebpf::{
@@ -12,7 +12,7 @@ use aya_ebpf::{
     },
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_setsockopt},
     macros::{map, sock_ops},
-    maps::{Array, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::SockOpsContext,
     EbpfContext,
 };
@@ -20,7 +20,7 @@ use linkpilot_common::{
     transport::{
         ManagedSocket, TransportCounters, TransportProfile, CC_NAME_LEN, MAX_MANAGED_SOCKETS,
     },
-    v4_mapped, MAX_PEERS, PEER_OTHER,
+    v4_mapped, MAX_JOB_NAMESPACES, MAX_PEERS, PEER_OTHER,
 };
 
 use crate::peers::peer_of_uncached;
@@ -29,7 +29,7 @@ use crate::peers::peer_of_uncached;
 static PROFILES: Array<TransportProfile> = Array::with_max_entries(MAX_PEERS + 1, 0);
 
 #[map(name = "LP_TRANSPORT_NS")]
-static NETNS: Array<u64> = Array::with_max_entries(1, 0);
+static NETNS: HashMap<u64, u32> = HashMap::with_max_entries(MAX_JOB_NAMESPACES + 1, 0);
 
 #[map(name = "LP_MANAGED_SK")]
 static MANAGED: LruHashMap<u64, ManagedSocket> =
@@ -52,10 +52,12 @@ const TCP_CLOSE: u32 = 7;
 #[sock_ops]
 pub fn lp_sock_ops(ctx: SockOpsContext) -> u32 {
     let op = ctx.op();
-    // Only ours: the controller's namespace (0 until it says which: nothing is touched).
-    let want = NETNS.get(0).copied().unwrap_or(0);
+    // Only ours: the controller's namespace and the reporting jobs' own (none until it says
+    // which: nothing is touched).
     // SAFETY: the helper reads the context's socket; valid for every sock_ops callback.
-    if want == 0 || unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } != want {
+    let netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    // SAFETY: the controller writes this map only with whole values.
+    if unsafe { NETNS.get(netns) }.is_none() {
         return 1;
     }
     match op {

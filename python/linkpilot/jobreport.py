@@ -29,12 +29,15 @@ import math
 import os
 import re
 import secrets
+import socket
+import sys
 import time
 from dataclasses import dataclass
 
 log = logging.getLogger("linkpilot.jobreport")
 
-__all__ = ["DEFAULT_DIR", "REPORT_SIZE", "JobReport", "StepClock", "job_name"]
+__all__ = ["DEFAULT_DIR", "REPORT_SIZE", "JobReport", "StepClock", "job_name",
+           "network_namespace"]
 
 DEFAULT_DIR = "/run/linkpilot/jobs"
 #: Every report file has exactly this many bytes.
@@ -55,6 +58,27 @@ def job_name() -> str:
         if value:
             return re.sub(r"[^A-Za-z0-9_.:-]", "_", value)[:64]
     return "default"
+
+
+#: ``SO_NETNS_COOKIE`` (Linux 5.14+): the socket's network namespace, as eBPF programs see it.
+_SO_NETNS_COOKIE = 71
+
+
+def network_namespace() -> tuple[int | None, int | None]:
+    """This process's network namespace: its inode number and its cookie (None where the
+    kernel gives none). A daemon whose policy opts in acts in the namespace a job's report
+    names (a pod's own) as in its own."""
+    try:
+        inum: int | None = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        inum = None
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            raw = s.getsockopt(socket.SOL_SOCKET, _SO_NETNS_COOKIE, 8)
+        cookie: int | None = int.from_bytes(raw, sys.byteorder)
+    except OSError:
+        cookie = None
+    return inum, cookie
 
 
 def _check(*, rank: int, world: int, link: str | None) -> None:
@@ -94,6 +118,7 @@ class JobReport:
         self.codec = "none"
         self.sync_every: int | None = None
         self.loss: float | None = None
+        self.netns, self.netns_cookie = network_namespace()
         self._written = 0.0
         self.publish(force=True)
         atexit.register(self.close)  # a clean exit takes its file along
@@ -166,6 +191,7 @@ class JobReport:
                "wait_s": round(t.wait_s, 6), "wire_bytes": t.wire_bytes, "failed": t.failed,
                "codec": self.codec[:16], "sync_every": self.sync_every,
                "loss": None if self.loss is None else round(self.loss, 6),
+               "netns": self.netns, "netns_cookie": self.netns_cookie,
                "updated": round(time.time(), 3)}
         body = json.dumps(doc, separators=(",", ":")).encode()
         if len(body) >= REPORT_SIZE:

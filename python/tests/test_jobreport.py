@@ -18,7 +18,8 @@ from linkpilot.jobreport import REPORT_SIZE, JobReport, StepClock, job_name
 #: The daemon's parser reads this same text in its own test (controller/src/board/job_reports.rs).
 WRITTEN = ('{"version":1,"job":"lm-7","rank":1,"world":4,"kind":"ddp","link":"wan","steps":12,'
            '"step_s":3.5,"compute_s":2.75,"wait_s":0.75,"wire_bytes":1200000,"failed":0,'
-           '"codec":"int8","sync_every":null,"loss":2.25,"updated":1796198400.5}')
+           '"codec":"int8","sync_every":null,"loss":2.25,"netns":4026531993,"netns_cookie":4099,'
+           '"updated":1796198400.5}')
 
 
 def read(path: str) -> dict[str, Any]:
@@ -31,12 +32,22 @@ def read(path: str) -> dict[str, Any]:
 def test_the_file_is_what_the_daemon_parses(tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jobreport.time, "time", lambda: 1796198400.5)
+    monkeypatch.setattr(jobreport, "network_namespace", lambda: (4026531993, 4099))
     r = JobReport(str(tmp_path), rank=1, world=4, kind="ddp", job="lm-7", link="wan")
     for step_s, wait in ((1.625, 0.25), (1.875, 0.5)):  # 3.5 s of steps, 0.75 s waiting
         r.step(step_s=step_s, wait_s=wait, wire_bytes=600_000, codec="int8")
     r.totals.steps = 12
     r.set_loss(2.25)
     assert r.encode() == WRITTEN.encode().ljust(REPORT_SIZE - 1) + b"\n"
+    r.close()
+
+
+def test_the_report_names_this_processs_network_namespace(tmp_path: Path) -> None:
+    inum, cookie = jobreport.network_namespace()
+    assert inum == os.stat("/proc/self/ns/net").st_ino
+    assert cookie is not None and cookie > 0  # Linux 5.14+
+    r = JobReport(str(tmp_path), rank=0, world=1, kind="ddp", job="j")
+    assert (read(r.path)["netns"], read(r.path)["netns_cookie"]) == (inum, cookie)
     r.close()
 
 

@@ -11,6 +11,7 @@ pub mod daemon;
 pub mod ddp_rank;
 pub mod faults;
 pub mod grafana;
+pub mod marking;
 pub mod netns;
 pub mod oracle;
 pub mod prometheus;

@@ -94,3 +94,29 @@ fn no_rdma_devices_is_reported_cleanly() {
     // libibverbs finds nothing on a machine without RDMA, and says so rather than failing.
     assert_eq!(v["verbs"]["devices"], serde_json::json!([]), "{v}");
 }
+
+/// A kernel without BTF (here hidden by a tmpfs over /sys/kernel/btf in a mount namespace of
+/// its own): the programs still load and run, and the start says what is lost.
+#[test]
+fn missing_btf_is_said_and_the_programs_run_without_it() {
+    let script = format!(
+        "mount -t tmpfs none /sys/kernel/btf && exec {} watch --iface lo --count 1",
+        linkpilot_bin().display()
+    );
+    let before = ours_loaded();
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .expect("unshare");
+    let left = loaded_after_exit(|p| !before.contains(p));
+    assert!(left.is_empty(), "left loaded: {left:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("lo"), "one reading of lo");
+    for lost in [
+        "retransmissions are counted per skb, not per segment: reading /sys/kernel/btf/vmlinux",
+        "TCP events of other network namespaces with the same addresses are counted too",
+    ] {
+        assert!(err.contains(lost), "{lost:?} not said: {err}");
+    }
+}

@@ -50,6 +50,13 @@ pub struct JobReport {
     pub sync_every: Option<u32>,
     #[serde(default)]
     pub loss: Option<f64>,
+    /// The writer's network namespace: its inode number (`/proc/self/ns/net`) and cookie
+    /// (`SO_NETNS_COOKIE`, Linux 5.14+), as the writer says. A policy with `job_namespaces`
+    /// acts in a namespace a report names besides the daemon's own.
+    #[serde(default)]
+    pub netns: Option<u32>,
+    #[serde(default)]
+    pub netns_cookie: Option<u64>,
 }
 
 /// A name that may become a metric label.
@@ -119,7 +126,7 @@ mod tests {
     use super::*;
 
     /// As `python/linkpilot/jobreport.py` writes it (its own test writes this same text).
-    pub const WRITTEN: &str = r#"{"version":1,"job":"lm-7","rank":1,"world":4,"kind":"ddp","link":"wan","steps":12,"step_s":3.5,"compute_s":2.75,"wait_s":0.75,"wire_bytes":1200000,"failed":0,"codec":"int8","sync_every":null,"loss":2.25,"updated":1796198400.5}"#;
+    pub const WRITTEN: &str = r#"{"version":1,"job":"lm-7","rank":1,"world":4,"kind":"ddp","link":"wan","steps":12,"step_s":3.5,"compute_s":2.75,"wait_s":0.75,"wire_bytes":1200000,"failed":0,"codec":"int8","sync_every":null,"loss":2.25,"netns":4026531993,"netns_cookie":4099,"updated":1796198400.5}"#;
 
     fn padded(text: &str) -> Vec<u8> {
         let mut b = text.as_bytes().to_vec();
@@ -134,6 +141,7 @@ mod tests {
         assert_eq!((r.job.as_str(), r.rank, r.world, r.steps), ("lm-7", 1, 4, 12));
         assert_eq!((r.wait_s, r.wire_bytes, r.codec.as_str()), (0.75, 1_200_000, "int8"));
         assert_eq!((r.link.as_deref(), r.sync_every, r.loss), (Some("wan"), None, Some(2.25)));
+        assert_eq!((r.netns, r.netns_cookie), (Some(4026531993), Some(4099)));
         // Started with the process group, before a hook took it over.
         let started = parse(&padded(&WRITTEN.replace(r#""ddp""#, r#""init""#))).unwrap();
         assert_eq!(started.kind, "init");
@@ -156,6 +164,7 @@ mod tests {
             (WRITTEN.replace(r#""ddp""#, r#""nccl""#), "kind"),
             (WRITTEN.replace("int8", "int8-with-a-long-name"), "codec: 1-16"),
             (WRITTEN.replace("2.25", "NaN"), "not a job report"),
+            (WRITTEN.replace("4026531993", "4294967296"), "not a job report"),
             (WRITTEN[..40].to_owned(), "not a job report"),
         ];
         for (text, want) in cases {

@@ -297,6 +297,8 @@ mod tests {
             codec: "int8".into(),
             sync_every: None,
             loss: Some(2.0 + f64::from(rank)),
+            netns: None,
+            netns_cookie: None,
         }
     }
 

@@ -179,6 +179,10 @@ struct Daemon {
     /// Watched interfaces that are gone now (ifaces.rs).
     missing: Vec<String>,
     losses: losses::LossReport,
+    /// This process's network namespace (inode number; 0: unknown).
+    own_netns: u32,
+    /// The reporting jobs' own namespaces the programs act in (`job_namespaces`).
+    job_namespaces: std::collections::BTreeSet<probes::JobNetns>,
 }
 
 /// Why a policy that names no peers changes nothing on the host.
@@ -234,6 +238,14 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
             warn!("{f} is attached and held by something else (a pinned link?); left alone");
         }
     }
+    if policy.job_namespaces && offsets.netns_inum == 0 {
+        warn!(
+            "job_namespaces is ignored: this kernel gives no way to read a socket's network \
+             namespace (no BTF); the jobs' own namespaces are left alone and their flows are \
+             not counted"
+        );
+    }
+    let own_netns = offsets.netns_inum;
     let mut probes = Probes::load_for(offsets, ifaces.len() as u32)?;
     let _datapath_log = crate::kernel::datapath_log::forward_from(&mut probes)
         .context("reading the programs' log")?;
@@ -318,6 +330,8 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         health: SensingHealth::new(Duration::from_secs(o_give_up)),
         missing: Vec::new(),
         losses: losses::LossReport::default(),
+        own_netns,
+        job_namespaces: Default::default(),
     };
     for i in &d.ifaces {
         d.metrics.interface_present(&i.name, 1);

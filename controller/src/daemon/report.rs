@@ -208,7 +208,40 @@ impl Daemon {
     fn set_job_flows(&mut self, reports: &[(String, job_reports::JobReport)]) {
         let names: Vec<String> = reports.iter().map(|(n, _)| n.clone()).collect();
         let owners = job_flows::report_owners(&self.o.job_reports, &names);
-        self.sensors.set_job_flows(job_flows::job_flows(&owners));
+        self.set_job_namespaces(reports);
+        let netns = self.job_namespaces.iter().map(|n| n.inum).collect();
+        self.sensors.set_job_flows(job_flows::job_flows(&owners), netns);
+    }
+
+    /// The jobs' own network namespaces to the programs, where the policy opts in.
+    fn set_job_namespaces(&mut self, reports: &[(String, job_reports::JobReport)]) {
+        let policy = self.core.policy();
+        let want = if policy.job_namespaces && self.own_netns != 0 {
+            let ifaces = &self.ifaces;
+            let iface_of = |link: Option<&str>| {
+                let l = match link {
+                    Some(n) => policy.links.iter().find(|l| l.name == n),
+                    None => policy.links.first(),
+                }?;
+                let name = l.interfaces.first()?;
+                ifaces.iter().find(|i| &i.name == name).map(|i| i.ifindex)
+            };
+            job_flows::job_namespaces(reports.iter().map(|(_, r)| r), self.own_netns, iface_of)
+        } else {
+            Default::default()
+        };
+        if want == self.job_namespaces {
+            return;
+        }
+        match self.probes.set_job_namespaces(&want) {
+            Ok(()) => {
+                let inums: Vec<u32> = want.iter().map(|n| n.inum).collect();
+                tracing::info!(namespaces = ?inums, "the jobs' own network namespaces");
+                self.metrics.jobs.namespaces(want.len());
+                self.job_namespaces = want;
+            }
+            Err(e) => tracing::warn!("setting the jobs' network namespaces: {e}"),
+        }
     }
 
     /// Removes the metric series of links, states and peers the running policy no longer has.

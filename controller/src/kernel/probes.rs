@@ -29,10 +29,12 @@ use tracing::{debug, info};
 pub use super::probe_error::ProbeError;
 
 mod counters;
+mod jobs;
 mod seed;
 mod transport;
 use super::probe_error::{load_error, map_error};
 use crate::kernel::iface::Iface;
+pub use jobs::JobNetns;
 pub use transport::{netns_cookie, SockOpsMaps, TransportTotals};
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`, so userspace can compare
@@ -76,6 +78,10 @@ pub struct Probes {
     netlink_tc: bool,
     /// The sock_ops program's maps, once it is attached.
     sock_ops: Option<SockOpsMaps>,
+    /// The tracepoints' maps of job namespaces, once some were set.
+    job_netns: Option<jobs::JobNetnsMaps>,
+    /// The reporting jobs' own namespaces the programs act in.
+    job_namespaces: std::collections::BTreeSet<JobNetns>,
     /// Whether retransmissions are read by the raw tracepoint program (the socket's layout came
     /// from BTF) rather than from the tracepoint's record.
     raw_retransmit: bool,
@@ -157,6 +163,8 @@ impl Probes {
             tc_links: Vec::new(),
             netlink_tc: false,
             sock_ops: None,
+            job_netns: None,
+            job_namespaces: Default::default(),
             raw_retransmit,
         })
     }

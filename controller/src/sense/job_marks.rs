@@ -2,7 +2,7 @@
 //! how many fell on the flows of jobs reporting on this host. The flow table gives each job
 //! flow's marks ([`JobMarks`]); each peer's counters give all of them ([`MarkSplit`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use linkpilot_common::{FlowKey, FlowState};
 
@@ -32,10 +32,14 @@ impl JobMarks {
     /// Whether `flows` (a flow-table reading) hold a marked flow, not one of `jobs`, first
     /// marked since the jobs' flows were last looked up: a job connection that opened since
     /// then would have its marks counted as others' until the next look-up.
-    pub fn unknown_owner(&self, flows: &[(FlowKey, FlowState)], jobs: &HashSet<FlowKey>) -> bool {
+    pub fn unknown_owner(
+        &self,
+        flows: &[(FlowKey, FlowState)],
+        is_job: impl Fn(&FlowKey, &FlowState) -> bool,
+    ) -> bool {
         flows.iter().any(|(k, f)| {
             (f.ce_segs, f.ece_segs) != (0, 0)
-                && !jobs.contains(k)
+                && !is_job(k, f)
                 && !self.prev.get(k).is_some_and(|s| s.looked_up)
         })
     }
@@ -141,6 +145,7 @@ impl MarkSplit {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashSet;
 
     #[test]
     fn job_marks_count_what_each_job_flow_adds() {
@@ -170,22 +175,23 @@ mod tests {
     fn a_flow_marked_since_the_last_look_up_asks_for_another() {
         let k = |port| FlowKey { local_port: port, ..FlowKey::default() };
         let marked = |port, ce| (k(port), FlowState { ce_segs: ce, ..FlowState::default() });
-        let jobs: HashSet<FlowKey> = [k(1)].into();
+        let job_keys: HashSet<FlowKey> = [k(1)].into();
+        let jobs = |k: &FlowKey, _: &FlowState| job_keys.contains(k);
         let mut m = JobMarks::default();
         let mut out = Added::new();
-        assert!(!m.unknown_owner(&[marked(1, 5), marked(2, 0)], &jobs), "a job's, an unmarked");
-        assert!(m.unknown_owner(&[marked(2, 1)], &jobs), "newly marked, owner unknown");
+        assert!(!m.unknown_owner(&[marked(1, 5), marked(2, 0)], jobs), "a job's, an unmarked");
+        assert!(m.unknown_owner(&[marked(2, 1)], jobs), "newly marked, owner unknown");
         m.add(&k(2), (3, 1), (1, 0), false, &mut out);
         m.end_reading();
-        assert!(m.unknown_owner(&[marked(2, 2)], &jobs), "still not looked up");
+        assert!(m.unknown_owner(&[marked(2, 2)], jobs), "still not looked up");
         m.looked_up();
-        assert!(!m.unknown_owner(&[marked(2, 2)], &jobs), "looked up: another's");
+        assert!(!m.unknown_owner(&[marked(2, 2)], jobs), "looked up: another's");
         m.add(&k(3), (3, 1), (1, 0), false, &mut out);
         m.end_reading();
-        assert!(!m.unknown_owner(&[marked(3, 1)], &jobs), "marked in the looked-up reading");
+        assert!(!m.unknown_owner(&[marked(3, 1)], jobs), "marked in the looked-up reading");
         m.add(&k(4), (3, 1), (1, 0), false, &mut out);
         m.end_reading();
-        assert!(m.unknown_owner(&[marked(4, 1)], &jobs), "marked after it");
+        assert!(m.unknown_owner(&[marked(4, 1)], jobs), "marked after it");
     }
 
     #[test]

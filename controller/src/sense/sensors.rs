@@ -75,6 +75,8 @@ pub struct Sensors {
     nic_prev: HashMap<(String, String, u32, String), u64>,
     /// The reporting jobs' flows, as last found ([`Self::set_job_flows`]), and their marks.
     job_flows: HashSet<FlowKey>,
+    /// The reporting jobs' own network namespaces (inode numbers): every flow in one is a job's.
+    job_netns: HashSet<u32>,
     job_marks: JobMarks,
 }
 
@@ -97,19 +99,22 @@ impl Sensors {
             last_kernel_ns: 0,
             nic_prev: HashMap::new(),
             job_flows: HashSet::new(),
+            job_netns: HashSet::new(),
             job_marks: JobMarks::default(),
         }
     }
 
-    /// The reporting jobs' TCP flows from now on: their marks are told from the others'.
-    pub fn set_job_flows(&mut self, flows: HashSet<FlowKey>) {
-        if flows.is_empty() {
+    /// The reporting jobs' TCP flows from now on, and their own network namespaces (whose
+    /// every flow is a job's): their marks are told from the others'.
+    pub fn set_job_flows(&mut self, flows: HashSet<FlowKey>, netns: HashSet<u32>) {
+        if flows.is_empty() && netns.is_empty() {
             // No job: no share of the marks is a job's, whatever the last one was.
             for p in self.peers.values_mut() {
                 p.marks.clear_jobs();
             }
         }
         self.job_flows = flows;
+        self.job_netns = netns;
         self.job_marks.looked_up();
     }
 
@@ -117,7 +122,12 @@ impl Sensors {
     /// flows were last set and is not one of them: a job's new connection may be, so look
     /// them up again before [`Self::tick`] gives its marks to anyone.
     pub fn unknown_owner(&self, flows: &[(FlowKey, FlowState)]) -> bool {
-        self.job_marks.unknown_owner(flows, &self.job_flows)
+        self.job_marks.unknown_owner(flows, |k, f| self.is_job(k, f))
+    }
+
+    /// Whether a flow is a reporting job's.
+    fn is_job(&self, k: &FlowKey, f: &FlowState) -> bool {
+        self.job_flows.contains(k) || (f.netns != 0 && self.job_netns.contains(&f.netns))
     }
 
     /// One tick at time `now` (monotonic, since start).
@@ -142,7 +152,7 @@ impl Sensors {
                 if sampled {
                     fresh.entry(row).or_default().push(f.srtt_us);
                 }
-                let job = self.job_flows.contains(k);
+                let job = self.is_job(k, f);
                 self.job_marks.add(k, row, (f.ce_segs, f.ece_segs), job, &mut job_marks);
                 let others = if job {
                     (f.burst_ns > last && f.burst_rtt_us > 0).then_some(f.burst_rtt_us)
@@ -345,7 +355,7 @@ mod tests {
     fn marks_on_job_flows_are_told_from_others_and_agree_over_readings() {
         let mut s = Sensors::new(Duration::from_secs(10));
         let (job, other) = (flow(1, 0, 0), flow(2, 0, 0));
-        s.set_job_flows([job.0].into());
+        s.set_job_flows([job.0].into(), HashSet::new());
         let with = |job_ce: u64, other_ce: u64| {
             let (mut j, mut o) = (job, other);
             (j.1.ce_segs, o.1.ce_segs) = (job_ce, other_ce);
@@ -373,9 +383,32 @@ mod tests {
         let snap = s.tick(6 * S, &readings(stats(6000, 5400, 60, 0, 0), with(50, 10)));
         assert_eq!((snap.peers[0].marks.ce, snap.peers[0].marks.job_ce), (15, 15));
         // The job is gone: every mark is someone else's.
-        s.set_job_flows(HashSet::new());
+        s.set_job_flows(HashSet::new(), HashSet::new());
         let snap = s.tick(7 * S, &readings(stats(7000, 6300, 70, 0, 0), with(60, 10)));
         assert_eq!((snap.peers[0].marks.job_ce, snap.peers[0].job_ce_share), (0, 0.0));
+    }
+
+    /// A job in its own network namespace (a pod): every flow of that namespace is the job's,
+    /// whatever its address; a flow of another namespace is not.
+    #[test]
+    fn marks_on_a_job_namespaces_flows_are_the_jobs() {
+        let mut s = Sensors::new(Duration::from_secs(10));
+        let (mut pod, mut other) = (flow(1, 0, 0), flow(2, 0, 0));
+        (pod.1.netns, other.1.netns) = (4026532000, 4026531840);
+        s.set_job_flows(HashSet::new(), [4026532000].into());
+        let with = |pod_ce: u64, other_ce: u64| {
+            let (mut p, mut o) = (pod, other);
+            (p.1.ce_segs, o.1.ce_segs) = (pod_ce, other_ce);
+            vec![p, o]
+        };
+        s.tick(Duration::ZERO, &readings(stats(0, 0, 0, 0, 0), with(0, 0)));
+        assert!(!s.unknown_owner(&with(5, 0)), "the pod's flow is known to be the job's");
+        let snap = s.tick(S, &readings(stats(1000, 900, 30, 0, 0), with(20, 10)));
+        assert_eq!((snap.peers[0].marks.ce, snap.peers[0].marks.job_ce), (30, 20));
+        // The job gone: its namespace's flows are no one's.
+        s.set_job_flows(HashSet::new(), HashSet::new());
+        let snap = s.tick(2 * S, &readings(stats(2000, 1800, 40, 0, 0), with(30, 10)));
+        assert_eq!(snap.peers[0].marks.job_ce, 0);
     }
 
     #[test]
@@ -436,7 +469,7 @@ mod tests {
         let snap = s.tick(S, &readings_at(base, vec![job, other], 200));
         assert_eq!(snap.peers[0].rtt.cross_srtt_ms, snap.peers[0].rtt.srtt_ms);
         assert_eq!(snap.peers[0].rtt.cross_samples, 2);
-        s.set_job_flows([job.0].into());
+        s.set_job_flows([job.0].into(), HashSet::new());
         (job.1.last_ns, job.1.burst_ns) = (250, 220);
         let other = flow(2, 200_000, 250);
         let snap = s.tick(2 * S, &readings_at(base, vec![job, other], 300));

@@ -195,6 +195,7 @@ pub(super) fn check(raw: RawPolicy, e: &mut Errors) -> Policy {
     let outcome = check_outcome(&raw.outcome, e);
     Policy {
         tick,
+        job_namespaces: raw.daemon.job_namespaces,
         estimator,
         hysteresis,
         bounds,

@@ -127,6 +127,9 @@ impl Default for RawOutcome {
 pub(super) struct RawDaemon {
     #[serde(default = "d_tick")]
     pub(super) tick: Spanned<Nanos>,
+    /// Also act in the reporting jobs' own network namespaces (pods).
+    #[serde(default)]
+    pub(super) job_namespaces: bool,
 }
 
 pub(super) fn d_tick() -> Spanned<Nanos> {
@@ -144,7 +147,7 @@ pub(super) fn unspanned<T>(v: T) -> Spanned<T> {
 
 impl Default for RawDaemon {
     fn default() -> Self {
-        Self { tick: d_tick() }
+        Self { tick: d_tick(), job_namespaces: false }
     }
 }
 

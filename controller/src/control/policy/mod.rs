@@ -118,6 +118,9 @@ impl std::error::Error for PolicyErrors {}
 #[derive(Clone, Debug, PartialEq)]
 pub struct Policy {
     pub tick: Nanos,
+    /// Whether the reporting jobs' own network namespaces (pods without the host's network)
+    /// get the transport profile and have their flows counted as the jobs'.
+    pub job_namespaces: bool,
     pub estimator: EstimatorConfig,
     pub hysteresis: Hysteresis,
     pub bounds: Bounds,

@@ -32,6 +32,7 @@ pub struct JobMetrics {
     window: Vec<(&'static str, Family<Labels, F64>)>,
     codec: Family<Labels, Gauge>,
     refused: Family<Labels, Counter>,
+    namespaces: Gauge,
     /// Jobs with series, and the codec each one's `job_codec` series names.
     shown: Arc<Mutex<BTreeMap<String, String>>>,
 }
@@ -65,7 +66,14 @@ impl JobMetrics {
         for reason in ["malformed", "implausible"] {
             let _ = refused.get_or_create(&labels(&[("reason", reason)]));
         }
+        let namespaces = Gauge::default();
+        r.register(
+            "job_namespaces",
+            "Reporting jobs' own network namespaces the programs act in (policy job_namespaces)",
+            namespaces.clone(),
+        );
         Self {
+            namespaces,
             ranks: family(r, "job_ranks", "The job's processes reporting on this host"),
             rank_steps: family(r, "job_rank_steps", "Steps, summed over the job's processes here"),
             seconds,
@@ -76,6 +84,11 @@ impl JobMetrics {
             refused,
             shown: Arc::default(),
         }
+    }
+
+    /// How many of the jobs' own network namespaces the programs act in.
+    pub fn namespaces(&self, n: usize) {
+        self.namespaces.set(n as i64);
     }
 
     /// One read of the job-report directory.

@@ -1,5 +1,6 @@
 //! The sock_ops program: attached to a cgroup v2 directory, it gives TCP connections to the
-//! policy's peers their link's transport profile, in this process's network namespace only.
+//! policy's peers their link's transport profile, in this process's network namespace and the
+//! reporting jobs' own ones it is given (`jobs.rs`).
 
 use std::{collections::BTreeMap, fs::File, os::fd::AsRawFd, path::Path};
 
@@ -19,6 +20,10 @@ use super::{load_error, map_error, program, take_map, ProbeError, Probes};
 
 /// The attached program's maps.
 pub struct SockOpsMaps {
+    /// The namespaces (cookies) whose sockets the program acts on.
+    pub(super) netns: HashMap<MapData, u64, u32>,
+    /// This process's namespace's cookie, always among them.
+    pub(super) own_netns: u64,
     profiles: Array<MapData, TransportProfile>,
     managed: HashMap<MapData, u64, ManagedSocket>,
     counters: PerCpuArray<MapData, TransportCounters>,
@@ -49,7 +54,8 @@ pub fn netns_cookie() -> std::io::Result<u64> {
 }
 
 impl Probes {
-    /// Loads the sock_ops program, scopes it to this network namespace and attaches it to
+    /// Loads the sock_ops program, scopes it to this network namespace (and the jobs' given
+    /// to [`Probes::set_job_namespaces`]) and attaches it to
     /// `cgroup` (alongside other programs there). The link goes with the process, also on
     /// SIGKILL. Profiles start disabled: nothing changes until [`Probes::set_transport`].
     pub fn attach_sock_ops(&mut self, cgroup: &Path) -> Result<(), ProbeError> {
@@ -65,9 +71,9 @@ impl Probes {
                 format!("reading this network namespace's cookie: {e}"),
             )))
         })?;
-        let mut netns: Array<MapData, u64> = take_map(&mut self.ebpf, MAP_TRANSPORT_NETNS)?;
-        netns.set(0, cookie, 0).map_err(|e| map_error(MAP_TRANSPORT_NETNS, e))?;
         let maps = SockOpsMaps {
+            netns: take_map(&mut self.ebpf, MAP_TRANSPORT_NETNS)?,
+            own_netns: cookie,
             profiles: take_map(&mut self.ebpf, MAP_TRANSPORT)?,
             managed: take_map(&mut self.ebpf, MAP_MANAGED_SOCKETS)?,
             counters: take_map(&mut self.ebpf, MAP_TRANSPORT_COUNTERS)?,
@@ -79,7 +85,8 @@ impl Probes {
         // link-create call refuses the legacy "allow multiple" flag.
         prog.attach(file, CgroupAttachMode::Single).map_err(attach_err)?;
         self.sock_ops = Some(maps);
-        Ok(())
+        // This namespace, and the jobs' given before.
+        self.sync_transport_netns()
     }
 
     /// Whether [`Probes::attach_sock_ops`] succeeded.
