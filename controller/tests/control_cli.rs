@@ -263,7 +263,14 @@ fn policy_init_replays_a_lab_trace_as_the_shipped_hk_us_policy() {
 
 #[test]
 fn the_recipes_dscp_on_tcp_is_warned_of_and_still_checks() {
-    let (code, out, err) = linkpilot(&["policy", "check", &repo("policies/hk-us.toml")]);
+    let shipped = std::fs::read_to_string(repo("policies/hk-us.toml")).expect("hk-us.toml");
+    let (_, _, err) = linkpilot(&["policy", "check", &repo("policies/hk-us.toml")]);
+    assert!(!err.contains("warning"), "the shipped policy keeps TCP's DSCP: {err}");
+    // The RoCE class's DSCP on TCP too, as the recipe's 106 suggests.
+    let marked = shipped.replace("dscp = \"keep\"", "dscp = 26");
+    assert_ne!(marked, shipped);
+    let file = temp("hk-us-dscp-26.toml", &marked);
+    let (code, out, err) = linkpilot(&["policy", "check", &file.display().to_string()]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         err.contains("warning: dscp = 26 on TCP is the DSCP of the policy's roce_traffic_class"),

@@ -3,7 +3,7 @@
 //! decisions but changes nothing: what the other side receives keeps DSCP 0 (tcpdump and
 //! tshark), the socket-buffer sysctls read the same (`sysctl -n`), no board or env file
 //! appears, and a reload that names peers is refused until a restart. The same policy with a
-//! peer named marks the traffic (DSCP 26); with `dscp = "keep"` it acts but leaves the DSCP.
+//! peer named acts (board, env file) but leaves the DSCP and the RoCE class, which it keeps.
 
 use std::{process::Stdio, thread, time::Duration};
 
@@ -76,29 +76,11 @@ fn the_default_policy_changes_nothing_until_it_names_peers() {
     assert_eq!(SYSCTLS.iter().map(|s| sysctl(&hk.netns, s)).collect::<Vec<_>>(), before);
     drop(d);
 
-    // Restarted on it: the traffic to the peer leaves with the healthy state's DSCP 26.
+    // Restarted on it: it acts (board, env file), and the packets to the peer keep DSCP 0
+    // and the env file leaves NCCL_IB_TC to the job: the default keeps both.
     let d = Daemon::start(&hk.netns, &dir, &with_peer);
     wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
     let dscp = dscp_seen(&hk, &us, &dir.join("acting.pcap"));
-    assert!(dscp.len() > 100 && dscp.iter().all(|&d| d == 26), "{dscp:?}");
-    assert!(status_json(&dir)["observe_only"].is_null());
-    let env = std::fs::read_to_string(dir.join("nccl.env")).expect("env file");
-    assert!(env.contains("\nNCCL_IB_TC=106\n"), "{env}");
-    drop(d);
-
-    // The same peer with DSCP and RoCE class kept: the daemon acts (board, env file) but the
-    // packets keep DSCP 0 and the env file leaves NCCL_IB_TC to the job.
-    let kept = with_peer
-        .replace("dscp = 26", "dscp = \"keep\"")
-        .replace("roce_traffic_class = 106", "roce_traffic_class = \"keep\"");
-    // The last run's board and env file stay behind (stale); start without them.
-    for f in ["knobs", "nccl.env"] {
-        std::fs::remove_file(dir.join(f)).expect(f);
-    }
-    std::fs::write(dir.join("policy.toml"), &kept).expect("policy");
-    let d = Daemon::start(&hk.netns, &dir, &kept);
-    wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
-    let dscp = dscp_seen(&hk, &us, &dir.join("kept.pcap"));
     assert!(dscp.len() > 100 && dscp.iter().all(|&d| d == 0), "{dscp:?}");
     let env = std::fs::read_to_string(dir.join("nccl.env")).expect("env file");
     assert!(env.contains("NCCL_IB_TIMEOUT=") && !env.contains("NCCL_IB_TC"), "{env}");
@@ -112,20 +94,22 @@ fn the_default_policy_changes_nothing_until_it_names_peers() {
 /// A site rolled out as the DaemonSets ship (`LINKPILOT_DRY_RUN=true` in the environment, no
 /// flag) decides but changes nothing: DSCP 0 on the wire (tcpdump, tshark), the sysctls as they
 /// were (`sysctl -n`), no board or env file, status and metrics saying so. The operator's
-/// switch (`LINKPILOT_DRY_RUN=false`, the pod restarted) makes the same policy act: DSCP 26,
-/// and, its socket buffer maxima "keep", still no sysctl written.
+/// switch (`LINKPILOT_DRY_RUN=false`, the pod restarted) makes the same policy act: the site's
+/// DSCP (18, a lossy class) on the wire, and, its socket buffer maxima "keep", still no sysctl
+/// written.
 #[test]
 fn a_site_rolled_out_observing_acts_only_once_switched() {
     let lab = lab_with("dstage", "delay = \"5ms\"\nrate = \"100Mbit/s\"");
     let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
-    // Socket buffer maxima kept: once it acts, it marks DSCP but writes no sysctl.
+    // Socket buffer maxima kept: once it acts, it marks the site's DSCP but writes no sysctl.
     let peered = DEFAULT
         .replacen(
             "capacity = \"10Gbit/s\"\n",
             "capacity = \"10Gbit/s\"\n[[link.peer]]\nname = \"us\"\ncidrs = [\"198.18.2.0/24\"]\n",
             1,
         )
-        .replace("[state.knobs]\n", "[state.knobs]\ntcp_buffers = \"keep\"\n");
+        .replace("[state.knobs]\n", "[state.knobs]\ntcp_buffers = \"keep\"\n")
+        .replace("dscp = \"keep\"", "dscp = 18");
     assert!(!DEFAULT.contains("[host]"), "the default policy sets no host sysctl");
     let before: Vec<String> = SYSCTLS.iter().map(|s| sysctl(&hk.netns, s)).collect();
     let dir = std::env::temp_dir().join(format!("lp-stage-{}", std::process::id()));
@@ -149,7 +133,7 @@ fn a_site_rolled_out_observing_acts_only_once_switched() {
     let d = Daemon::start_under(&hk.netns, &acting, &dir, &peered, &[]);
     wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
     let dscp = dscp_seen(&hk, &us, &dir.join("switched.pcap"));
-    assert!(dscp.len() > 100 && dscp.iter().all(|&d| d == 26), "{dscp:?}");
+    assert!(dscp.len() > 100 && dscp.iter().all(|&d| d == 18), "{dscp:?}");
     assert_eq!(status_json(&dir)["dry_run"], false);
     assert_eq!(SYSCTLS.iter().map(|s| sysctl(&hk.netns, s)).collect::<Vec<_>>(), before, "kept");
     drop(d);

@@ -432,7 +432,7 @@ proptest! {
                     prop_assert!((b.buffers_min..=b.buffers_max).contains(&k.tcp_buffer_bytes));
                     prop_assert!((b.ib_timeout_min..=b.ib_timeout_max).contains(&k.nccl_ib_timeout));
                     prop_assert!((b.watchdog_min_s..=b.watchdog_max_s).contains(&k.watchdog_s));
-                    prop_assert!(k.dscp.is_some_and(|d| d <= 63) && k.nccl_ib_retry_cnt <= 7);
+                    prop_assert!(k.dscp.is_none_or(|d| d <= 63) && k.nccl_ib_retry_cnt <= 7);
                     if let Some(prev) = &prev {
                         let (a, c) = (prev.knobs.chunk_bytes as f64, k.chunk_bytes as f64);
                         prop_assert!(c <= a * b.chunk_max_step + 1.0 && c >= a / b.chunk_max_step - 1.0);
