@@ -43,19 +43,6 @@ pub fn cargo_build(args: &[&str], env: &[(&str, PathBuf)]) -> anyhow::Result<Bui
     run_build(cmd, args, env)
 }
 
-/// [`cargo_build`] with its diagnostics written to `log`, for a build that runs beside other
-/// steps (its own thread waits for it).
-pub fn cargo_build_in_background(
-    args: &[&str],
-    env: &[(&str, PathBuf)],
-    log: &std::path::Path,
-) -> anyhow::Result<Built> {
-    let file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.arg("build").args(args).stderr(file);
-    run_build(cmd, args, env).with_context(|| format!("its output is in {}", log.display()))
-}
-
 fn run_build(mut cmd: Command, args: &[&str], env: &[(&str, PathBuf)]) -> anyhow::Result<Built> {
     cmd.arg("--message-format=json-render-diagnostics");
     for (k, v) in env {
@@ -131,25 +118,16 @@ pub fn debug_binaries() -> anyhow::Result<()> {
 
 const RELEASE_DAEMON: &[&str] = &["--release", "--package", "linkpilot", "--bin", "linkpilot"];
 
-/// The release `linkpilot` daemon, unless already built in this process.
+/// The release `linkpilot` daemon, unless already built in this process (the portable one,
+/// where this process built that: `cargo xtask test`).
 pub fn release_daemon() -> anyhow::Result<PathBuf> {
+    if let Some(portable) = crate::build_portable::built_in_this_run() {
+        return Ok(portable);
+    }
     if RELEASE_BUILT.load(Ordering::Relaxed) {
         return Ok(workspace_root().join("target/release/linkpilot"));
     }
     let built = cargo_build(RELEASE_DAEMON, &[])?;
     RELEASE_BUILT.store(true, Ordering::Relaxed);
     built.bin("linkpilot")
-}
-
-/// Builds the release daemon in the background ([`cargo_build_in_background`]), embedding the
-/// eBPF object `object` this run built already; [`release_daemon`] then finds it built.
-pub fn release_daemon_in_background(
-    object: PathBuf,
-) -> std::thread::JoinHandle<anyhow::Result<PathBuf>> {
-    std::thread::spawn(move || {
-        let log = workspace_root().join("target/release-build.log");
-        let built = cargo_build_in_background(RELEASE_DAEMON, &[(PREBUILT, object)], &log)?;
-        RELEASE_BUILT.store(true, Ordering::Relaxed);
-        built.bin("linkpilot")
-    })
 }

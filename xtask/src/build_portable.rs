@@ -4,7 +4,12 @@
 //! ports from sysfs and netlink), so it needs nothing beyond the C library. Checked after the
 //! build: the newest glibc symbol version it names, and the libraries it loads.
 
-use std::{fs, path::PathBuf, process::Command};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::OnceLock,
+};
 
 use anyhow::{bail, Context as _};
 
@@ -29,18 +34,51 @@ pub fn shipped() -> PathBuf {
 }
 
 pub fn build() -> anyhow::Result<PathBuf> {
+    build_with(&[], None)
+}
+
+/// The portable daemon once built in this process (by [`in_background`]).
+static BUILT: OnceLock<PathBuf> = OnceLock::new();
+
+/// The portable daemon if this process built it: `cargo xtask test` builds it as the release
+/// daemon its soak runs.
+pub fn built_in_this_run() -> Option<PathBuf> {
+    BUILT.get().cloned()
+}
+
+/// Builds it beside other steps (its own thread waits for it), with `env` for the build and
+/// its diagnostics written to `log`; [`built_in_this_run`] then names it.
+pub fn in_background(
+    env: Vec<(&'static str, PathBuf)>,
+    log: PathBuf,
+) -> std::thread::JoinHandle<anyhow::Result<PathBuf>> {
+    std::thread::spawn(move || {
+        let out = build_with(&env, Some(&log))
+            .with_context(|| format!("its output is in {}", log.display()))?;
+        let _ = BUILT.set(out.clone());
+        Ok(out)
+    })
+}
+
+/// Builds it with `env` set (diagnostics to `log` if given) and checks it.
+fn build_with(env: &[(&str, PathBuf)], log: Option<&Path>) -> anyhow::Result<PathBuf> {
     let path = crate::python::path_with_tools(&[crate::python::zig_dir()?]);
     let target_dir = workspace_root().join(format!("target/glibc-{}.{}", GLIBC.0, GLIBC.1));
-    status(
-        "cargo zigbuild (the daemon for glibc 2.28)",
-        Command::new(env!("CARGO"))
-            .args(["zigbuild", "--release", "-p", "linkpilot", "--bin", "linkpilot"])
-            .args(["--no-default-features", "--features", "ebpf", "--target"])
-            .arg(format!("{TARGET}.{}.{}", GLIBC.0, GLIBC.1))
-            .arg("--target-dir")
-            .arg(&target_dir)
-            .env("PATH", path),
-    )?;
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args(["zigbuild", "--release", "-p", "linkpilot", "--bin", "linkpilot"])
+        .args(["--no-default-features", "--features", "ebpf", "--target"])
+        .arg(format!("{TARGET}.{}.{}", GLIBC.0, GLIBC.1))
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .env("PATH", path);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    if let Some(log) = log {
+        let file = fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        cmd.stderr(file);
+    }
+    status("cargo zigbuild (the daemon for glibc 2.28)", &mut cmd)?;
     let built = target_dir.join(TARGET).join("release/linkpilot");
     let out = shipped();
     fs::create_dir_all(out.parent().context("a parent")?)?;

@@ -51,12 +51,6 @@ fn steps(suite: &mut timing::Suite, privileged: bool) -> anyhow::Result<()> {
     })?;
     let object = built.ebpf_object.clone().context("the build did not build the controller")?;
     build_ebpf::mark_workspace_built();
-    // The soak's release build of the daemon goes on in the background from here, embedding the
-    // object built above. At full priority: the CPU is busy from here to pytest's end whatever
-    // runs (vmstat: no idle share), so the build costs the same CPU time either way, and ending
-    // early lets the soak's day (which mostly waits) run beside those steps instead of after
-    // them, where at nice 19 it ended with pytest.
-    let release = privileged.then(|| build_ebpf::release_daemon_in_background(object.clone()));
     // The checks reuse the object rather than build it once more (a check build runs build
     // scripts too).
     let reuse = [(PREBUILT, object.clone())];
@@ -101,6 +95,17 @@ fn steps(suite: &mut timing::Suite, privileged: bool) -> anyhow::Result<()> {
     })?;
     // The plugin as shipped (glibc 2.28): the training side's tests run against it.
     let tuner = suite.step("NCCL tuner plugin (glibc 2.28)", crate::build_tuner::build)?;
+    // The release daemon the soak runs is the portable one (glibc 2.28, no libibverbs), checked
+    // for its glibc symbol versions and libraries once built: it goes on in the background from
+    // here (after the plugin, whose target directory and zig cache it shares), embedding the
+    // object built above. At full priority: the CPU is busy from here to pytest's end whatever
+    // runs (vmstat: no idle share), so the build costs the same CPU time either way, and ending
+    // early lets the soak's day (which mostly waits) run beside those steps instead of after
+    // them, where at nice 19 it ended with pytest.
+    let release = privileged.then(|| {
+        let log = workspace_root().join("target/portable-build.log");
+        crate::build_portable::in_background(vec![(PREBUILT, object.clone())], log)
+    });
     let linkpilot = built.bin("linkpilot")?;
     suite.step("mypy (python/)", crate::python::mypy)?;
     let pytest = || crate::python::pytest(&linkpilot, &tuner);
@@ -161,8 +166,11 @@ fn steps(suite: &mut timing::Suite, privileged: bool) -> anyhow::Result<()> {
     let ((built_took, built), (day_took, day)) = soak_day
         .join()
         .map_err(|_| anyhow::anyhow!("the soak's day beside the lab tests panicked"))?;
-    let built =
-        suite.beside("release build of the daemon (beside; the wait for it)", built_took, built);
+    let built = suite.beside(
+        "portable release build of the daemon (glibc 2.28; beside; the wait for it)",
+        built_took,
+        built,
+    );
     let day = suite.beside("soak --quick: the day (beside lab tests or pytest)", day_took, day);
     side_by_side?;
     streams?;
