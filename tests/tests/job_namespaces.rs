@@ -103,8 +103,9 @@ fn a_pod_jobs_connection_gets_the_profile_and_its_marks_are_the_jobs_once_opted_
     // Opted in: a new connection of a new job.
     std::fs::remove_file(dir.join("status.sock")).expect("the killed daemon's status socket");
     std::fs::write(dir.join("policy.toml"), policy(true)).expect("the policy");
-    let daemon = Daemon::start(&us.netns, &dir, "");
-    wait_for("the restarted daemon", Duration::from_secs(20), || dir.join("status.sock").exists());
+    let mut daemon = Daemon::start(&us.netns, &dir, "");
+    // Its first tick: the socket answers from its bind, while the programs still load.
+    linkpilot_tests::faults::wait_up(&mut daemon);
     let (job, mut sender) = pod_job(&hk, &pod, &dir);
     assert_eq!(congestion_control(&pod), "cubic", "the link's profile in the pod");
     assert_eq!(sample(&scrape(&us.netns), "linkpilot_job_namespaces"), Some(1.0));

@@ -224,6 +224,18 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         serve::spawn(serve::bind(a)?, metrics.clone())?;
     }
     let status_listener = status::bind(&o.status_socket)?;
+    let status: status::Shared = Arc::new(Mutex::new(Status {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        pid: std::process::id(),
+        policy: o.policy.display().to_string(),
+        policy_sha256: policy_sha256.clone(),
+        starting: true,
+        dry_run: o.dry_run,
+        interfaces: names.clone(),
+        ..Status::default()
+    }));
+    // Served from here on: loading the programs takes seconds on a busy node.
+    let status_server = tokio::spawn(status::serve(status_listener, status.clone()));
     let decision_log = linelog::open(&o.decision_log, "decision_log")?;
     let record = linelog::open(&o.record, "record")?;
     let restorable = actuate::open_restorable(&o)?;
@@ -290,8 +302,6 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
             warn!("{}: {e}; training jobs cannot report", o.job_reports.display());
         }
     }
-    let status: status::Shared = Arc::new(Mutex::new(Status::default()));
-    let status_server = tokio::spawn(status::serve(status_listener, status.clone()));
     info!(ifaces = ?names, dry_run = o.dry_run, "linkpilot running; SIGTERM or Ctrl-C to stop, SIGHUP reloads");
     let o_give_up = o.sensing_give_up_s;
     let mut d = Daemon {

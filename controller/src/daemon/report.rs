@@ -78,6 +78,7 @@ impl Daemon {
             uptime_s: self.started.elapsed().as_secs_f64(),
             policy: self.o.policy.display().to_string(),
             policy_sha256: self.policy_sha256.clone(),
+            starting: false,
             dry_run: self.o.dry_run,
             observe_only: self.observe_only.then(|| super::OBSERVE_ONLY.to_owned()),
             interfaces: self.ifaces.iter().map(|i| i.name.clone()).collect(),

@@ -46,6 +46,10 @@ pub struct Status {
     /// SHA-256 of the running policy's bytes (hex, as sha256sum prints it).
     #[serde(default)]
     pub policy_sha256: String,
+    /// Loading and attaching the programs: the socket answers from the moment it is bound, so a
+    /// client asking during the start gets this rather than a timeout.
+    #[serde(default)]
+    pub starting: bool,
     pub dry_run: bool,
     /// Why nothing is applied although this is not a dry run (the policy names no peers).
     #[serde(default)]
@@ -280,6 +284,9 @@ pub fn render(s: &Status) -> String {
         s.ticks,
         s.last_tick_work_ms,
     );
+    if s.starting {
+        out += "starting: loading and attaching the programs; nothing decided yet\n";
+    }
     out += &format!(
         "interfaces {}  flows {}/{}  reloads {} applied, {} rejected\n",
         s.interfaces.join(","),
@@ -509,6 +516,13 @@ mod tests {
         let e = bind(&path).unwrap_err().to_string();
         assert!(e.contains("not a socket (a symbolic link)"), "{e}");
         assert!(std::fs::symlink_metadata(&path).unwrap().file_type().is_symlink());
+    }
+
+    #[test]
+    fn a_starting_daemon_says_so_and_a_running_one_does_not() {
+        let starting = Status { starting: true, ..Status::default() };
+        assert!(render(&starting).contains("starting: loading and attaching the programs"));
+        assert!(!render(&Status::default()).contains("starting"));
     }
 
     #[test]
