@@ -268,6 +268,7 @@ fn ladder(s: &Value, configs: &[Value]) -> String {
     if rungs.is_empty() {
         return String::new();
     }
+    let against = rungs[0].1["speedup_against"].as_str().unwrap_or("-");
     let mut out = format!(
         "\nThe ladder: co-located's eval loss at {} of its day; time to each rung (s) and the \
          speedup against {} (median [min-max] of runs; a speedup only where every run reached \
@@ -281,13 +282,13 @@ fn ladder(s: &Value, configs: &[Value]) -> String {
             ))
             .collect::<Vec<_>>()
             .join(", "),
-        super::report::STRONGEST_FIXED,
+        against,
         s["best_fixed"]["name"].as_str().unwrap_or("none"),
         s["best_fixed"]["by"].as_str().unwrap_or("-"),
     );
     out += "| configuration |";
     for (k, _) in &rungs {
-        out += &format!(" {k} (s) | vs {} |", super::report::STRONGEST_FIXED);
+        out += &format!(" {k} (s) | vs {against} |");
     }
     out += " loss at the day's end |\n|---|";
     out += &"---:|---:|".repeat(rungs.len());
@@ -299,5 +300,23 @@ fn ladder(s: &Value, configs: &[Value]) -> String {
         }
         out += &format!(" {} |\n", spread(&c["final_eval_loss"], 4));
     }
-    out
+    out + &headroom(&rungs, configs, against)
+}
+
+/// Co-located's own speedup at each rung against the baseline: the most a configuration that
+/// syncs every step could gain, and what one that syncs every H steps gains only by running
+/// more steps a second than the ceiling.
+fn headroom(rungs: &[(String, &Value)], configs: &[Value], against: &str) -> String {
+    let Some(ceiling) = configs.iter().find(|c| c["name"] == super::report::CEILING) else {
+        return String::new();
+    };
+    let gains: Vec<String> = rungs
+        .iter()
+        .map(|(k, _)| format!("{k} {}", speedup(&ceiling["targets"][k]["speedup"])))
+        .collect();
+    format!(
+        "\nHeadroom: co-located against {against}, {}: no configuration gains more without \
+         outrunning co-located's steps.\n",
+        gains.join(", ")
+    )
 }
