@@ -12,8 +12,8 @@ use crate::{
     jobs::flow_iface,
     kernel::Record,
     losses::{flow_table, lost},
-    rtt::{addresses, AddrOffsets, FLOWS},
-    traffic::{iface_slot, peer_stats},
+    maps::{iface_slot, peer_stats, FLOWS},
+    rtt::{addresses, AddrOffsets},
 };
 
 /// -EEXIST: the flow is there already (tcp_probe saw it first).

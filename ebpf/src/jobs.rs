@@ -10,7 +10,7 @@ use linkpilot_common::{LocalAddr, MAX_JOB_NAMESPACES};
 
 use crate::{
     kernel::{sock_netns, watched_netns},
-    retransmit::LOCAL_ADDRS,
+    maps::LOCAL_ADDRS,
 };
 
 #[map(name = "LP_JOB_NETNS")]

@@ -8,6 +8,7 @@ mod flows;
 mod jobs;
 mod kernel;
 mod losses;
+mod maps;
 mod peers;
 mod retransmit;
 mod rtt;

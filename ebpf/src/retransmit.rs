@@ -9,8 +9,7 @@
 
 use aya_ebpf::{
     helpers::bpf_probe_read_kernel,
-    macros::{map, raw_tracepoint, tracepoint},
-    maps::HashMap,
+    macros::{raw_tracepoint, tracepoint},
     programs::{RawTracePointContext, TracePointContext},
 };
 use linkpilot_common::{
@@ -19,19 +18,15 @@ use linkpilot_common::{
         FAMILY as TP_FAMILY, SADDR as TP_SADDR, SADDR_V6 as TP_SADDR_V6, SKADDR as TP_SKADDR,
         SKBADDR as TP_SKBADDR, SPORT as TP_SPORT,
     },
-    FlowKey, LocalAddr, AF_INET, AF_INET6, MAX_LOCAL_ADDRS,
+    FlowKey, AF_INET, AF_INET6,
 };
 
 use crate::{
     jobs::flow_iface,
     kernel::{Record, LP_KERNEL_OFFSETS},
-    rtt::{addresses, v4_addresses, v6_addresses, AddrOffsets, Addresses, FLOWS},
-    traffic::{iface_slot, peer_stats, IFACE_STATS},
+    maps::{iface_slot, peer_stats, FLOWS, IFACE_STATS},
+    rtt::{addresses, v4_addresses, v6_addresses, AddrOffsets, Addresses},
 };
-
-#[map(name = "LP_LOCAL_ADDRS")]
-pub(crate) static LOCAL_ADDRS: HashMap<LocalAddr, u32> =
-    HashMap::with_max_entries(MAX_LOCAL_ADDRS, 0);
 
 /// One retransmission, whichever way it was read.
 struct Retransmission {

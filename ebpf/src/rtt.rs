@@ -2,27 +2,18 @@
 //! segment an established socket receives and carries `srtt_us >> 3`. Chosen over sockops RTT
 //! callbacks because it sees flows that existed before linkpilot started and needs no cgroup.
 
-use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
-    macros::{map, tracepoint},
-    maps::LruHashMap,
-    programs::TracePointContext,
-};
+use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
 use linkpilot_common::{
-    probe_record as rec, v4_mapped, FlowKey, FlowState, LocalAddr, AF_INET, AF_INET6, MAX_FLOWS,
+    probe_record as rec, v4_mapped, FlowKey, FlowState, LocalAddr, AF_INET, AF_INET6,
 };
 
 use crate::{
     jobs::flow_iface,
     kernel::Record,
     losses::{flow_table, lost},
-    traffic::{iface_slot, peer_stats},
+    maps::{iface_slot, peer_stats, FLOWS},
 };
 use linkpilot_common::packet::Loss;
-
-#[map(name = "LP_FLOWS")]
-pub(crate) static FLOWS: LruHashMap<FlowKey, FlowState> =
-    LruHashMap::with_max_entries(MAX_FLOWS, 0);
 
 #[tracepoint]
 pub fn lp_tcp_probe(ctx: TracePointContext) -> u32 {

@@ -1,14 +1,18 @@
 //! Per-interface and per-peer counters at TC ingress and egress: packets, bytes, ECN codepoints,
 //! TCP ECE/CWR, egress DSCP (and its rewrite), RoCEv2 transport signals.
 
-use crate::{losses::lost, peers::peer_of};
+use crate::{
+    losses::lost,
+    maps::{iface_config, peer_stats, IFACE_STATS},
+    peers::peer_of,
+};
 use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::TC_ACT_UNSPEC,
     helpers::generated::bpf_loop,
     macros::{classifier, map},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, LruHashMap, PerCpuArray},
     programs::TcContext,
 };
 use linkpilot_common::{
@@ -17,52 +21,8 @@ use linkpilot_common::{
         parse, parse_bth, psn_repeated, unparsed_loss, wire_bytes, Headers, Loss, PacketBytes,
         CNP_OPCODE, ROCEV2_PORT,
     },
-    peer_stats_index, DirCounters, DscpRule, IfaceConfig, IfaceStats, PeerStats, QpKey,
-    RoceCounters, IFACE_INDEX_SLOTS, MAX_DSCP_RULES, MAX_IFACES, MAX_PEERS, MAX_PEER_ENTRIES,
-    MAX_ROCE_QPS,
+    DirCounters, DscpRule, PeerStats, QpKey, RoceCounters, MAX_DSCP_RULES, MAX_ROCE_QPS,
 };
-
-#[map(name = "LP_IFACE_STATS")]
-pub(crate) static IFACE_STATS: PerCpuArray<IfaceStats> =
-    PerCpuArray::with_max_entries(MAX_IFACES, 0);
-
-#[map(name = "LP_IFACE_CONFIG")]
-static IFACE_CONFIG: HashMap<u32, IfaceConfig> = HashMap::with_max_entries(MAX_IFACES, 0);
-
-#[map(name = "LP_IFACE_INDEX")]
-static IFACE_INDEX: Array<IfaceConfig> = Array::with_max_entries(IFACE_INDEX_SLOTS, 0);
-
-/// The configuration of `ifindex`: from its slot of the direct-mapped index (an inlined array
-/// access), else from the hash.
-#[inline(always)]
-fn iface_config(ifindex: u32) -> Option<(u32, u32)> {
-    if let Some(c) = IFACE_INDEX.get(ifindex & (IFACE_INDEX_SLOTS - 1)) {
-        if c.ifindex == ifindex {
-            return Some((c.l2, c.slot));
-        }
-    }
-    // SAFETY: the controller writes this map only with whole values.
-    unsafe { IFACE_CONFIG.get(ifindex) }.map(|c| (c.l2, c.slot))
-}
-
-#[map(name = "LP_PEER_STATS")]
-pub(crate) static PEER_STATS: PerCpuArray<PeerStats> =
-    PerCpuArray::with_max_entries(MAX_PEER_ENTRIES, 0);
-
-/// The counter slot of `ifindex` (a watched interface), for the tracepoints.
-#[inline(always)]
-pub(crate) fn iface_slot(ifindex: u32) -> Option<u32> {
-    iface_config(ifindex).map(|(_, slot)| slot)
-}
-
-/// The counters of (`slot`, `peer`).
-#[inline(always)]
-pub(crate) fn peer_stats(slot: u32, peer: u32) -> Option<*mut PeerStats> {
-    if peer > MAX_PEERS {
-        return None;
-    }
-    PEER_STATS.get_ptr_mut(peer_stats_index(slot, peer))
-}
 
 /// Egress DSCP rewrite rules, compacted: the first disabled slot ends the list.
 #[map(name = "LP_DSCP_RULES")]

@@ -123,7 +123,7 @@ from linkpilot.board import BoardError, KnobBoard
 from linkpilot.ddp import LinkpilotHook, StepStats, group_timeout, hook
 from linkpilot.ddp_check import digest, parse_sites
 from linkpilot.outer import OuterSync, RoundPlan, RoundStats
-from linkpilot.outer_board import BoardPlan
+from linkpilot.outer.board import BoardPlan
 
 EVAL_FRACTION = 0.05
 #: Where the fixed-codec configuration "reads" its board: a path that cannot exist, so the hook

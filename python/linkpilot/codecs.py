@@ -32,10 +32,16 @@ from typing import Callable, Literal
 import torch
 import torch.nn.functional as F
 
-__all__ = ["CODEC_NAMES", "Codec", "ErrorFeedback", "get_codec"]
+__all__ = ["CODEC_NAMES", "Codec", "ErrorFeedback", "get_codec", "strength"]
 
 #: Codec families, weakest compression first. ``topk`` takes a ratio: ``topk:0.01``.
 CODEC_NAMES: tuple[str, ...] = ("none", "fp16", "bf16", "int8", "int4", "topk")
+
+
+def strength(codec: str) -> tuple[int, float]:
+    """Orders codecs from the least to the most compression (top-k: smaller ratio is stronger)."""
+    name, _, ratio = codec.partition(":")
+    return CODEC_NAMES.index(name), -float(ratio) if ratio else 0.0
 
 Collective = Literal["all_reduce", "all_gather"]
 

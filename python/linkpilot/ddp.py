@@ -35,9 +35,9 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket  # DDP's own type; not re-exported for mypy
 
 from linkpilot.board import BoardError, KnobBoard, LinkKnobs
-from linkpilot.codecs import CODEC_NAMES, Codec, ErrorFeedback, get_codec
+from linkpilot.codecs import CODEC_NAMES, Codec, ErrorFeedback, get_codec, strength
 from linkpilot.jobreport import JobReport, StepClock
-from linkpilot.pgtimeout import _member, group_timeout, set_group_timeout
+from linkpilot.pgtimeout import member, group_timeout, set_group_timeout
 from linkpilot.sites import Sites
 from linkpilot.tuner import TunerGate, TunerRule
 
@@ -86,12 +86,6 @@ class Proposal:
                               min_bytes=1 << (d[12] - 1) if d[12] else 0,
                               chunk_bytes=((d[13] << 16) | (d[14] << 8) | d[15]) << 10)
         return Proposal(name, (d[4] << 16) | (d[5] << 8) | d[6], bool(d[7] & _FRESH), tuner)
-
-
-def strength(codec: str) -> tuple[int, float]:
-    """Orders codecs from the least to the most compression (top-k: smaller ratio is stronger)."""
-    name, _, ratio = codec.partition(":")
-    return CODEC_NAMES.index(name), -float(ratio) if ratio else 0.0
 
 
 def agree(proposals: Sequence[Proposal]) -> Proposal:
@@ -194,7 +188,7 @@ class LinkpilotHook:
         self.small_codec = get_codec(small_codec).name
         self.safe_codec = get_codec(safe_codec).name
         self.on_step = on_step
-        self.group = _member(process_group if process_group is not None else dist.group.WORLD)
+        self.group = member(process_group if process_group is not None else dist.group.WORLD)
         self.world = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
         self.history: deque[StepStats] = deque(maxlen=history)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 __all__ = ["group_timeout", "set_backend_timeout", "set_group_timeout"]
 
 
-def _member(group: object) -> dist.ProcessGroup:
+def member(group: object) -> dist.ProcessGroup:
     """A group this rank belongs to (torch types the others as None or a sentinel)."""
     if not isinstance(group, dist.ProcessGroup):
         raise ValueError(f"this rank is not in the process group ({group!r})")
@@ -29,7 +29,7 @@ def group_timeout(group: dist.ProcessGroup | None = None) -> datetime.timedelta:
     """The timeout torch applies to the group's collectives: its backend's option, the CPU
     backend's where it has one (gloo, "cpu:gloo,cuda:nccl"), else its first device's (an
     NCCL-only group has no CPU backend)."""
-    group = _member(group if group is not None else dist.group.WORLD)
+    group = member(group if group is not None else dist.group.WORLD)
     types = [d.type for d in getattr(group, "_device_types", [])] or ["cpu"]
     device = "cpu" if "cpu" in types else types[0]
     backend = group._get_backend(torch.device(device))

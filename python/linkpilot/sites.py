@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from linkpilot.pgtimeout import _member
+from linkpilot.pgtimeout import member
 
 
 def check_sites(sites: Sequence[Sequence[int]], world: int) -> list[list[int]]:
@@ -95,12 +95,12 @@ class Sites:
         self.site_ranks = sites[site]
         self.per_site = len(self.site_ranks)
         self.position = self.site_ranks.index(rank)
-        self.site_group = _member(site_groups[site])
+        self.site_group = member(site_groups[site])
         #: First shard of each rank of this site (and the shard count at the end).
         self.bounds = shard_bounds(self.per_site, self.shards)
         #: The shards this rank carries across, each with its group.
         self.owned = range(self.bounds[self.position], self.bounds[self.position + 1])
-        self.cross_groups = [_member(cross_groups[k]) for k in self.owned]
+        self.cross_groups = [member(cross_groups[k]) for k in self.owned]
         #: The most shards a rank of this site owns: what each contributes to the site's gather.
         self.most_owned = max(b - a for a, b in zip(self.bounds, self.bounds[1:]))
         #: Device types the cross-site backend serves (others cross on the CPU).

@@ -9,7 +9,7 @@ an applied outer step) and, at the end, the digest of every parameter.
         [--pace steps|time] [--samples N] [--rounds R] [--drift C] [--fsdp N] [--whole-state]
         [--spread-chunk N]
 
-With --board, the rounds' plans follow that knob board (linkpilot.outer_board.BoardPlan), as
+With --board, the rounds' plans follow that knob board (linkpilot.outer.board.BoardPlan), as
 the site's daemon decides them. --pause-at makes the rank print {"idle": STEP} after those
 steps and sleep --pause-s, so that a test can read a link's counters while nothing crosses.
 With --cuda-only the job's process group refuses CPU tensors as an NCCL-only one does (a backend
@@ -45,10 +45,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 from linkpilot.board import KnobBoard
-from linkpilot import outer
+from linkpilot.outer import sync as outer_sync
 from linkpilot.outer import OuterSync, RoundPlan, RoundStats
-from linkpilot.outer_board import BoardPlan
-from linkpilot.pgtimeout import _member
+from linkpilot.outer.board import BoardPlan
+from linkpilot.pgtimeout import member
 
 
 def digest(t: torch.Tensor) -> str:
@@ -108,7 +108,7 @@ def main() -> None:
     ap.add_argument("--spread-chunk", type=int)
     a = ap.parse_args()
     if a.spread_chunk:
-        outer._SPREAD_CHUNK = a.spread_chunk
+        outer_sync._SPREAD_CHUNK = a.spread_chunk
     h, f, o, codec = a.plan.split(",")
     master = a.master or f"127.0.0.1:{a.port}"
     pauses = {int(x) for x in a.pause_at.split(",") if x}
@@ -118,7 +118,7 @@ def main() -> None:
     sites = [[int(r) for r in s.split(",")] for s in a.sites.split("/")] if a.sites else None
     # The script's own CPU collectives (DDP on this CPU model, the last barrier) need a group
     # that takes CPU tensors; every rank makes every group, in the same order.
-    host = _member(dist.new_group(backend="gloo")) if a.cuda_only else None
+    host = member(dist.new_group(backend="gloo")) if a.cuda_only else None
     ddp_groups = [dist.new_group(sorted(s), backend="gloo") for s in sites] if (
         a.cuda_only and sites) else None
     torch.manual_seed(a.rank)  # OuterSync broadcasts rank 0's weights

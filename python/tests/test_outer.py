@@ -32,8 +32,8 @@ from linkpilot.outer import (
     paced_share,
     site_plan,
 )
-from linkpilot.outer_exchange import _Exchanger, _Job
-from linkpilot.outer_plan import _header
+from linkpilot.outer.exchange import Exchanger, Job
+from linkpilot.outer.plan import pack_header
 
 WORKER = Path(__file__).with_name("outer_rank.py")
 
@@ -376,15 +376,15 @@ def test_an_apply_step_writes_its_own_outer_steps_values_even_after_a_later_one_
     exchanger = SimpleNamespace(rank=0, size=2, sync=sync, landed_at=0.0)
     g = torch.Generator().manual_seed(0)
 
-    def land(rnd: int) -> tuple[_Job, torch.Tensor]:
+    def land(rnd: int) -> tuple[Job, torch.Tensor]:
         """An exchange of round ``rnd`` landing: its job and the outer values it leaves."""
         stats = RoundStats(0, rnd, 0, 0, plan, codec.wire_bytes(n), 0, n)
-        job = _Job(stats, None, 0, n)
+        job = Job(stats, None, 0, n)
         sent = [torch.randn(n, generator=g) for _ in range(2)]
-        heads = [_header(0, rnd, 0, 0, plan, plan).tolist() for _ in range(2)]
+        heads = [pack_header(0, rnd, 0, 0, plan, plan).tolist() for _ in range(2)]
         payloads = [codec.encode(x) for x in sent]
         want = sync.outer - sum(codec.decode(p, n) for p in payloads) / 2
-        assert _Exchanger._commit(exchanger, job, heads, payloads, 0.0)  # type: ignore[arg-type]
+        assert Exchanger._commit(exchanger, job, heads, payloads, 0.0)  # type: ignore[arg-type]
         assert torch.allclose(sync.outer, want) and job.values is None
         return job, want
 

@@ -1,4 +1,4 @@
-"""linkpilot.outer_board: round plans from the daemon's knob board (written by the daemon's own
+"""linkpilot.outer.board: round plans from the daemon's knob board (written by the daemon's own
 writer, `linkpilot board feed`), and sites whose boards disagree and change mid-round still
 running the same plan in every round, with identical replicas after every outer step."""
 
@@ -25,7 +25,7 @@ from test_train_lm import SCRIPT, TINY, free_port
 
 from linkpilot.board import MAGIC, SIZE, BoardError, BoardFormatError, KnobBoard
 from linkpilot.outer import PlanInputs, RoundPlan, auto_sync_every
-from linkpilot.outer_board import BoardPlan
+from linkpilot.outer.board import BoardPlan
 
 NUMEL = 3_323_648
 START = RoundPlan(4, 1, 0, "int8")
@@ -264,7 +264,7 @@ def test_an_auto_outer_codec_with_a_fixed_h_is_the_weakest_that_fits(
 
 def test_a_measured_exchange_shifts_every_codecs_estimate() -> None:
     from linkpilot.board import LinkKnobs
-    from linkpilot.outer_board import _Exchange, candidates
+    from linkpilot.outer.board import _Exchange, candidates
 
     knobs = LinkKnobs(name="wan", state="s", state_index=0, compression="none", topk_ratio=0.0,
                       chunk_bytes=0, tcp_buffer_bytes=0, watchdog_s=0, nccl_ib_timeout=0,

@@ -1,6 +1,9 @@
 //! `linkpilot run` driven as an operator would: in a lab host's namespace, every path in one
 //! directory, its log kept; and what tests read back from it (metrics, status, sysctls).
 
+use std::sync::LazyLock;
+
+use crate::policy::PolicyToml;
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -172,23 +175,11 @@ pub fn status_json(dir: &Path) -> serde_json::Value {
 
 /// A one-state policy for a `netns::Pair`'s `lpa0` that sets tcp_ecn: enough for tests of how the
 /// daemon starts, runs and stops rather than of what it decides.
-pub const PAIR_POLICY: &str = r#"
-[daemon]
-tick = "100ms"
-[host]
-tcp_ecn = 1
-[[link]]
-name = "wan"
-interfaces = ["lpa0"]
-capacity = "50Mbit/s"
-# The test addresses (a policy naming no peer only observes).
-[[link.peer]]
-name = "lab"
-cidrs = ["198.18.0.0/15"]
-[[state]]
-name = "healthy"
-[state.knobs]
-compression = "none"
-dscp = 26
-roce_traffic_class = 106
-"#;
+pub static PAIR_POLICY: LazyLock<String> = LazyLock::new(|| {
+    PolicyToml::new()
+        .table("[host]\ntcp_ecn = 1")
+        // The test addresses (a policy naming no peer only observes).
+        .link("wan", "lpa0", "50Mbit/s", Some(("lab", "198.18.0.0/15")))
+        .healthy()
+        .build()
+});

@@ -2,6 +2,7 @@
 //! before (the namespace's own sysctls, our BPF links as bpftool lists them), and the daemon's
 //! progress read from its status API.
 
+use crate::policy::PolicyToml;
 use std::{
     path::Path,
     process::{Child, Stdio},
@@ -20,27 +21,11 @@ use crate::{
 /// (so the host's state is something the daemon changes), knobs `dscp` and `roce` (reloads that
 /// change them make decisions).
 pub fn policy(iface: &str, peer: &str, state: &str, dscp: u8) -> String {
-    format!(
-        r#"
-[daemon]
-tick = "100ms"
-[host]
-tcp_ecn = 1
-[[link]]
-name = "wan"
-interfaces = ["{iface}"]
-capacity = "1Gbit/s"
-[[link.peer]]
-name = "b"
-cidrs = ["{peer}/32"]
-[[state]]
-name = "{state}"
-[state.knobs]
-compression = "none"
-dscp = {dscp}
-roce_traffic_class = 106
-"#
-    )
+    PolicyToml::new()
+        .table("[host]\ntcp_ecn = 1")
+        .link("wan", iface, "1Gbit/s", Some(("b", &format!("{peer}/32"))))
+        .state(state, "", "", ("none", dscp, 106))
+        .build()
 }
 
 pub use crate::temp_dir;

@@ -14,6 +14,7 @@ pub mod grafana;
 pub mod marking;
 pub mod netns;
 pub mod oracle;
+pub mod policy;
 pub mod prometheus;
 pub mod sink;
 pub mod tuner;

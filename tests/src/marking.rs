@@ -2,6 +2,9 @@
 //! plain other end, and the daemon's split of the congestion marks judged against tshark's
 //! per-flow count of the same packets, without and with iperf3 as cross traffic.
 
+use std::sync::LazyLock;
+
+use crate::policy::PolicyToml;
 use std::{
     io::Write,
     path::{Path, PathBuf},
@@ -28,23 +31,12 @@ use crate::{
 pub const JOB_PORT: u16 = 6000;
 
 /// The marking lab's policy: one link to the HK peer.
-pub const POLICY: &str = r#"
-[daemon]
-tick = "100ms"
-[[link]]
-name = "wan"
-interfaces = ["eth0"]
-capacity = "50Mbit/s"
-[[link.peer]]
-name = "hk"
-cidrs = ["198.18.1.0/24"]
-[[state]]
-name = "healthy"
-[state.knobs]
-compression = "none"
-dscp = 0
-roce_traffic_class = 106
-"#;
+pub static POLICY: LazyLock<String> = LazyLock::new(|| {
+    PolicyToml::new()
+        .link("wan", "eth0", "50Mbit/s", Some(("hk", "198.18.1.0/24")))
+        .state("healthy", "", "", ("none", 0, 106))
+        .build()
+});
 
 /// The sending end: connects (at once, or with a third argument "late" at its first burst, so
 /// that the flow is marked from its first seconds), then sends for as many seconds as each line

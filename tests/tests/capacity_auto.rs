@@ -6,6 +6,7 @@
 //! kernels: the daemon never lowers a host's buffers.) The same link declared at the reference line's nominal 40 Gbit/s takes the buffers to
 //! the 1 GiB bound, which is what overran this queue.
 
+use linkpilot_tests::policy::PolicyToml;
 use std::process::Stdio;
 
 use linkpilot_lab::lab::{Host, Site};
@@ -17,14 +18,13 @@ use linkpilot_tests::{
 const RATE: f64 = 300e6;
 const RTT_S: f64 = 0.18;
 
+/// `capacity` as the policy writes it ("40Gbit/s"), or "" for none: measured.
 fn policy(capacity: &str, peer: &str, cidr: &str) -> String {
-    format!(
-        "[daemon]\ntick = \"100ms\"\n[hysteresis]\nmin_dwell = \"1s\"\n\
-         [[link]]\nname = \"wan\"\ninterfaces = [\"eth0\"]\n{capacity}\n\
-         [[link.peer]]\nname = \"{peer}\"\ncidrs = [\"{cidr}\"]\n\
-         [[state]]\nname = \"healthy\"\n[state.knobs]\ncompression = \"none\"\ndscp = 0\n\
-         roce_traffic_class = 106\n"
-    )
+    PolicyToml::new()
+        .table("[hysteresis]\nmin_dwell = \"1s\"")
+        .link("wan", "eth0", capacity, Some((peer, cidr)))
+        .state("healthy", "", "", ("none", 0, 106))
+        .build()
 }
 
 /// The largest buffer a TCP socket may grow to (the third field of tcp_wmem or tcp_rmem).
@@ -73,7 +73,7 @@ fn auto_capacity_fills_the_link_without_overrunning_its_queue() {
     let bdp = RATE / 8.0 * RTT_S;
 
     // Declared at 40 Gbit/s: the bound, once an RTT was measured.
-    let (mut a, mut b) = daemons(&hk, &us, "capacity = \"40Gbit/s\"", "nominal");
+    let (mut a, mut b) = daemons(&hk, &us, "40Gbit/s", "nominal");
     iperf3(&hk, &us, 15);
     assert_eq!(tcp_max(&hk, "net.ipv4.tcp_wmem"), 1 << 30);
     stop(&mut a); // the originals back

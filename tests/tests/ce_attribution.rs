@@ -16,7 +16,7 @@ use linkpilot_tests::{
 
 #[test]
 fn marks_on_the_jobs_flows_are_told_from_cross_traffics_as_tshark_counts_them() {
-    let (_lab, hk, us, dir, daemon) = marking_lab("ceattr", POLICY);
+    let (_lab, hk, us, dir, daemon) = marking_lab("ceattr", &POLICY);
     let (job, mut sender) = receiving_job(&hk, &us, &dir);
     judge(&hk, &us, &dir, &mut sender, Mark::Ce);
     drop(sender);
@@ -29,14 +29,14 @@ fn marks_on_the_jobs_flows_are_told_from_cross_traffics_as_tshark_counts_them() 
 /// connections already open into the table at its start, and their marks are the job's again.
 #[test]
 fn marks_on_a_receiving_jobs_flow_opened_before_the_daemon_started_are_the_jobs() {
-    let (_lab, hk, us, dir, daemon) = marking_lab("ceseed", POLICY);
+    let (_lab, hk, us, dir, daemon) = marking_lab("ceseed", &POLICY);
     let (job, mut sender) = receiving_job(&hk, &us, &dir);
     // Killed as a crash or an upgrade would: the next one starts with an empty flow table.
     drop(daemon);
     // The killed one's socket stays behind: the new one is up when its own appears.
     let socket = dir.join("status.sock");
     std::fs::remove_file(&socket).expect("the killed daemon's status socket");
-    let daemon = Daemon::start(&us.netns, &dir, POLICY);
+    let daemon = Daemon::start(&us.netns, &dir, &POLICY);
     wait_for("the restarted daemon", Duration::from_secs(20), || socket.exists());
     wait_for_the_job(&dir);
     judge(&hk, &us, &dir, &mut sender, Mark::Ce);
@@ -50,7 +50,7 @@ fn marks_on_a_receiving_jobs_flow_opened_before_the_daemon_started_are_the_jobs(
 /// tell it for the job's before its marks count as anyone's.
 #[test]
 fn marks_on_a_job_connection_from_its_open_on_are_the_jobs() {
-    let (_lab, hk, us, dir, daemon) = marking_lab("cenew", POLICY);
+    let (_lab, hk, us, dir, daemon) = marking_lab("cenew", &POLICY);
     let mut job = python(&us, RECEIVER, &us, Some(&dir.join("jobs")), &[]);
     let job_lines = lines_of(&mut job);
     assert_eq!(job_lines.recv_timeout(Duration::from_secs(30)).expect("job"), "listening");
@@ -67,7 +67,7 @@ fn marks_on_a_job_connection_from_its_open_on_are_the_jobs() {
 /// The same for a job that sends: the marks come back to its host as ECE.
 #[test]
 fn echoed_marks_on_the_jobs_flows_are_told_from_cross_traffics_as_tshark_counts_them() {
-    let (_lab, hk, us, dir, daemon) = marking_lab("eceattr", POLICY);
+    let (_lab, hk, us, dir, daemon) = marking_lab("eceattr", &POLICY);
     let mut sink = python(&hk, RECEIVER, &hk, None, &[]);
     let sink_lines = lines_of(&mut sink);
     assert_eq!(sink_lines.recv_timeout(Duration::from_secs(30)).expect("sink"), "listening");

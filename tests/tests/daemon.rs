@@ -2,6 +2,9 @@
 //! board, the env file and the namespace's TCP buffer sysctls follow, and SIGTERM rolls the
 //! sysctls back while the board goes stale.
 
+use std::sync::LazyLock;
+
+use linkpilot_tests::policy::PolicyToml;
 use std::{
     path::Path,
     process::{Command, Stdio},
@@ -21,42 +24,17 @@ use linkpilot_tests::{
 };
 use nix::{sys::signal::Signal, unistd::Pid};
 
-const POLICY: &str = r#"
-[daemon]
-tick = "100ms"
-[hysteresis]
-enter_after = "300ms"
-exit_after = "30s"
-min_dwell = "1s"
-[bounds]
-tcp_buffers = { min = "64MiB", max = "256MiB", bdp_factor = 2.0, max_step = 4.0 }
-[host]
-tcp_ecn = 1
-netdev_max_backlog = 250000
-[env]
-NCCL_ALGO = "Tree"
-[[link]]
-name = "wan"
-interfaces = ["eth0"]
-capacity = "50Mbit/s"
-[[link.peer]]
-name = "us"
-cidrs = ["198.18.2.0/24"]
-[[state]]
-name = "healthy"
-[state.knobs]
-compression = "none"
-dscp = 26
-roce_traffic_class = 106
-[[state]]
-name = "congested"
-enter = { ce_fraction = "1%" }
-exit = { ce_fraction = "0.2%" }
-[state.knobs]
-compression = "int8"
-dscp = 10
-roce_traffic_class = 42
-"#;
+static POLICY: LazyLock<String> = LazyLock::new(|| {
+    PolicyToml::new()
+        .hysteresis("30s", "1s")
+        .table("[bounds]\ntcp_buffers = { min = \"64MiB\", max = \"256MiB\", bdp_factor = 2.0, max_step = 4.0 }")
+        .table("[host]\ntcp_ecn = 1\nnetdev_max_backlog = 250000")
+        .table("[env]\nNCCL_ALGO = \"Tree\"")
+        .lab_link("50Mbit/s")
+        .healthy()
+        .congested_on_ce(10, 42)
+        .build()
+});
 
 fn unix_ms() -> u64 {
     std::time::SystemTime::now()
@@ -74,7 +52,7 @@ fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
     let rmem_before = tcp_rmem_max(&hk.netns);
     let dir = std::env::temp_dir().join(format!("lp-daemon-{}", std::process::id()));
     let started_ms = unix_ms();
-    let mut d = Daemon::start(&hk.netns, &dir, POLICY);
+    let mut d = Daemon::start(&hk.netns, &dir, &POLICY);
     wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
     wait_for("the first decision", Duration::from_secs(5), || {
@@ -180,7 +158,7 @@ fn sigkill_then_restart_leaves_one_set_of_attachments_and_the_original_sysctls()
     };
     let baseline = ours(&linkpilot_tests::oracle::links());
     let dir = std::env::temp_dir().join(format!("lp-daemon-kill-{}", std::process::id()));
-    let mut first = Daemon::start(&hk.netns, &dir, POLICY);
+    let mut first = Daemon::start(&hk.netns, &dir, &POLICY);
     wait_for("the first run's sysctls", Duration::from_secs(20), || {
         tcp_rmem_max(&hk.netns) != rmem_before
     });
@@ -213,7 +191,7 @@ fn sigkill_then_restart_leaves_one_set_of_attachments_and_the_original_sysctls()
         ours(&linkpilot_tests::oracle::links()) == baseline
     });
     std::fs::remove_file(dir.join("knobs")).expect("the old board");
-    let mut second = Daemon::start(&hk.netns, &dir, POLICY);
+    let mut second = Daemon::start(&hk.netns, &dir, &POLICY);
     wait_for("the second run's board", Duration::from_secs(20), || dir.join("knobs").exists());
     thread::sleep(Duration::from_millis(500));
     assert_eq!(ours(&linkpilot_tests::oracle::links()) - baseline, one_set, "exactly one set");
@@ -250,7 +228,7 @@ fn reload_metrics_and_status() {
     let extra = ["--rdma-root", &arg(&sysfs), "--rdma-cm-root", &arg(&dir.join("rdma_cm"))];
     let ecn_before = sysctl(&hk.netns, "net.ipv4.tcp_ecn");
     assert_ne!(ecn_before, "1", "a fresh namespace's tcp_ecn");
-    let mut d = Daemon::start_with(&hk.netns, &dir, POLICY, &extra);
+    let mut d = Daemon::start_with(&hk.netns, &dir, &POLICY, &extra);
     wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
     wait_for("the first decision", Duration::from_secs(5), || {
@@ -404,7 +382,7 @@ fn a_restart_removes_the_clsact_filters_a_killed_run_left() {
     let dir = std::env::temp_dir().join(format!("lp-daemon-stale-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let mut first =
-        Daemon::start_with(&hk.netns, &dir, POLICY, &["--netlink-tc", "--metrics-addr", "off"]);
+        Daemon::start_with(&hk.netns, &dir, &POLICY, &["--netlink-tc", "--metrics-addr", "off"]);
     wait_for("the first run's filters", Duration::from_secs(20), || {
         filters("ingress").is_ok_and(|f| f.contains("lp_tc_ingress"))
             && filters("egress").is_ok_and(|f| f.contains("lp_tc_egress"))
@@ -414,7 +392,7 @@ fn a_restart_removes_the_clsact_filters_a_killed_run_left() {
     thread::sleep(Duration::from_millis(300));
     // Netlink filters outlive their process (TCX links would not).
     assert!(filters("ingress").expect("tc").contains("lp_tc_ingress"));
-    let mut second = Daemon::start_with(&hk.netns, &dir, POLICY, &["--metrics-addr", "off"]);
+    let mut second = Daemon::start_with(&hk.netns, &dir, &POLICY, &["--metrics-addr", "off"]);
     wait_for("the second run's board", Duration::from_secs(20), || {
         second.log().contains("linkpilot running")
     });

@@ -2,6 +2,9 @@
 //! the knob board follows the first CE mark, that it returns only after the exit window, and
 //! that the timeouts cover a delay spike while the spike is still on.
 
+use std::sync::LazyLock;
+
+use linkpilot_tests::policy::PolicyToml;
 use std::{
     process::Stdio,
     thread,
@@ -16,35 +19,14 @@ use linkpilot_lab::{
 };
 use linkpilot_tests::daemon::{iperf3_server, lab_with, wait_for, Daemon};
 
-const ECN_POLICY: &str = r#"
-[daemon]
-tick = "100ms"
-[hysteresis]
-enter_after = "300ms"
-exit_after = "3s"
-min_dwell = "1s"
-[[link]]
-name = "wan"
-interfaces = ["eth0"]
-capacity = "50Mbit/s"
-[[link.peer]]
-name = "us"
-cidrs = ["198.18.2.0/24"]
-[[state]]
-name = "healthy"
-[state.knobs]
-compression = "none"
-dscp = 26
-roce_traffic_class = 106
-[[state]]
-name = "congested"
-enter = { ce_fraction = "1%" }
-exit = { ce_fraction = "0.2%" }
-[state.knobs]
-compression = "int8"
-dscp = 26
-roce_traffic_class = 106
-"#;
+static ECN_POLICY: LazyLock<String> = LazyLock::new(|| {
+    PolicyToml::new()
+        .hysteresis("3s", "1s")
+        .lab_link("50Mbit/s")
+        .healthy()
+        .congested_on_ce(26, 106)
+        .build()
+});
 
 #[test]
 fn congested_within_a_second_of_the_first_ce_mark_and_healthy_only_after_the_exit_window() {
@@ -55,7 +37,7 @@ fn congested_within_a_second_of_the_first_ce_mark_and_healthy_only_after_the_exi
     }
     let dir = std::env::temp_dir().join(format!("lp-ctl-ecn-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let d = Daemon::start_with(&hk.netns, &dir, ECN_POLICY, &["--metrics-addr", "off"]);
+    let d = Daemon::start_with(&hk.netns, &dir, &ECN_POLICY, &["--metrics-addr", "off"]);
     wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
     wait_for("the first decision", Duration::from_secs(5), || {
@@ -114,28 +96,17 @@ fn congested_within_a_second_of_the_first_ce_mark_and_healthy_only_after_the_exi
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-const SPIKE_POLICY: &str = r#"
-[daemon]
-tick = "100ms"
-[estimator]
-window = "10s"
-[bounds]
-nccl_ib_timeout = { k = 4.0, min = 10, max = 24 }
-watchdog = { min = "30s", max = "60min", rtt_multiple = 3000.0, max_step = 2.0 }
-[[link]]
-name = "wan"
-interfaces = ["eth0"]
-capacity = "50Mbit/s"
-[[link.peer]]
-name = "us"
-cidrs = ["198.18.2.0/24"]
-[[state]]
-name = "healthy"
-[state.knobs]
-compression = "none"
-dscp = 26
-roce_traffic_class = 106
-"#;
+static SPIKE_POLICY: LazyLock<String> = LazyLock::new(|| {
+    PolicyToml::new()
+        .table("[estimator]\nwindow = \"10s\"")
+        .table(
+            "[bounds]\nnccl_ib_timeout = { k = 4.0, min = 10, max = 24 }\nwatchdog = { min = \"30s\", \
+             max = \"60min\", rtt_multiple = 3000.0, max_step = 2.0 }",
+        )
+        .lab_link("50Mbit/s")
+        .healthy()
+        .build()
+});
 
 /// 4.096 us x 2^t, the QP retransmission timeout NCCL_IB_TIMEOUT = t sets.
 fn ib_timeout(t: u8) -> Duration {
@@ -155,7 +126,7 @@ fn timeouts_cover_a_delay_spike_before_the_spike_is_over() {
     let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
     let dir = std::env::temp_dir().join(format!("lp-ctl-spike-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let d = Daemon::start_with(&hk.netns, &dir, SPIKE_POLICY, &["--metrics-addr", "off"]);
+    let d = Daemon::start_with(&hk.netns, &dir, &SPIKE_POLICY, &["--metrics-addr", "off"]);
     wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
     // A steady sender, so that every ACK carries an RTT sample.

@@ -1,6 +1,7 @@
 //! `linkpilot run` keeps going through what it can survive, judged from outside: bpftool breaks
 //! and mends its maps, curl scrapes its metrics, the status API and its exit status say the rest.
 
+use linkpilot_tests::policy::PolicyToml;
 use std::{
     io::{ErrorKind, Read},
     net::TcpStream,
@@ -17,25 +18,10 @@ use nix::sys::signal::Signal;
 
 /// One link on the pair's `a` side with the other end as its peer, ticking every 100 ms.
 fn policy(iface: &str, peer: &str) -> String {
-    format!(
-        r#"
-[daemon]
-tick = "100ms"
-[[link]]
-name = "wan"
-interfaces = ["{iface}"]
-capacity = "1Gbit/s"
-[[link.peer]]
-name = "b"
-cidrs = ["{peer}/32"]
-[[state]]
-name = "healthy"
-[state.knobs]
-compression = "none"
-dscp = 26
-roce_traffic_class = 106
-"#
-    )
+    PolicyToml::new()
+        .link("wan", iface, "1Gbit/s", Some(("b", &format!("{peer}/32"))))
+        .healthy()
+        .build()
 }
 
 /// The id of the map named `name` that process `pid` holds, found through its fds' fdinfo

@@ -3,6 +3,7 @@
 //! arrives while it is down, by the lab's own delivery counter; iperf3's rate after), it enters its dead-link state (`unanswered`),
 //! and it recovers after; the namespace is left as it was.
 
+use linkpilot_tests::policy::PolicyToml;
 use std::time::Duration;
 
 use linkpilot_lab::{
@@ -24,39 +25,13 @@ const DOWN: (f64, f64) = (45.0, 51.0);
 /// A calm state and one entered when the link has retransmitted and heard nothing for 500 ms:
 /// the first RTO comes about 0.4 s into the outage, so the state is entered about 1 s in.
 fn policy(us: &str) -> String {
-    format!(
-        r#"
-[daemon]
-tick = "100ms"
-[host]
-tcp_ecn = 1
-[hysteresis]
-enter_after = "300ms"
-exit_after = "2s"
-min_dwell = "500ms"
-[[link]]
-name = "wan"
-interfaces = ["eth0"]
-capacity = "20Mbit/s"
-[[link.peer]]
-name = "us"
-cidrs = ["{us}/32"]
-[[state]]
-name = "healthy"
-[state.knobs]
-compression = "none"
-dscp = 26
-roce_traffic_class = 106
-[[state]]
-name = "stalled"
-enter = {{ unanswered = "500ms" }}
-exit = {{ unanswered = "200ms" }}
-[state.knobs]
-compression = "int8"
-dscp = 10
-roce_traffic_class = 42
-"#
-    )
+    PolicyToml::new()
+        .table("[host]\ntcp_ecn = 1")
+        .hysteresis("2s", "500ms")
+        .link("wan", "eth0", "20Mbit/s", Some(("us", &format!("{us}/32"))))
+        .healthy()
+        .state("stalled", "unanswered = \"500ms\"", "unanswered = \"200ms\"", ("int8", 10, 42))
+        .build()
 }
 
 /// The daemon's (tx, rx) bit/s for the peer `us` in one status.

@@ -11,6 +11,7 @@
 //! The node picks the path by source address (policy routing); both US hosts are 198.18.2.10.
 //! Each test's labs are ma<tag>a and ma<tag>b (tag: s or n).
 
+use linkpilot_tests::policy::PolicyToml;
 use std::{
     process::{Child, Command, Stdio},
     thread,
@@ -32,42 +33,14 @@ use serde_json::Value;
 /// (empty: it names none and counts everything on lpn1). An RTT p99 of 40 ms or more (only the
 /// far path's 60 ms) moves a link from DSCP 10 to DSCP 46.
 fn policy(near_peers: &str) -> String {
-    format!(
-        r#"
-[daemon]
-tick = "100ms"
-[hysteresis]
-enter_after = "300ms"
-exit_after = "30s"
-min_dwell = "1s"
-[[link]]
-name = "near"
-interfaces = ["lpn1"]
-capacity = "100Mbit/s"
-{near_peers}
-[[link]]
-name = "far"
-interfaces = ["lpn2"]
-capacity = "100Mbit/s"
-[[link.peer]]
-name = "dc"
-cidrs = ["198.18.2.0/24"]
-[[state]]
-name = "healthy"
-[state.knobs]
-compression = "none"
-dscp = 10
-roce_traffic_class = 106
-[[state]]
-name = "slow"
-enter = {{ rtt_p99 = "40ms" }}
-exit = {{ rtt_p99 = "30ms" }}
-[state.knobs]
-compression = "none"
-dscp = 46
-roce_traffic_class = 106
-"#
-    )
+    PolicyToml::new()
+        .hysteresis("30s", "1s")
+        .link("near", "lpn1", "100Mbit/s", None)
+        .raw(near_peers)
+        .link("far", "lpn2", "100Mbit/s", Some(("dc", "198.18.2.0/24")))
+        .state("healthy", "", "", ("none", 10, 106))
+        .state("slow", "rtt_p99 = \"40ms\"", "rtt_p99 = \"30ms\"", ("none", 46, 106))
+        .build()
 }
 
 const SHARED_PEER: &str = "[[link.peer]]\nname = \"dc\"\ncidrs = [\"198.18.2.0/24\"]";

@@ -5,6 +5,7 @@
 //! (int8 instead of none), the change stays. The ranks' own clocks are the oracle of which
 //! codec is slower; `linkpilot replay` of the daemon's recording gives the same decisions.
 
+use linkpilot_tests::policy::{PolicyToml, PLAIN};
 use std::time::{Duration, Instant};
 
 use linkpilot_lab::{
@@ -42,41 +43,14 @@ fn scenario(marked_first: bool) -> Scenario {
 /// stronger up the ladder: on this slow link the change that slows the job is leaving
 /// "marked".
 fn policy(exit_after: &str) -> String {
-    format!(
-        r#"
-[daemon]
-tick = "100ms"
-[host]
-tcp_ecn = 1
-[hysteresis]
-exit_after = "{exit_after}"
-[outcome]
-window = "15s"
-settle = "3s"
-hold = "20s"
-hold_max = "40s"
-[[link]]
-name = "wan"
-interfaces = ["eth0"]
-capacity = "30Mbit/s"
-[[link.peer]]
-name = "us"
-cidrs = ["198.18.2.0/24"]
-[[state]]
-name = "calm"
-[state.knobs]
-compression = "none"
-dscp = 26
-roce_traffic_class = 106
-[[state]]
-name = "marked"
-enter = {{ ce_fraction = "1%" }}
-[state.knobs]
-compression = "int8"
-dscp = 26
-roce_traffic_class = 106
-"#
-    )
+    PolicyToml::new()
+        .table("[host]\ntcp_ecn = 1")
+        .table(&format!("[hysteresis]\nexit_after = \"{exit_after}\""))
+        .table("[outcome]\nwindow = \"15s\"\nsettle = \"3s\"\nhold = \"20s\"\nhold_max = \"40s\"")
+        .lab_link("30Mbit/s")
+        .state("calm", "", "", PLAIN)
+        .state("marked", "ce_fraction = \"1%\"", "", ("int8", 26, 106))
+        .build()
 }
 
 /// The lab, HK's daemon on `policy`, and two ranks: HK's following its daemon's board and

@@ -5,6 +5,9 @@
 //! comes from a directory laid out as kubelet mounts a ConfigMap, and is reloaded the way a
 //! ConfigMap edit reaches a node (the `..data` link swapped).
 
+use std::sync::LazyLock;
+
+use linkpilot_tests::policy::PolicyToml;
 use std::{
     collections::BTreeSet,
     io::Write as _,
@@ -27,37 +30,15 @@ use nix::{sys::signal::Signal, unistd::Pid};
 const RULES: &str =
     concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/prometheus/linkpilot-rules.yml");
 
-const POLICY: &str = r#"
-[daemon]
-tick = "100ms"
-[hysteresis]
-enter_after = "300ms"
-exit_after = "30s"
-min_dwell = "1s"
-[[link]]
-name = "wan"
-interfaces = ["eth0"]
-capacity = "50Mbit/s"
-[[link.peer]]
-name = "us"
-cidrs = ["198.18.2.0/24"]
-[[state]]
-name = "healthy"
-[state.knobs]
-compression = "none"
-dscp = 26
-roce_traffic_class = 106
-[state.transport]
-congestion_control = "cubic"
-[[state]]
-name = "congested"
-enter = { ce_fraction = "1%" }
-exit = { ce_fraction = "0.2%" }
-[state.knobs]
-compression = "int8"
-dscp = 10
-roce_traffic_class = 42
-"#;
+static POLICY: LazyLock<String> = LazyLock::new(|| {
+    PolicyToml::new()
+        .hysteresis("30s", "1s")
+        .lab_link("50Mbit/s")
+        .healthy()
+        .raw("[state.transport]\ncongestion_control = \"cubic\"")
+        .congested_on_ce(10, 42)
+        .build()
+});
 
 /// The ConnectX sysfs fixture with port 1 on eth0 and an rdma_cm configfs fixture, so that the
 /// NIC series exist; the flags that point the daemon at them.
@@ -146,7 +127,8 @@ fn prometheus_scrapes_the_daemon_and_every_dashboard_query_returns_data() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
     // The policy as the DaemonSet's ConfigMap volume presents it at /etc/linkpilot.
-    let mut config = ConfigMapDir::create(&dir.join("etc-linkpilot"), &[("policy.toml", POLICY)]);
+    let mut config =
+        ConfigMapDir::create(&dir.join("etc-linkpilot"), &[("policy.toml", POLICY.as_str())]);
     let policy = config.dir.join("policy.toml").display().to_string();
     let mut extra = vec!["--policy".to_owned(), policy];
     extra.extend(rdma_fixtures(&dir));

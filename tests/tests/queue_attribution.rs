@@ -7,6 +7,9 @@
 //! the daemon's figure within 10% of tshark's: the RTT of each burst's first segment on the
 //! wire, captured on the job's host.
 
+use std::sync::LazyLock;
+
+use linkpilot_tests::policy::PolicyToml;
 use std::{
     io::Write,
     path::PathBuf,
@@ -35,25 +38,13 @@ const PHASE_S: u32 = 24;
 
 /// The baseline window outlasts the test, so a standing queue of others' is not taken for the
 /// path's RTT (the policy reference's 10 s would absorb one that stands longer).
-const POLICY: &str = r#"
-[daemon]
-tick = "100ms"
-[estimator]
-baseline_window = "10min"
-[[link]]
-name = "wan"
-interfaces = ["eth0"]
-capacity = "50Mbit/s"
-[[link.peer]]
-name = "us"
-cidrs = ["198.18.2.0/24"]
-[[state]]
-name = "healthy"
-[state.knobs]
-compression = "none"
-dscp = 0
-roce_traffic_class = 106
-"#;
+static POLICY: LazyLock<String> = LazyLock::new(|| {
+    PolicyToml::new()
+        .table("[estimator]\nbaseline_window = \"10min\"")
+        .lab_link("50Mbit/s")
+        .state("healthy", "", "", ("none", 0, 106))
+        .build()
+});
 
 /// The job: publishes a job report, connects, and for as many seconds as each line of stdin
 /// says sends bursts of 512 KiB, each followed by 200 ms of idle once everything it sent is
@@ -107,7 +98,7 @@ fn setup() -> Setup {
     }
     let dir = std::env::temp_dir().join(format!("lp-qattr-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let daemon = Daemon::start(&hk.netns, &dir, POLICY);
+    let daemon = Daemon::start(&hk.netns, &dir, &POLICY);
     let trace = dir.join("trace.jsonl");
     wait_for("the job-report directory", Duration::from_secs(20), || dir.join("jobs").is_dir());
     Setup { _lab: lab, hk, hk2, us, dir, trace, daemon }

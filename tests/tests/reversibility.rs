@@ -4,6 +4,9 @@
 //! the configfs file), and an actuator that cannot write shows as pending in status, metrics and
 //! on the board until it holds, with no new decision needed.
 
+use std::sync::LazyLock;
+
+use linkpilot_tests::policy::PolicyToml;
 use std::{
     path::{Path, PathBuf},
     time::Duration,
@@ -18,35 +21,15 @@ use linkpilot_tests::{
 };
 use nix::{sys::signal::Signal, unistd::Pid};
 
-const POLICY: &str = r#"
-[daemon]
-tick = "100ms"
-[host]
-tcp_ecn = 1
-tcp_slow_start_after_idle = 0
-[[link]]
-name = "wan"
-interfaces = ["lpa0"]
-capacity = "50Mbit/s"
-# The test addresses (a policy naming no peer only observes).
-[[link.peer]]
-name = "lab"
-cidrs = ["198.18.0.0/15"]
-[[state]]
-name = "healthy"
-[state.knobs]
-compression = "none"
-dscp = 26
-roce_traffic_class = 106
-[[state]]
-name = "congested"
-enter = { ce_fraction = "1%" }
-exit = { ce_fraction = "0.2%" }
-[state.knobs]
-compression = "int8"
-dscp = 10
-roce_traffic_class = 42
-"#;
+static POLICY: LazyLock<String> = LazyLock::new(|| {
+    PolicyToml::new()
+        .table("[host]\ntcp_ecn = 1\ntcp_slow_start_after_idle = 0")
+        // The test addresses (a policy naming no peer only observes).
+        .link("wan", "lpa0", "50Mbit/s", Some(("lab", "198.18.0.0/15")))
+        .healthy()
+        .congested_on_ce(10, 42)
+        .build()
+});
 
 /// The ConnectX sysfs fixture with port 1 on `iface`, and an rdma_cm configfs look-alike whose
 /// class is 0: the `run` arguments for them and the class file.
@@ -99,7 +82,7 @@ fn a_sigkilled_runs_roce_class_goes_back_to_the_value_from_before_it() {
     extra.extend(["--metrics-addr", "off"]);
     const IDLE: &str = "net.ipv4.tcp_slow_start_after_idle";
     assert_eq!(sysctl(&pair.a.name, IDLE), "1", "a fresh namespace's window restart");
-    let mut first = Daemon::start_with(&pair.a.name, &dir, POLICY, &extra);
+    let mut first = Daemon::start_with(&pair.a.name, &dir, &POLICY, &extra);
     wait_for("the first run's class and window setting", Duration::from_secs(20), || {
         read(&tos) == "106" && sysctl(&pair.a.name, IDLE) == "0"
     });
@@ -110,7 +93,7 @@ fn a_sigkilled_runs_roce_class_goes_back_to_the_value_from_before_it() {
     assert_eq!(sysctl(&pair.a.name, IDLE), "0");
 
     std::fs::remove_file(dir.join("knobs")).expect("the old board");
-    let mut second = Daemon::start_with(&pair.a.name, &dir, POLICY, &extra);
+    let mut second = Daemon::start_with(&pair.a.name, &dir, &POLICY, &extra);
     wait_for("the second run's board", Duration::from_secs(20), || {
         BoardReader::open(&dir.join("knobs"))
             .and_then(|b| b.read(100))
@@ -137,7 +120,7 @@ fn an_administrators_change_during_the_run_survives_the_stop() {
     extra.extend(["--metrics-addr", "off"]);
     let original = sysctl(&ns, "net.ipv4.tcp_ecn");
     assert!(original != "1" && original != "0", "a fresh namespace's tcp_ecn: {original}");
-    let mut d = Daemon::start_with(&ns, &dir, POLICY, &extra);
+    let mut d = Daemon::start_with(&ns, &dir, &POLICY, &extra);
     wait_for("the policy's tcp_ecn and class", Duration::from_secs(20), || {
         sysctl(&ns, "net.ipv4.tcp_ecn") == "1" && read(&tos) == "106"
     });
@@ -184,7 +167,7 @@ fn a_failing_actuator_is_pending_until_it_holds() {
     let ro = ReadOnlyMount::new(&dir.join("run"));
     let env_file = dir.join("run/nccl.env");
     let env_arg = env_file.display().to_string();
-    let mut d = Daemon::start_with(&ns, &dir, POLICY, &["--env-file", &env_arg]);
+    let mut d = Daemon::start_with(&ns, &dir, &POLICY, &["--env-file", &env_arg]);
     let env_status = || {
         status(&dir)["actuators"]
             .as_array()

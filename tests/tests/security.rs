@@ -61,7 +61,7 @@ fn the_status_socket_refuses_other_users_by_its_mode_and_by_the_daemon() {
     let pair = Pair::new("198.18.81.1", "198.18.81.2");
     let dir = temp_dir("status");
     let bin = binary_for_nobody(&dir);
-    let mut d = Daemon::start_with(&pair.a.name, &dir, PAIR_POLICY, &["--metrics-addr", "off"]);
+    let mut d = Daemon::start_with(&pair.a.name, &dir, &PAIR_POLICY, &["--metrics-addr", "off"]);
     wait_until_serving(&dir);
     let sock = dir.join("status.sock");
     let sock_s = sock.display().to_string();
@@ -114,7 +114,7 @@ fn metrics_listen_on_loopback_unless_told_otherwise_and_every_interface_is_warne
     ] {
         let dir = temp_dir("metrics");
         let extra: Vec<&str> = addr.map(|a| vec!["--metrics-addr", a]).unwrap_or_default();
-        let mut d = Daemon::start_with(&ns, &dir, PAIR_POLICY, &extra);
+        let mut d = Daemon::start_with(&ns, &dir, &PAIR_POLICY, &extra);
         wait_until_serving(&dir);
         // The namespace is the test's: every listener in it is the daemon's.
         assert_eq!(listeners(&ns), [shown], "{addr:?}");
@@ -192,7 +192,7 @@ fn no_file_the_daemon_writes_is_written_through_a_planted_symlink() {
     plant(&run_dir.join("nccl.env"), &victim);
     plant(&run_dir.join("tuner"), &victim_dir);
     plant(&run_dir.join("jobs"), &victim_dir);
-    let mut d = Daemon::start_with(&ns, &run_dir, PAIR_POLICY, &["--metrics-addr", "off"]);
+    let mut d = Daemon::start_with(&ns, &run_dir, &PAIR_POLICY, &["--metrics-addr", "off"]);
     wait_for("the first decision on the board", Duration::from_secs(20), || {
         BoardReader::open(&run_dir.join("knobs"))
             .and_then(|b| b.read(100))
@@ -233,7 +233,7 @@ fn no_file_the_daemon_writes_is_written_through_a_planted_symlink() {
     ] {
         let link = run_dir.join(name);
         plant(&link, &victim);
-        let mut d = Daemon::start_with(&ns, &run_dir, PAIR_POLICY, &["--metrics-addr", "off"]);
+        let mut d = Daemon::start_with(&ns, &run_dir, &PAIR_POLICY, &["--metrics-addr", "off"]);
         let status = d.exit_within(Duration::from_secs(20));
         let log = d.log();
         assert!(!status.success(), "{flag}: {log}");
@@ -308,7 +308,7 @@ fn a_planted_state_file_with_hostile_keys_stops_the_start_with_nothing_changed()
         let state_path = run_dir.join(file);
         std::fs::write(&state_path, state.to_string()).expect("state file");
         let extra = ["--metrics-addr", "off", "--rdma-cm-root", &rdma_cm];
-        let mut d = Daemon::start_under(&ns, &wrapper, &run_dir, PAIR_POLICY, &extra);
+        let mut d = Daemon::start_under(&ns, &wrapper, &run_dir, &PAIR_POLICY, &extra);
         let status = d.exit_within(Duration::from_secs(20));
         let log = d.log();
         assert!(!status.success(), "{key}: {log}");

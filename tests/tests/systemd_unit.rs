@@ -5,6 +5,9 @@
 //! decides, writes the sysctls and restores them on SIGTERM; and without any one of them it
 //! stops with an error naming what failed, also when the kernel, not our check, is the judge.
 
+use std::sync::LazyLock;
+
+use linkpilot_tests::policy::PolicyToml;
 use std::{path::Path, time::Duration};
 
 use linkpilot::board::BoardReader;
@@ -148,28 +151,15 @@ fn the_units_exposure_score_does_not_regress() {
     assert!(doc.contains(&format!("exposure level {RECORDED_EXPOSURE}")), "recorded there too");
 }
 
-const POLICY: &str = r#"
-[daemon]
-tick = "100ms"
-[bounds]
-tcp_buffers = { min = "64MiB", max = "256MiB", bdp_factor = 2.0, max_step = 4.0 }
-[host]
-tcp_ecn = 1
-[[link]]
-name = "wan"
-interfaces = ["eth0"]
-capacity = "50Mbit/s"
-# The test addresses (a policy naming no peer only observes).
-[[link.peer]]
-name = "lab"
-cidrs = ["198.18.0.0/15"]
-[[state]]
-name = "healthy"
-[state.knobs]
-compression = "none"
-dscp = 26
-roce_traffic_class = 106
-"#;
+static POLICY: LazyLock<String> = LazyLock::new(|| {
+    PolicyToml::new()
+        .table("[bounds]\ntcp_buffers = { min = \"64MiB\", max = \"256MiB\", bdp_factor = 2.0, max_step = 4.0 }")
+        .table("[host]\ntcp_ecn = 1")
+        // The test addresses (a policy naming no peer only observes).
+        .link("wan", "eth0", "50Mbit/s", Some(("lab", "198.18.0.0/15")))
+        .healthy()
+        .build()
+});
 
 #[test]
 fn the_daemon_works_under_exactly_the_units_capabilities() {
@@ -181,7 +171,7 @@ fn the_daemon_works_under_exactly_the_units_capabilities() {
     let dir = linkpilot_tests::temp_dir("unit-caps");
     let wrapper = setpriv(&caps);
     let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
-    let mut d = Daemon::start_under(&hk.netns, &wrapper, &dir, POLICY, &["--metrics-addr", "off"]);
+    let mut d = Daemon::start_under(&hk.netns, &wrapper, &dir, &POLICY, &["--metrics-addr", "off"]);
     let pid = d.child.id();
     wait_for("the first decision on the board", Duration::from_secs(20), || {
         BoardReader::open(&dir.join("knobs"))
@@ -230,7 +220,7 @@ fn refused(ns: &str, caps: &[String], extra: &[&str], dir: &Path) -> String {
     let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
     let mut args = vec!["--metrics-addr", "off"];
     args.extend(extra);
-    let mut d = Daemon::start_under(ns, &wrapper, dir, PAIR_POLICY, &args);
+    let mut d = Daemon::start_under(ns, &wrapper, dir, &PAIR_POLICY, &args);
     let status = d.exit_within(Duration::from_secs(30));
     let log = d.log();
     assert_eq!(status.code(), Some(1), "{log}");
@@ -274,7 +264,7 @@ fn under_ip_netns_exec_the_units_capabilities_cannot_mount_tracefs() {
     let pair = Pair::new("198.18.86.1", "198.18.86.2");
     let dir = linkpilot_tests::temp_dir("unit-netns-exec");
     std::fs::create_dir_all(&dir).expect("dir");
-    std::fs::write(dir.join("policy.toml"), PAIR_POLICY).expect("policy");
+    std::fs::write(dir.join("policy.toml"), PAIR_POLICY.as_str()).expect("policy");
     let bin = linkpilot_bin().display().to_string();
     let wrapper = setpriv(&caps);
     let p = |f: &str| dir.join(f).display().to_string();
@@ -355,7 +345,7 @@ fn the_units_syscall_filter_allows_every_call_the_daemon_makes() {
     let mut wrapper = setpriv(&caps);
     wrapper.extend(["strace", "-f", "-qq", "-o", &trace].map(str::to_owned));
     let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
-    let mut d = Daemon::start_under(&pair.a.name, &wrapper, &dir, PAIR_POLICY, &["--ticks", "30"]);
+    let mut d = Daemon::start_under(&pair.a.name, &wrapper, &dir, &PAIR_POLICY, &["--ticks", "30"]);
     // Both servers answer once while it runs.
     let sock = dir.join("status.sock").display().to_string();
     let status =
@@ -420,7 +410,7 @@ fn the_units_exec_stop_post_restores_what_a_killed_daemon_left() {
         run(&args.iter().map(String::as_str).collect::<Vec<_>>())
     };
     let netlink = ["--netlink-tc", "--metrics-addr", "off"];
-    let mut d = Daemon::start_under(&hk.netns, &wrapper, &dir, POLICY, &netlink);
+    let mut d = Daemon::start_under(&hk.netns, &wrapper, &dir, &POLICY, &netlink);
     wait_for("the policy's sysctls and filters", Duration::from_secs(20), || {
         sysctl(&hk.netns, "net.ipv4.tcp_ecn") == "1"
             && tcp_rmem_max(&hk.netns) == "67108864"

@@ -2,6 +2,9 @@
 //! linkpilot hook following boards written by `linkpilot board feed`: the lab's own byte
 //! counters judge the WAN bytes per step that each codec promises.
 
+use std::sync::LazyLock;
+
+use linkpilot_tests::policy::PolicyToml;
 use std::{thread, time::Duration};
 
 use linkpilot_lab::{
@@ -135,23 +138,9 @@ fn two_ranks_per_site_send_no_more_across_than_one() {
 }
 
 /// The daemon on HK with the steady link's policy (its nominal 200 Mbit/s).
-const JOB_POLICY: &str = r#"
-[daemon]
-tick = "100ms"
-[[link]]
-name = "wan"
-interfaces = ["eth0"]
-capacity = "200Mbit/s"
-[[link.peer]]
-name = "us"
-cidrs = ["198.18.2.0/24"]
-[[state]]
-name = "healthy"
-[state.knobs]
-compression = "int8"
-dscp = 26
-roce_traffic_class = 106
-"#;
+static JOB_POLICY: LazyLock<String> = LazyLock::new(|| {
+    PolicyToml::new().lab_link("200Mbit/s").state("healthy", "", "", ("int8", 26, 106)).build()
+});
 
 /// Two real ranks across the 180 ms link, HK's publishing a job report: HK's daemon shows the
 /// job in status and metrics with the bytes per step the rank's own step lines give, a step no
@@ -163,7 +152,7 @@ fn a_job_report_feeds_status_and_metrics() {
     let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
     let dir = std::env::temp_dir().join(format!("lp-train-jobs-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let daemon = Daemon::start(&hk.netns, &dir, JOB_POLICY);
+    let daemon = Daemon::start(&hk.netns, &dir, &JOB_POLICY);
     let jobs = dir.join("jobs");
     wait_for("the job-report directory", Duration::from_secs(20), || jobs.is_dir());
     let feeders = [Feeder::new("jobs-hk", "int8"), Feeder::new("jobs-us", "int8")];

@@ -10,6 +10,9 @@
 //! leaves one attachment; a `--cgroup` that is not cgroup v2 is refused; on a host without
 //! cgroup v2 the daemon runs without profiles and status says why.
 
+use std::sync::LazyLock;
+
+use linkpilot_tests::policy::PolicyToml;
 use std::{
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -24,31 +27,18 @@ use linkpilot_tests::{
     linkpilot_bin, sh,
 };
 
-const POLICY: &str = r#"
-[[link]]
-name = "wan"
-interfaces = ["eth0"]
-capacity = "100Mbit/s"
-[[link.peer]]
-name = "us"
-cidrs = ["198.18.2.0/24"]
-
-[[state]]
-name = "healthy"
-[state.knobs]
-compression = "none"
-[state.transport]
-congestion_control = "reno"
-initial_cwnd = 20
-
-[[state]]
-name = "lossy"
-enter = { retrans = "1%" }
-[state.knobs]
-compression = "int8"
-[state.transport]
-congestion_control = "cubic"
-"#;
+static POLICY: LazyLock<String> = LazyLock::new(|| {
+    PolicyToml::new()
+        .lab_link("100Mbit/s")
+        // Compression only: the transport profile is what these tests change.
+        .raw(
+            "[[state]]\nname = \"healthy\"\n[state.knobs]\ncompression = \"none\"\n\
+             [state.transport]\ncongestion_control = \"reno\"\ninitial_cwnd = 20\n\
+             [[state]]\nname = \"lossy\"\nenter = { retrans = \"1%\" }\n[state.knobs]\n\
+             compression = \"int8\"\n[state.transport]\ncongestion_control = \"cubic\"",
+        )
+        .build()
+});
 
 /// The cgroup v2 hierarchy the daemon attaches to by default here.
 fn cgroup() -> String {
@@ -197,7 +187,7 @@ fn the_peers_connections_follow_the_links_state_and_no_other_connection_changes(
     let before = attached(&cg);
     let dir = std::env::temp_dir().join(format!("lp-transport-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let d = Daemon::start_with(&hk.netns, &dir, POLICY, &["--metrics-addr", "off"]);
+    let d = Daemon::start_with(&hk.netns, &dir, &POLICY, &["--metrics-addr", "off"]);
     wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
     assert_eq!(attached(&cg), before + 1, "one sock_ops attachment: {}", d.log());
     let st = status_json(&dir);
@@ -259,7 +249,7 @@ fn the_peers_connections_follow_the_links_state_and_no_other_connection_changes(
     // SIGKILL: the link dies with the process; a restart attaches exactly one again.
     drop(d);
     assert_eq!(attached(&cg), before, "the attachment outlived a SIGKILL");
-    let mut d = Daemon::start_with(&hk.netns, &dir, POLICY, &["--metrics-addr", "off"]);
+    let mut d = Daemon::start_with(&hk.netns, &dir, &POLICY, &["--metrics-addr", "off"]);
     wait_for("the program attached again", Duration::from_secs(20), || {
         d.log().contains("transport profiles by sock_ops")
     });
@@ -279,7 +269,7 @@ fn the_peers_connections_follow_the_links_state_and_no_other_connection_changes(
     std::fs::create_dir_all(&not_cgroup).expect("dir");
     let flag = not_cgroup.display().to_string();
     let mut d =
-        Daemon::start_with(&hk.netns, &dir, POLICY, &["--metrics-addr", "off", "--cgroup", &flag]);
+        Daemon::start_with(&hk.netns, &dir, &POLICY, &["--metrics-addr", "off", "--cgroup", &flag]);
     assert!(!d.exit_within(Duration::from_secs(20)).success());
     let want = format!("--cgroup {flag} is not a cgroup v2 directory");
     assert!(d.log().contains(&want), "{}", d.log());
@@ -296,7 +286,7 @@ fn the_peers_connections_follow_the_links_state_and_no_other_connection_changes(
         "-c",
         "mount -t tmpfs none /sys/fs/cgroup && exec \"$0\" \"$@\"",
     ];
-    let d = Daemon::start_under(&hk.netns, &no_cgroup2, &dir, POLICY, &["--metrics-addr", "off"]);
+    let d = Daemon::start_under(&hk.netns, &no_cgroup2, &dir, &POLICY, &["--metrics-addr", "off"]);
     wait_for("the fallback", Duration::from_secs(20), || {
         d.log().contains("no per-peer transport profiles")
     });

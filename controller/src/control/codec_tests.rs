@@ -288,7 +288,7 @@ fn a_slower_link_than_measured_shows_as_a_misprediction_and_is_corrected() {
 
 #[test]
 fn a_fixed_codec_is_left_alone_and_predicts_nothing() {
-    let src = crate::control::tests::POLICY;
+    let src: &str = &crate::control::tests::POLICY;
     let mut core = Core::new(Policy::parse(src, "test").unwrap());
     let mut s = snap(0, 180.0, 185.0, 0.0, 0.0);
     s.jobs =

@@ -6,6 +6,7 @@ mod auto;
 pub mod bench;
 pub mod codec;
 pub mod decide;
+pub mod env_names;
 pub mod estimator;
 pub mod knobs;
 pub mod outcome;

@@ -13,8 +13,9 @@ use crate::sense::sensors::{JobProgress, Snapshot};
 /// The test ladder with a judge of 10 s windows, 2 s settling, holds of 20 s doubling to 60 s.
 fn policy(extra: &str) -> Policy {
     let src = format!(
-        "{POLICY}\n[outcome]\nwindow = \"10s\"\nsettle = \"2s\"\nmin_steps = 3\n\
-         hold = \"20s\"\nhold_max = \"60s\"\n{extra}"
+        "{}\n[outcome]\nwindow = \"10s\"\nsettle = \"2s\"\nmin_steps = 3\n\
+         hold = \"20s\"\nhold_max = \"60s\"\n{extra}",
+        *POLICY
     );
     Policy::parse(&src, "test").unwrap_or_else(|e| panic!("{e}"))
 }

@@ -1,59 +1,40 @@
 //! The core on synthetic traces: steps, ramps, noise at thresholds, spikes, gaps; and its
 //! invariants under random traces (proptest).
 
+use std::sync::LazyLock;
+
 use proptest::prelude::*;
 
 use super::{
     decide::{Core, Decision},
     knobs::Compression,
-    policy::{Policy, SHIPPED},
+    policy::{builder::PolicyToml, Policy, SHIPPED},
 };
 use crate::sense::sensors::{PeerSnapshot, RttSnapshot, Snapshot};
 
 /// Healthy / congested (CE 1%, exit 0.2%) / severe (CE 10% or p99 400 ms); fast EWMA.
-pub(super) const POLICY: &str = r#"
-[estimator]
-ewma_half_life = "100ms"
-[hysteresis]
-enter_after = "300ms"
-exit_after = "2s"
-min_dwell = "1s"
-[bounds]
-nccl_ib_timeout = { k = 4.0, min = 14, max = 24 }
-watchdog = { min = "5min", max = "60min", rtt_multiple = 3000.0, max_step = 2.0 }
-[[link]]
-name = "wan"
-interfaces = ["eth0"]
-capacity = "1Gbit/s"
-[[link.peer]]
-name = "us"
-cidrs = ["198.18.2.0/24"]
-[[state]]
-name = "healthy"
-[state.knobs]
-compression = "none"
-dscp = 26
-roce_traffic_class = 106
-[[state]]
-name = "congested"
-enter = { ce_fraction = "1%" }
-exit = { ce_fraction = "0.2%" }
-[state.knobs]
-compression = "int8"
-dscp = 26
-roce_traffic_class = 106
-[[state]]
-name = "severe"
-enter = { ce_fraction = "10%", rtt_p99 = "400ms" }
-exit = { ce_fraction = "2%", rtt_p99 = "300ms" }
-[state.knobs]
-compression = "int4"
-dscp = 46
-roce_traffic_class = 186
-"#;
+pub(super) static POLICY: LazyLock<String> = LazyLock::new(|| {
+    PolicyToml::new()
+        .table("[estimator]\newma_half_life = \"100ms\"")
+        .hysteresis("2s", "1s")
+        .table(
+            "[bounds]\nnccl_ib_timeout = { k = 4.0, min = 14, max = 24 }\nwatchdog = { min = \"5min\", \
+             max = \"60min\", rtt_multiple = 3000.0, max_step = 2.0 }",
+        )
+        .link("wan", "eth0", "1Gbit/s", Some(("us", "198.18.2.0/24")))
+        .healthy()
+        .congested_on_ce(26, 106)
+        .state(
+            "severe",
+            "ce_fraction = \"10%\", rtt_p99 = \"400ms\"",
+            "ce_fraction = \"2%\", rtt_p99 = \"300ms\"",
+            ("int4", 46, 186),
+        )
+        .build()
+});
 
 fn policy() -> Policy {
-    Policy::parse(POLICY, "test").unwrap_or_else(|e| panic!("{e}"))
+    Policy::parse(&POLICY, "test").unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A shipped policy whose `@default-route` is this trace's `eth0`, as the daemon resolves it:

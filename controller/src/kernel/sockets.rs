@@ -1,20 +1,22 @@
 //! The established TCP connections of the daemon's network namespace, with their owners, as
-//! `/proc/net/tcp{,6}` lists them: the jobs' flows by owner, and the connections that were
-//! already open when the daemon started (the tracepoints saw them open before it ran).
+//! `/proc/net/tcp{,6}` lists them (parsed by procfs-core): the jobs' flows by owner, and the
+//! connections that were already open when the daemon started (the tracepoints saw them open
+//! before it ran).
 
-use std::fs;
+use std::net::{IpAddr, SocketAddr};
 
 use linkpilot_common::{v4_mapped, FlowKey, AF_INET, AF_INET6};
-
-/// `TCP_ESTABLISHED` as `/proc/net/tcp` prints it.
-const ESTABLISHED: &str = "01";
+use procfs_core::{
+    net::{TcpNetEntries, TcpState},
+    ExplicitSystemInfo, FromReadSI,
+};
 
 /// (owner uid, flow key) of each established connection of this network namespace, IPv4 and
 /// IPv6. A table that cannot be read (no IPv6) gives none of its family.
 pub fn established() -> Vec<(u32, FlowKey)> {
     let mut out = Vec::new();
     for (file, family) in [("/proc/net/tcp", AF_INET), ("/proc/net/tcp6", AF_INET6)] {
-        if let Ok(text) = fs::read_to_string(file) {
+        if let Ok(text) = std::fs::read_to_string(file) {
             out.extend(parse_proc_net_tcp(&text, family));
         }
     }
@@ -22,43 +24,36 @@ pub fn established() -> Vec<(u32, FlowKey)> {
 }
 
 /// (owner uid, flow key) of each established connection in `/proc/net/tcp` (`family`
-/// AF_INET) or `/proc/net/tcp6` (AF_INET6) text.
+/// AF_INET) or `/proc/net/tcp6` (AF_INET6) text; none if any line is not the kernel's format.
 fn parse_proc_net_tcp(text: &str, family: u16) -> Vec<(u32, FlowKey)> {
-    text.lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().take(8).collect();
-            if f.len() < 8 || f[3] != ESTABLISHED {
-                return None;
-            }
-            let (local, local_port) = endpoint(f[1])?;
-            let (remote, remote_port) = endpoint(f[2])?;
-            let key = FlowKey { family, local_port, remote_port, _pad: 0, local, remote };
-            Some((f[7].parse().ok()?, key))
+    // Of the system, the parser reads only the byte order the kernel printed the addresses in.
+    let here = ExplicitSystemInfo {
+        boot_time_secs: 0,
+        ticks_per_second: 0,
+        page_size: 0,
+        is_little_endian: cfg!(target_endian = "little"),
+    };
+    let Ok(TcpNetEntries(entries)) = TcpNetEntries::from_read(text.as_bytes(), &here) else {
+        return Vec::new();
+    };
+    entries
+        .into_iter()
+        .filter(|e| e.state == TcpState::Established)
+        .map(|e| {
+            let (local, local_port) = endpoint(e.local_address);
+            let (remote, remote_port) = endpoint(e.remote_address);
+            (e.uid, FlowKey { family, local_port, remote_port, _pad: 0, local, remote })
         })
         .collect()
 }
 
-/// `0100007F:1F90` (IPv4) or 32 hex digits and a port (IPv6): the kernel prints each 32-bit
-/// word of the address as it lies in memory, read as a native integer; the port in hex.
-fn endpoint(s: &str) -> Option<([u8; 16], u16)> {
-    let (addr, port) = s.split_once(':')?;
-    let port = u16::from_str_radix(port, 16).ok()?;
-    let word = |i: usize| -> Option<[u8; 4]> {
-        Some(u32::from_str_radix(addr.get(i * 8..i * 8 + 8)?, 16).ok()?.to_ne_bytes())
+/// The address as the flow table keys it (IPv4 mapped into IPv6), and the port.
+fn endpoint(a: SocketAddr) -> ([u8; 16], u16) {
+    let bytes = match a.ip() {
+        IpAddr::V4(v4) => v4_mapped(v4.octets()),
+        IpAddr::V6(v6) => v6.octets(),
     };
-    let bytes = match addr.len() {
-        8 => v4_mapped(word(0)?),
-        32 => {
-            let mut a = [0u8; 16];
-            for i in 0..4 {
-                a[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
-            }
-            a
-        }
-        _ => return None,
-    };
-    Some((bytes, port))
+    (bytes, a.port())
 }
 
 #[cfg(test)]

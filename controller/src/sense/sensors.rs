@@ -12,6 +12,7 @@ use linkpilot_common::{FlowKey, FlowState, PeerStats};
 pub use super::snapshot::{
     JobProgress, LinkSnapshot, MarkCounts, PeerSnapshot, RttSnapshot, Snapshot,
 };
+pub use crate::kernel::readings::{PeerReading, Readings};
 use crate::{
     rdma::RdmaPort,
     sense::{
@@ -19,37 +20,6 @@ use crate::{
         rtt_window::RttWindow,
     },
 };
-
-/// One (interface, peer) row of a reading.
-#[derive(Clone, Debug, Default)]
-pub struct PeerReading {
-    /// The interface's name, the snapshot's `link`: a policy's link takes the rows of its
-    /// interfaces.
-    pub link: String,
-    /// The interface's ifindex: the row takes the RTT samples of flows on it.
-    pub ifindex: u32,
-    pub peer: String,
-    /// The peer's id (0: "other").
-    pub id: u32,
-    pub stats: PeerStats,
-}
-
-/// One reading of the kernel's counters.
-#[derive(Clone, Debug, Default)]
-pub struct Readings {
-    /// A row for every watched interface and peer.
-    pub peers: Vec<PeerReading>,
-    /// The flow table.
-    pub flows: Vec<(FlowKey, FlowState)>,
-    /// CLOCK_MONOTONIC (the clock of `bpf_ktime_get_ns`) just before the flow table was read:
-    /// a flow whose `last_ns` is past the previous reading's has a fresh RTT sample.
-    pub kernel_ns: u64,
-    /// (link name, the RDMA ports whose netdev it is) for every watched link.
-    pub nic: Vec<(String, Vec<RdmaPort>)>,
-    /// The flow table was not read this tick (a large one is read less often than the
-    /// counters): RTT samples wait for the next reading, flow counts repeat the last one.
-    pub flows_skipped: bool,
-}
 
 const NIC_RETRANS_EVENTS: [&str; 4] =
     ["local_ack_timeout_err", "packet_seq_err", "implied_nak_seq_err", "roce_adp_retrans"];

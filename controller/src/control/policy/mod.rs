@@ -9,6 +9,7 @@ use linkpilot_common::units::Nanos;
 
 use super::knobs::Compression;
 
+pub mod builder;
 mod check;
 mod file;
 pub mod init;

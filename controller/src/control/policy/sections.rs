@@ -12,7 +12,7 @@ use super::{
     file::{Keep, RawHost, RawNccl, RawOutcome, RawTransport, Setting},
     Bounds, Errors, Host, Nccl, NcclRule, Outcome, PolicyError, State, StateTransport,
 };
-use crate::actuate::envfile;
+use crate::control::env_names;
 use crate::control::knobs::Compression;
 use crate::control::transport::CcName;
 use linkpilot_common::units::Bytes;
@@ -78,7 +78,7 @@ pub(super) fn check_env(
     let mut env = BTreeMap::new();
     for (key, value) in raw {
         let (k, v) = (key.get_ref(), value.get_ref());
-        if !envfile::is_env_name(k) {
+        if !env_names::is_env_name(k) {
             e.at(
                 key.span(),
                 format!(
@@ -86,7 +86,7 @@ pub(super) fn check_env(
                      letters, digits and '_')"
                 ),
             );
-        } else if envfile::is_computed(k) {
+        } else if env_names::is_computed(k) {
             e.at(
                 key.span(),
                 format!(

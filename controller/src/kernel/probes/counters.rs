@@ -84,13 +84,13 @@ impl Probes {
         ifaces: &[Iface],
         rows: &[(u32, String)],
         ports: &[crate::rdma::RdmaPort],
-        r: &mut crate::sense::sensors::Readings,
+        r: &mut crate::kernel::readings::Readings,
     ) -> Result<(), ProbeError> {
         for iface in ifaces {
             let slot = self.slot_of(iface.ifindex)?;
             for (id, name) in rows {
                 let stats = self.slot_peer_stats(slot, *id)?;
-                r.peers.push(crate::sense::sensors::PeerReading {
+                r.peers.push(crate::kernel::readings::PeerReading {
                     link: iface.name.clone(),
                     ifindex: iface.ifindex,
                     peer: name.clone(),

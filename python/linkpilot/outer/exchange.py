@@ -1,4 +1,4 @@
-"""The site leader's exchange thread of linkpilot.outer: it exchanges queued fragments with
+"""The site leader's exchange thread of :mod:`linkpilot.outer`: it exchanges queued fragments with
 the other sites' leaders in order, rebuilds its process group after a failure (generations
 numbered by the first leader) and resyncs first thing on every new group."""
 
@@ -16,26 +16,26 @@ import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Store
 
 from linkpilot.codecs import get_codec
-from linkpilot.outer_plan import (
-    _FINAL,
-    _HEADER,
-    _PLAN_AT,
-    _STEP_US_AT,
-    _WEIGHT_AT,
+from linkpilot.outer.plan import (
+    FINAL,
+    HEADER,
+    PLAN_AT,
+    STEP_US_AT,
+    WEIGHT_AT,
     RoundPlan,
     RoundStats,
-    _header,
-    _plan_of,
+    pack_header,
+    plan_of,
 )
 from linkpilot.pgtimeout import set_backend_timeout
 
 if TYPE_CHECKING:
-    from linkpilot.outer import OuterSync
+    from linkpilot.outer.sync import OuterSync
 
 log = logging.getLogger("linkpilot.outer")
 
 
-class _Job:
+class Job:
     def __init__(self, stats: RoundStats, message: torch.Tensor | None, lo: int, hi: int) -> None:
         self.stats, self.message, self.lo, self.hi = stats, message, lo, hi
         self.sent_at = time.monotonic()
@@ -62,14 +62,14 @@ class _Final:
 
 
 @dataclass
-class _Resync:
+class Resync:
     epoch: int
     applied: int
     plan: RoundPlan
 
 
 #: Asks the exchange thread for a resync (past the drift bound), with the epoch it was asked in.
-_RESYNC = "resync"
+RESYNC = "resync"
 
 
 class _PeerDone(Exception):
@@ -90,14 +90,14 @@ _CHUNK = 1 << 20
 _PAYLOAD_TAG = 7
 
 
-class _Exchanger:
+class Exchanger:
     """The site leader's thread: exchanges jobs with the other sites' leaders in order, builds
     the process group again after a failure, and resyncs first thing after each build."""
 
     def __init__(self, sync: OuterSync, store: Store, rank: int, size: int,
                  leaders: list[int]) -> None:
         self.sync, self.store, self.rank, self.size = sync, store, rank, size
-        self.jobs: queue.Queue[_Job | _Final | tuple[str, int] | None] = queue.Queue()
+        self.jobs: queue.Queue[Job | _Final | tuple[str, int] | None] = queue.Queue()
         self.generation = 0
         #: The epoch of this thread's last resync: jobs and resync requests from before it are
         #: dropped (the training side learns of a resync a step later).
@@ -165,7 +165,7 @@ class _Exchanger:
             job = self.jobs.get()
             if job is None:
                 return
-            if isinstance(job, tuple):  # (_RESYNC, the epoch it was asked in)
+            if isinstance(job, tuple):  # (RESYNC, the epoch it was asked in)
                 if job[1] >= self.epoch and not self.finished:
                     self._recover()
                 continue
@@ -173,7 +173,7 @@ class _Exchanger:
                 job.agreed = self._final() if self.final_agreed is None else self.final_agreed
                 job.done.set()
                 continue
-            assert isinstance(job, _Job)
+            assert isinstance(job, Job)
             if job.stats.epoch < self.epoch or self.finished:
                 job.done.set()  # from before a resync, or no peer left: dropped
                 continue
@@ -206,16 +206,16 @@ class _Exchanger:
         self.pg.allgather([out], [message]).wait()
         return out
 
-    def _exchange(self, job: _Job, started: float) -> bool:
+    def _exchange(self, job: Job, started: float) -> bool:
         """The headers first (a fixed size), then the payloads, whose size follows the plan:
         sites that disagree on the plan (one held it while an exchange was late, the other
         adopted a new one) must find out before gloo is handed buffers of different sizes,
         which it cannot survive. The price is one round trip per exchange."""
         assert job.message is not None
         heads = [h.clone().view(torch.int64).tolist()
-                 for h in self._all_gather(job.message[: _HEADER * 8].contiguous())]
+                 for h in self._all_gather(job.message[: HEADER * 8].contiguous())]
         mine = heads[self.rank]
-        if any(h[2] == _FINAL for h in heads):
+        if any(h[2] == FINAL for h in heads):
             # Another site is closing: instead of this job, the last exchange.
             self._last_exchange()
             return False
@@ -224,7 +224,7 @@ class _Exchanger:
         if any(h[:3] != mine[:3] or h[4:8] != mine[4:8] for h in heads):
             log.warning("sites disagree on the round (%s): resync", [h[:8] for h in heads])
             return False
-        return self._commit(job, heads, self._swap(job.message[_HEADER * 8:]), started)
+        return self._commit(job, heads, self._swap(job.message[HEADER * 8:]), started)
 
     def _swap(self, payload: torch.Tensor) -> list[torch.Tensor]:
         """Every site's payload, this site's its own: sent to and received from each other
@@ -246,17 +246,17 @@ class _Exchanger:
                 raise RuntimeError("a payload exchange did not complete by the deadline")
         return out
 
-    def _commit(self, job: _Job, heads: list[list[int]], payloads: list[torch.Tensor],
+    def _commit(self, job: Job, heads: list[list[int]], payloads: list[torch.Tensor],
                 started: float) -> bool:
         """Takes the outer step from every site's payload (unless the job was given up on
         meanwhile); the job is done (ok) under its lock, so the training side sees either
         nothing or the whole result."""
         mine = heads[self.rank]
-        plan = _plan_of(mine[4:8])
+        plan = plan_of(mine[4:8])
         codec = get_codec(plan.codec)
         n = job.hi - job.lo
         # Each site's pseudo-gradient weighs what it processed (equal weights: the plain mean).
-        weights = [max(1, h[_WEIGHT_AT]) for h in heads]
+        weights = [max(1, h[WEIGHT_AT]) for h in heads]
         equal = len(set(weights)) == 1
         # Fresh buffers, and this site's behind a header of whole words: aligned.
         payloads = [p.view(codec.payload_dtype) for p in payloads]
@@ -283,8 +283,8 @@ class _Exchanger:
                 # Its values are read at its apply step (see OuterSync._keep_values): no copy
                 # of the fragment is held while it waits for it.
                 self.sync._unapplied.append(job)
-            job.proposals = [_plan_of(h[_PLAN_AT:_PLAN_AT + 4]) for h in heads]
-            job.step_us = [h[_STEP_US_AT] for h in heads]
+            job.proposals = [plan_of(h[PLAN_AT:PLAN_AT + 4]) for h in heads]
+            job.step_us = [h[STEP_US_AT] for h in heads]
             job.stats.exchange_s = time.monotonic() - started
             job.ok = True
             job.done.set()
@@ -297,7 +297,7 @@ class _Exchanger:
         s = self.sync
         if self.finished or not self.up:
             return False
-        head = _header(s.epoch, 0, _FINAL, s.applied, s.plan, s.plan).view(torch.uint8)
+        head = pack_header(s.epoch, 0, FINAL, s.applied, s.plan, s.plan).view(torch.uint8)
         try:
             self._all_gather(head)
             self._last_exchange()
@@ -379,7 +379,7 @@ class _Exchanger:
         to every site; a new epoch, unless it is the last exchange (none follows)."""
         s = self.sync
         mine = torch.tensor([s.applied, max(s.epoch, self.epoch),
-                             *_header(0, 0, 0, 0, s.plan, s.plan)[4:8]], dtype=torch.int64)
+                             *pack_header(0, 0, 0, 0, s.plan, s.plan)[4:8]], dtype=torch.int64)
         heads = [torch.empty_like(mine) for _ in range(self.size)]
         self.pg.allgather([heads], [mine]).wait()
         counts = [int(h[0]) for h in heads]
@@ -396,7 +396,7 @@ class _Exchanger:
             s._unapplied.clear()
             s.outer.copy_(state[:n])
             s.velocity.copy_(state[n:])
-            s._resync = _Resync(epoch, counts[root], _plan_of(heads[root][2:6].tolist()))
+            s._resync = Resync(epoch, counts[root], plan_of(heads[root][2:6].tolist()))
         # Jobs queued before the resync belong to the old epoch; a closing site's request and
         # the end stay, in order.
         kept: list[_Final | None] = []
@@ -404,7 +404,7 @@ class _Exchanger:
             job = self.jobs.get_nowait()
             if job is None or isinstance(job, _Final):
                 kept.append(job)
-            elif isinstance(job, _Job):
+            elif isinstance(job, Job):
                 job.done.set()
         for k in kept:
             self.jobs.put(k)

@@ -1,56 +1,5 @@
-"""Synchronizing across sites every H steps: inner steps stay inside a site, and every round the
-sites exchange compressed pseudo-gradients (the change of the parameters since the last sync),
-fragment by fragment, overlapped with the inner steps that follow, and apply them with an outer
-optimizer (the DiLoCo family: DiLoCo, Streaming DiLoCo).
-
-    sync = OuterSync(model, RoundPlan(sync_every=50, fragments=4, overlap=5, codec="int8"))
-    for batch in data:
-        inner_optimizer.zero_grad(); loss(model, batch).backward(); inner_optimizer.step()
-        sync.step()
-
-One rank per site (``sites`` None: every rank is a site) trains with a plain optimizer; with
-several ranks per site, wrap the model in DDP over ``sync.site_group``: each rank of a site keeps
-and exchanges a shard of the flat outer state (as many as the smallest site has ranks; where a
-site has more, a shard's first holder exchanges and hands its results to the others) and
-spreads what its outer steps write to the rest of the site in the same step
-(``shard_state=False``: the site's first rank does it all).
-Sites may differ in size (8 ranks in one, 16 in the other): each site's pseudo-gradient is the
-average over its own ranks (DDP's), and the outer step takes the sites' mean weighted by the
-samples each processed in the round (its steps in the round times ``samples_per_step``).
-
-Sites may differ in speed: with ``pace="time"`` a round lasts H steps of the fastest site and
-each site takes as many of its own as fit (``site_plan``), from the step times every header
-carries, agreed with the plan; so no site idles waiting for another. Stop on ``rounds_done``.
-``close()`` ends with every replica holding the same parameters (see there).
-
-The schedule is counted in each site's own inner steps. A round of H steps sends fragment f
-(of F contiguous parts of the flat parameters) at step (f + 1) * H / F of the round and applies
-it ``overlap`` steps later: then every replica holds the same values for that fragment, the
-outer optimizer's result from the same averaged pseudo-gradient. The exchange runs on a thread
-of its own over a process group of the site leaders, built on a prefix of the job's store so
-that it can be built again after a failure.
-
-Agreement without a round trip: every message carries the sender's plan proposal (H, F,
-overlap, codec; from ``plan_source``, e.g. the knob board), and round r + 1 runs the agreement
-of the proposals carried by round r's first fragment exchange (the largest H, F and overlap, the
-strongest codec; with one fragment a round, round r - 1's). Every site received the same
-proposals in that exchange, so every site adopts the same plan for the same round, however late
-it applies exchanges. A site whose copy has not landed when round r ends keeps stepping and
-starts round r + 1 (its sends) when it lands: no step waits for it, the next round's sends do,
-which also keeps the exchanges in flight to about one round.
-
-Riding through an outage: an apply step waits for its exchange up to ``patience_s`` (default:
-about one inner step's compute time, at least 0.1 s); one that has not landed by then is
-applied at the first step after it lands (every site writes the same outer values, a few steps
-apart), so a link that stalls for seconds costs no step; while one is out, later ones wait
-behind it. An exchange that fails (its peer gone, the link dead past
-``deadline_s``) is given up on; sites keep taking inner steps (sends are skipped while the
-exchange is down) up to ``max_drift`` steps since their last sync, then wait. The exchange
-thread builds its process group again (a new generation on the store, numbered by the first
-site's leader once every leader said it is ready for it) and starts with a resync: the sites compare how many fragment updates each applied,
-the one that applied most (the first of equals) sends its whole outer state, and every site
-adopts it, sets its parameters to it, and starts a new round: all replicas are identical again.
-"""
+"""``OuterSync``: a rank's side of the rounds (see :mod:`linkpilot.outer`): its inner steps,
+the fragments it sends and applies, the outer optimizer's steps, the hand-over inside a site."""
 
 from __future__ import annotations
 
@@ -70,25 +19,25 @@ from torch.distributed.tensor import DTensor, Shard
 
 from linkpilot.codecs import ErrorFeedback, get_codec
 from linkpilot.jobreport import JobReport
-from linkpilot.outer_exchange import _RESYNC, _Exchanger, _Job, _Resync
-from linkpilot.pgtimeout import _member
-from linkpilot.sites import check_sites, replica_sets, state_shards
-from linkpilot.outer_plan import (
+from linkpilot.outer.exchange import RESYNC, Exchanger, Job, Resync
+from linkpilot.outer.plan import (
     PlanInputs,
     RoundPlan,
     RoundStats,
-    _header,
-    _plan_of,
+    pack_header,
+    plan_of,
     agree_plans,
     auto_sync_every,
     paced_share,
     site_plan,
 )
 
+from linkpilot.pgtimeout import member
+from linkpilot.sites import check_sites, replica_sets, state_shards
+
 log = logging.getLogger("linkpilot.outer")
 
-__all__ = ["OuterSync", "PlanInputs", "RoundPlan", "RoundStats", "auto_sync_every", "agree_plans",
-           "site_plan"]
+__all__ = ["OuterSync"]
 
 #: What a step brings to the site: ("apply", lo, hi, None, the exchange's stats, the fragment's
 #: outer values right after its outer step) or ("resync", epoch, applied, plan, None, None).
@@ -194,7 +143,7 @@ class OuterSync:
         # and NCCL takes CUDA tensors only: whatever the job's backend, this class's own
         # collectives go over gloo groups of its own. Every rank makes every group, in the same
         # order (torch requires it).
-        host = _member(dist.new_group(backend="gloo"))
+        host = member(dist.new_group(backend="gloo"))
         # Parameters sharded inside the sites (FSDP2, HSDP): each shard is synchronized among
         # the ranks that hold it, as a job of its own (its replica set, by site); whole
         # parameters: one set, the whole job.
@@ -230,32 +179,32 @@ class OuterSync:
                       for h in by_site] for by_site in sets] if any(
             len(h) > 1 for by_site in sets for h in by_site) else []
         self.site_group: dist.ProcessGroup | None = (
-            _member(users[self.site_index]) if len(site) > 1 else None)
+            member(users[self.site_index]) if len(site) > 1 else None)
         self._handover: dist.ProcessGroup | None = (
-            _member(handovers[self.shard][self.site_index])
+            member(handovers[self.shard][self.site_index])
             if len(holders[self.site_index]) > 1 else None)
-        replicas = _member(set_groups[self.shard])
+        replicas = member(set_groups[self.shard])
         # Each shard's rounds follow its own exchange, so one may begin a step later than
         # another's: the site's rounds_done is the least of its shards', agreed every step, so
         # that every rank of a site stops at the same step (their FSDP collectives must match).
         counts = [dist.new_group(s, timeout=_HANDOVER_TIMEOUT, backend="gloo") for s in sites
                   ] if len(sets) > 1 else []
         self._site_ranks: dist.ProcessGroup | None = (
-            _member(counts[self.site_index]) if len(sets) > 1 and len(site) > 1 else None)
+            member(counts[self.site_index]) if len(sets) > 1 and len(site) > 1 else None)
         first = holders[0][0]
         # Every replica starts from the first holder's parameters and rank 0's plan: the first
         # round runs before any proposal was exchanged.
-        words = torch.cat([_header(0, 0, 0, 0, self.plan, self.plan)[4:8],
+        words = torch.cat([pack_header(0, 0, 0, 0, self.plan, self.plan)[4:8],
                            torch.tensor([pace == "time", round(outer_momentum * 1e9)])])
         dist.broadcast(words, src=0, group=host)
         if int(words[5]) != round(outer_momentum * 1e9):
             log.warning("outer_momentum %g differs from rank 0's %g: rank 0's is used",
                         outer_momentum, int(words[5]) / 1e9)
             self.momentum = int(words[5]) / 1e9
-        if _plan_of(words[:4].tolist()) != self.plan:
+        if plan_of(words[:4].tolist()) != self.plan:
             log.warning("plan %s differs from rank 0's %s: rank 0's is used", self.plan,
-                        _plan_of(words[:4].tolist()))
-            self.plan = _plan_of(words[:4].tolist()).check(numel)
+                        plan_of(words[:4].tolist()))
+            self.plan = plan_of(words[:4].tolist()).check(numel)
         #: "time": a round lasts H steps of the fastest site and each site takes as many of its
         #: own as fit; "steps": every site takes H (rank 0's choice holds).
         self.pace = "time" if int(words[4]) else "steps"
@@ -300,21 +249,21 @@ class OuterSync:
         self._since_sync = 0
         #: Each round's first fragment exchange, by round (the latest two): its proposals decide
         #: the plan of a later round.
-        self._plan_jobs: dict[int, _Job] = {}
+        self._plan_jobs: dict[int, Job] = {}
         #: The exchange whose proposals decide the round that has ended but not yet begun (its
         #: sends wait for it to land); None when the round in force has begun.
-        self._pending: _Job | None = None
-        self._inflight: dict[int, _Job] = {}  # apply step -> job
+        self._pending: Job | None = None
+        self._inflight: dict[int, Job] = {}  # apply step -> job
         #: Jobs past their apply step that had not landed, oldest first: applied as they land.
-        self._late: collections.deque[_Job] = collections.deque()
+        self._late: collections.deque[Job] = collections.deque()
         self._finished_at = 0.0  # when the latest apply step began waiting
-        self._resync: _Resync | None = None
+        self._resync: Resync | None = None
         #: Exchanges that landed and stepped the outer values but are not yet applied here:
         #: they take their values from the outer state at their apply step, unless the exchange
         #: thread is about to write their range first (see ``_keep_values``). Under ``_lock``.
-        self._unapplied: list[_Job] = []
+        self._unapplied: list[Job] = []
         self._lock = threading.Lock()
-        self._exchanger: _Exchanger | None = None
+        self._exchanger: Exchanger | None = None
         self._closing = False
         # Compute time between step calls (their own waiting taken out), the latest few.
         self._intervals: list[float] = []
@@ -330,7 +279,7 @@ class OuterSync:
             store = store or dist.distributed_c10d._get_default_store()
             if len(sets) > 1:  # each shard's leaders meet on keys of their own
                 store = PrefixStore(f"linkpilot-outer-shard/{self.shard}", store)
-            self._exchanger = _Exchanger(self, store, self.site_index, self.n_sites, leaders)
+            self._exchanger = Exchanger(self, store, self.site_index, self.n_sites, leaders)
 
     # -- the flat parameters ---------------------------------------------------------------------
 
@@ -498,7 +447,7 @@ class OuterSync:
             self._record(stats)
         else:
             proposal = self._proposal(plan)
-            header = _header(self.epoch, self._round, fragment, self.applied, plan, proposal,
+            header = pack_header(self.epoch, self._round, fragment, self.applied, plan, proposal,
                              step_us=round(self.compute_s * 1e6),
                              weight=stats.weight).view(torch.uint8)
             codec = get_codec(plan.codec)
@@ -514,7 +463,7 @@ class OuterSync:
 
             fb.encode_chunked(codec, hi - lo, pseudo,
                               message[header.numel():].view(codec.payload_dtype))
-            job = _Job(stats, message, lo, hi)
+            job = Job(stats, message, lo, hi)
             self.sent_bytes += message.numel()
             self._inflight[self.step_count + mine.overlap] = job
             self._exchanger.jobs.put(job)
@@ -592,7 +541,7 @@ class OuterSync:
             return self.patience_s
         return min(self.deadline_s, max(_MIN_PATIENCE_S, self.compute_s))
 
-    def _finish(self, job: _Job, patience: float | None = None) -> _Note | None:
+    def _finish(self, job: Job, patience: float | None = None) -> _Note | None:
         """The job's result at its apply step: waits for it up to the patience, or when the
         exchange is down not at all; not landed by then, it goes on the late list and is
         applied when it lands. Behind late jobs it waits only if an exchange landed since the
@@ -639,7 +588,7 @@ class OuterSync:
                 return None
         return None
 
-    def _settle(self, job: _Job) -> _Note | None:
+    def _settle(self, job: Job) -> _Note | None:
         """The job's outcome, now: applied if it landed whole, else given up on."""
         with job.lock:
             if not job.done.is_set():
@@ -692,7 +641,7 @@ class OuterSync:
             if ex.finished or self._closing:
                 return None
             if not asked:
-                ex.jobs.put((_RESYNC, self.epoch))
+                ex.jobs.put((RESYNC, self.epoch))
                 asked = True
             time.sleep(0.05)
 
@@ -702,7 +651,7 @@ class OuterSync:
         assert self._handover is not None
         head = torch.zeros(17, dtype=torch.int64)
         if self.leader:
-            head[12:16] = _header(0, 0, 0, 0, self.plan, self.plan)[4:8]
+            head[12:16] = pack_header(0, 0, 0, 0, self.plan, self.plan)[4:8]
             head[16] = self._rounds_sent
         if self.leader and note is not None:
             kind, a, b, plan, stats, _ = note
@@ -712,16 +661,16 @@ class OuterSync:
                 head[7:12] = torch.tensor([stats.epoch, stats.round, stats.fragment, stats.step,
                                            stats.wire_bytes])
             if plan is not None:
-                head[3:7] = _header(0, 0, 0, 0, plan, plan)[4:8]
+                head[3:7] = pack_header(0, 0, 0, 0, plan, plan)[4:8]
         src = dist.get_global_rank(self._handover, 0)
         dist.broadcast(head, src=src, group=self._handover)
         if not self.leader:
-            self.plan = _plan_of(head[12:16].tolist())
+            self.plan = plan_of(head[12:16].tolist())
             self._rounds_sent = int(head[16])
         kind_code, a, b = (int(x) for x in head[:3])
         if kind_code == 0:
             return None
-        plan = _plan_of(head[3:7].tolist())
+        plan = plan_of(head[3:7].tolist())
         if kind_code == 1:
             values = note[5] if self.leader and note is not None else None
             if values is None:

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import torch
 
-from linkpilot.codecs import CODEC_NAMES, get_codec
+from linkpilot.codecs import CODEC_NAMES, get_codec, strength
 
 __all__ = ["PlanInputs", "RoundPlan", "RoundStats", "agree_plans", "auto_sync_every",
            "paced_share", "site_plan"]
@@ -47,11 +47,6 @@ class RoundPlan:
         return replace(self, codec=codec)
 
 
-def _strength(codec: str) -> tuple[int, float]:
-    name, _, ratio = codec.partition(":")
-    return CODEC_NAMES.index(name), -float(ratio) if ratio else 0.0
-
-
 def agree_plans(plans: Sequence[RoundPlan]) -> RoundPlan:
     """What every site runs given every site's proposal: the largest H, fragment count and
     overlap and the strongest codec (the site that sees the worst link decides), with the
@@ -59,7 +54,7 @@ def agree_plans(plans: Sequence[RoundPlan]) -> RoundPlan:
     h = max(p.sync_every for p in plans)
     f = min(max(p.fragments for p in plans), h)
     overlap = min(max(p.overlap for p in plans), h // f - 1)
-    codec = max((p.codec for p in plans), key=_strength)
+    codec = max((p.codec for p in plans), key=strength)
     return RoundPlan(h, f, overlap, codec)
 
 
@@ -134,27 +129,27 @@ class PlanInputs:
 
 # -- the messages --------------------------------------------------------------------------------
 
-_HEADER = 16  # int64 words
-_PLAN_AT = 8
+HEADER = 16  # int64 words
+PLAN_AT = 8
 #: The sender's inner step time (microseconds; 0 before it was measured) and the samples its
 #: pseudo-gradient stands for (its weight in the outer step).
-_STEP_US_AT = 12
-_WEIGHT_AT = 13
+STEP_US_AT = 12
+WEIGHT_AT = 13
 #: The fragment number of a site's last message: it is closing (linkpilot.outer's close()).
-_FINAL = -1
+FINAL = -1
 
 
-def _header(epoch: int, rnd: int, fragment: int, applied: int, plan: RoundPlan,
+def pack_header(epoch: int, rnd: int, fragment: int, applied: int, plan: RoundPlan,
             proposal: RoundPlan, step_us: int = 0, weight: int = 1) -> torch.Tensor:
     def words(p: RoundPlan) -> list[int]:
         name, _, ratio = p.codec.partition(":")
         ppm = round(float(ratio) * 1e6) if ratio else 0
         return [p.sync_every, p.fragments, p.overlap, CODEC_NAMES.index(name) << 32 | ppm]
     h = [epoch, rnd, fragment, applied, *words(plan), *words(proposal), step_us, weight]
-    return torch.tensor(h + [0] * (_HEADER - len(h)), dtype=torch.int64)
+    return torch.tensor(h + [0] * (HEADER - len(h)), dtype=torch.int64)
 
 
-def _plan_of(words: Sequence[int]) -> RoundPlan:
+def plan_of(words: Sequence[int]) -> RoundPlan:
     name = CODEC_NAMES[min(int(words[3]) >> 32, len(CODEC_NAMES) - 1)]
     ppm = int(words[3]) & 0xFFFFFFFF
     codec = f"topk:{ppm / 1e6:g}" if name == "topk" else name

@@ -25,7 +25,7 @@ import math
 from linkpilot.board import (BoardBusy, BoardError, BoardMissing, BoardSnapshot, KnobBoard,
                              LinkKnobs)
 from linkpilot.codecs import get_codec
-from linkpilot.outer import PlanInputs, RoundPlan, auto_sync_every
+from linkpilot.outer.plan import PlanInputs, RoundPlan, auto_sync_every
 
 log = logging.getLogger("linkpilot.outer")
 
