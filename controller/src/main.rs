@@ -4,10 +4,7 @@ use std::{process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
 use ipnet::IpNet;
-use linkpilot::sense::{
-    watch::{parse_dscp, parse_peer, DscpArg},
-    watch_run,
-};
+use linkpilot::cli::watch::{self, parse_dscp, parse_peer, DscpArg};
 use tracing::error;
 
 #[derive(Parser)]
@@ -270,7 +267,7 @@ fn main() -> ExitCode {
             )
         }
         Command::Policy { action: PolicyAction::Check { files } } => {
-            let all_ok = linkpilot::control::policy::check_files(&files);
+            let all_ok = linkpilot::cli::policy_check::check_files(&files);
             return if all_ok { ExitCode::SUCCESS } else { ExitCode::from(1) };
         }
         Command::Policy {
@@ -311,26 +308,26 @@ fn main() -> ExitCode {
             };
         }
         Command::Replay { trace, policy, plot, json } => {
-            linkpilot::control::replay::run_file(&trace, &policy, plot.as_deref(), json)
+            linkpilot::cli::replay::run_file(&trace, &policy, plot.as_deref(), json)
         }
         Command::BenchPrograms { repeat, rounds } => {
             linkpilot::bench::programs::run(repeat, rounds.max(1))
         }
         Command::BenchControl { links, peers, ticks } => {
-            linkpilot::control::bench::run(links as usize, peers as usize, ticks)
+            linkpilot::bench::core::run(links as usize, peers as usize, ticks)
         }
         Command::BenchSensors { flows, peers, ticks } => {
             linkpilot::bench::sensors::run(flows, peers, ticks)
         }
         Command::Watch { ifaces, json, flows, snapshots, peers, dscp, rdma_root, count } => {
             let output = if snapshots {
-                watch_run::Output::Snapshots
+                watch::run::Output::Snapshots
             } else if json {
-                watch_run::Output::Json { flows }
+                watch::run::Output::Json { flows }
             } else {
-                watch_run::Output::Table
+                watch::run::Output::Table
             };
-            runtime.block_on(watch_run::run(&ifaces, output, &peers, &dscp, &rdma_root, count))
+            runtime.block_on(watch::run::run(&ifaces, output, &peers, &dscp, &rdma_root, count))
         }
     };
     match result {

@@ -14,7 +14,7 @@ use nix::{
 
 use crate::{linkpilot_bin, netns::Netns};
 
-pub use linkpilot::sense::watch::{DirTotals, FlowSample, PeerTotals, RttTotals, Sample, Totals};
+pub use linkpilot::cli::watch::{DirTotals, FlowSample, PeerTotals, RttTotals, Sample, Totals};
 
 /// The totals of peer `name` in `sample`; panics if it is not there.
 pub fn peer<'a>(sample: &'a Sample, name: &str) -> &'a PeerTotals {

@@ -3,14 +3,12 @@
 //! aya, no clock: time comes with the snapshots, so replays are exact.
 
 mod auto;
-pub mod bench;
 pub mod codec;
 pub mod decide;
 pub mod env_names;
 pub mod estimator;
 pub mod knobs;
 pub mod outcome;
-pub mod plot;
 pub mod policy;
 pub mod probe;
 pub mod replay;

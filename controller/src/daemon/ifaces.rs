@@ -68,7 +68,7 @@ impl Daemon {
                         *i = new;
                     }
                     // The DSCP rules name the interface by index: rewritten next apply.
-                    self.act.ledger.mark_pending("dscp", super::actuate::unix_now());
+                    self.act.ledger.mark_pending("dscp", super::apply::unix_now());
                     self.missing.retain(|m| *m != name);
                     Metrics::count(&self.metrics.interface_reattached, "interface", &name);
                 }

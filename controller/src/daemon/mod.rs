@@ -3,7 +3,7 @@
 //! once per policy tick, until SIGTERM/SIGINT, then everything is rolled back. Around it:
 //! policy reload (SIGHUP, file change), Prometheus metrics and the status socket.
 
-mod actuate;
+mod apply;
 mod flow_reads;
 mod health;
 mod ifaces;
@@ -46,7 +46,7 @@ use crate::{
     rdma,
     sense::sensors::{Readings, Sensors},
 };
-use actuate::Actuators;
+use apply::Actuators;
 use health::SensingHealth;
 use metrics::Metrics;
 pub use options::{MetricsAddr, RunOptions};
@@ -238,7 +238,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let status_server = tokio::spawn(status::serve(status_listener, status.clone()));
     let decision_log = linelog::open(&o.decision_log, "decision_log")?;
     let record = linelog::open(&o.record, "record")?;
-    let restorable = actuate::open_restorable(&o)?;
+    let restorable = apply::open_restorable(&o)?;
 
     // Only with the lock held: a dry run must not touch what a running daemon attached.
     for iface in ifaces.iter().filter(|_| instance_lock.is_some()) {

@@ -5,7 +5,7 @@ use std::path::Path;
 use anyhow::{anyhow, Context};
 use plotters::prelude::*;
 
-use super::{policy::Policy, replay::Replay};
+use crate::control::{policy::Policy, replay::Replay};
 
 type Series = Vec<(f64, f64)>;
 

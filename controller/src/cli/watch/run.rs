@@ -10,11 +10,8 @@ use tokio::signal::unix::{signal, SignalKind};
 use tracing::warn;
 
 use super::{
-    sensors::{Readings, Sensors},
-    watch::{
-        dscp_rules, peer_row, rates, table_header, table_row, DscpArg, FlowSample, PeerTotals,
-        Sample, Totals,
-    },
+    dscp_rules, peer_row, rates, table_header, table_row, DscpArg, FlowSample, PeerTotals, Sample,
+    Totals,
 };
 use crate::kernel::{
     checks,
@@ -22,6 +19,7 @@ use crate::kernel::{
     peers::PeerIds,
     probes::Probes,
 };
+use crate::sense::sensors::{Readings, Sensors};
 
 /// What `watch` prints.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -443,3 +443,5 @@ pub fn parse_peer(s: &str) -> Result<(String, ipnet::IpNet), String> {
 
 #[cfg(test)]
 mod tests;
+
+pub mod run;

@@ -4,11 +4,13 @@
 
 use std::time::{Duration, Instant};
 
-use super::{
-    decide::Core,
-    policy::{Link, Policy, SHIPPED},
+use crate::{
+    control::{
+        decide::Core,
+        policy::{Link, Policy, SHIPPED},
+    },
+    sense::sensors::{PeerSnapshot, RttSnapshot, Snapshot},
 };
-use crate::sense::sensors::{PeerSnapshot, RttSnapshot, Snapshot};
 
 /// The default policy with `links` links of `peers` named peers each (interfaces eth0..).
 fn policy(links: usize, peers: usize) -> Policy {
