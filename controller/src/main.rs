@@ -67,8 +67,13 @@ enum Command {
         #[arg(long, value_name = "SVG")]
         plot: Option<std::path::PathBuf>,
         /// One JSON decision per line instead of the timeline.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "plans")]
         json: bool,
+        /// Instead of the decisions, the plan after every snapshot (JSON lines): each link's
+        /// state, knobs, NCCL rule and rates, as the daemon applies them and `status --json`
+        /// shows the one in place.
+        #[arg(long)]
+        plans: bool,
     },
     /// List RDMA devices: what libibverbs can open, and every port in sysfs with its state,
     /// netdevs and congestion counters.
@@ -307,8 +312,14 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Command::Replay { trace, policy, plot, json } => {
-            linkpilot::cli::replay::run_file(&trace, &policy, plot.as_deref(), json)
+        Command::Replay { trace, policy, plot, json, plans } => {
+            use linkpilot::cli::replay::{run_file, Output};
+            let output = match (json, plans) {
+                (_, true) => Output::Plans,
+                (true, false) => Output::Json,
+                (false, false) => Output::Timeline,
+            };
+            run_file(&trace, &policy, plot.as_deref(), output)
         }
         Command::BenchPrograms { repeat, rounds } => {
             linkpilot::bench::programs::run(repeat, rounds.max(1))

@@ -57,6 +57,9 @@ fn a_bad_policy_prints_every_error_with_its_location_and_exits_1() {
 /// ECN on, 150 Mbit/s) crossed the `congestion-ecn` scenario, whose bottleneck falls to
 /// 80 Mbit/s and marks CE above 5 ms of queue; the sender sees the marks echoed as ECE.
 const TRACE: &str = "controller/tests/fixtures/trace-congestion-ecn.jsonl";
+/// The lab's training day (`lab/scenarios/training-day.toml`) as `linkpilot watch --snapshots`
+/// recorded it on the Hong Kong host, with paced iperf3 toward the US host.
+const TRAINING_DAY: &str = "controller/tests/fixtures/trace-training-day.jsonl";
 
 #[test]
 fn replay_of_a_lab_trace_escalates_on_echoed_ce_and_plots() {
@@ -208,8 +211,9 @@ fn policy_init_writes_a_policy_that_policy_check_passes() {
     assert!(err.contains("10.0.0.300/8"), "{err}");
 }
 
-/// `policy init` for the lab's link decides as the shipped hk-us.toml on a recorded trace: the
-/// same states, codecs and sync plan, change by change.
+/// `policy init` for the lab's link decides as the shipped hk-us.toml on recorded traces (a
+/// congestion day and the training day hk-us.toml was tuned on): the same states, codecs and
+/// sync plan, change by change.
 #[test]
 fn policy_init_replays_a_lab_trace_as_the_shipped_hk_us_policy() {
     let (code, init, err) = linkpilot(&[
@@ -228,8 +232,8 @@ fn policy_init_replays_a_lab_trace_as_the_shipped_hk_us_policy() {
     ]);
     assert_eq!(code, 0, "{err}");
     let init = temp("init-lab.toml", &init);
-    let replay = |policy: &str| {
-        let (code, out, err) = linkpilot(&["replay", &repo(TRACE), "--policy", policy, "--json"]);
+    let replay = |trace: &str, policy: &str| {
+        let (code, out, err) = linkpilot(&["replay", &repo(trace), "--policy", policy, "--json"]);
         assert_eq!(code, 0, "{policy}: {err}");
         out.lines()
             .map(|l| {
@@ -251,10 +255,14 @@ fn policy_init_replays_a_lab_trace_as_the_shipped_hk_us_policy() {
                 v
             })
     };
-    let ours = replay(&init.display().to_string());
-    let shipped = replay(&repo("policies/hk-us.toml"));
-    assert!(ours.iter().any(|d| d.1 != "healthy"), "the trace escalates: {ours:?}");
-    assert_eq!(ours, shipped);
+    for trace in [TRACE, TRAINING_DAY] {
+        let ours = replay(trace, &init.display().to_string());
+        let shipped = replay(trace, &repo("policies/hk-us.toml"));
+        let states: std::collections::BTreeSet<String> =
+            ours.iter().map(|d| d.1.to_string()).collect();
+        assert!(states.len() >= 3, "{trace} walks the ladder: {ours:?}");
+        assert_eq!(ours, shipped, "{trace}");
+    }
     // And `policy check` has nothing to warn of but what this host lacks.
     let (code, out, err) = linkpilot(&["policy", "check", &init.display().to_string()]);
     assert_eq!(code, 0, "{out}{err}");
@@ -311,4 +319,33 @@ fn an_interface_this_host_lacks_is_a_warning_not_an_error() {
     let file = temp("lo.toml", &policy);
     let (code, out, err) = linkpilot(&["policy", "check", &file.display().to_string()]);
     assert_eq!((code, err.as_str()), (0, ""), "{out}");
+}
+
+/// `replay --plans`: one plan per snapshot, and at each decision's snapshot the plan holds what
+/// the decision set (state, knobs, its id).
+#[test]
+fn replay_prints_a_plan_per_snapshot_that_carries_each_decision() {
+    let hk_us = repo("policies/hk-us.toml");
+    let run = |flag: &str| {
+        let (code, out, err) = linkpilot(&["replay", &repo(TRACE), "--policy", &hk_us, flag]);
+        assert_eq!(code, 0, "{err}");
+        out.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON"))
+            .collect::<Vec<_>>()
+    };
+    let plans = run("--plans");
+    let trace = std::fs::read_to_string(repo(TRACE)).expect("trace");
+    assert_eq!(plans.len(), trace.lines().filter(|l| !l.trim().is_empty()).count());
+    let decisions = run("--json");
+    assert!(decisions.len() >= 3, "{decisions:?}");
+    for d in &decisions {
+        let p = plans.iter().find(|p| p["at_ms"] == d["at_ms"]).expect("a plan at the decision");
+        let link = &p["links"][0];
+        assert_eq!((&link["state"], &link["knobs"]), (&d["state"], &d["knobs"]), "{p}");
+        assert_eq!(link["decision"], d["id"], "{p}");
+    }
+    let (code, _, err) =
+        linkpilot(&["replay", &repo(TRACE), "--policy", &hk_us, "--json", "--plans"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cannot be used with"), "{err}");
 }

@@ -148,22 +148,28 @@ impl Setup {
             .collect()
     }
 
-    /// Stops the daemon, then replays its recording on its policy: the same decisions.
+    /// Stops the daemon, then replays its recording on its policy: the same decisions, and the
+    /// plan the daemon had in place when it was last asked is the replay's at that snapshot.
     fn replay_matches(&mut self) {
+        let in_place = status_json(&self.dir)["plan"].clone();
         drop(self.daemon.take());
-        let out = linkpilot_tests::run(&[
-            &linkpilot_bin().display().to_string(),
-            "replay",
-            "--json",
-            "--policy",
-            &self.dir.join("policy.toml").display().to_string(),
-            &self.dir.join("trace.jsonl").display().to_string(),
-        ]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let replayed: Vec<Value> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("a decision"))
-            .collect();
+        // `linkpilot replay FLAG` of the recording on its policy: one JSON value per line.
+        let replay = |flag: &str| -> Vec<Value> {
+            let out = linkpilot_tests::run(&[
+                &linkpilot_bin().display().to_string(),
+                "replay",
+                flag,
+                "--policy",
+                &self.dir.join("policy.toml").display().to_string(),
+                &self.dir.join("trace.jsonl").display().to_string(),
+            ]);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(|l| serde_json::from_str(l).expect("JSON"))
+                .collect()
+        };
+        let replayed = replay("--json");
         let logged = self.decisions();
         let key = |d: &Value| (d["id"].clone(), d["state"].clone(), d["changes"].clone());
         assert!(logged.len() >= 2, "{logged:?}");
@@ -175,6 +181,12 @@ impl Setup {
         for (a, b) in logged.iter().zip(&replayed) {
             assert_eq!(a["reason"], b["reason"]);
         }
+        let at = in_place["at_ms"].as_u64().unwrap_or_else(|| panic!("no plan: {in_place}"));
+        let plans = replay("--plans");
+        let replayed = plans.iter().find(|p| p["at_ms"].as_u64() == Some(at));
+        assert_eq!(replayed, Some(&in_place), "the replay's plan at {at} ms");
+        let link = &in_place["links"][0];
+        assert!(link["decision"].as_u64() >= Some(2) && link["peers"][0] == "us", "{in_place}");
     }
 }
 

@@ -25,7 +25,8 @@ use linkpilot_common::board::{
 };
 
 use crate::control::{
-    policy::{Bounds, NcclRule},
+    plan::{LinkPlan, SyncBounds},
+    policy::NcclRule,
     Compression, Knobs,
 };
 
@@ -124,9 +125,19 @@ pub fn board_link(link: &str, state: &str, state_index: u32, k: &Knobs, id: u64)
     }
 }
 
+/// A link's plan as its board slot: its knobs, the NCCL rule and RTT for the tuner plugin, and
+/// what "auto" sync sizes its rounds by. The busiest tick's rate, not the average: a job syncing
+/// every H steps sends in bursts, and an average would make "auto" H grow without end.
+pub fn link_of(p: &LinkPlan, sync: &SyncBounds) -> BoardLink {
+    let mut l = board_link(&p.link, &p.state, p.state_index, &p.knobs, p.decision);
+    set_nccl(&mut l, p.nccl, p.nccl_min_bytes, p.baseline_ms);
+    set_sync_facts(&mut l, sync, p.burst_bps, p.capacity_bps.unwrap_or(0.0));
+    l
+}
+
 /// Sets what the training side's "auto" synchronization needs beside the knobs: the policy's
 /// bounds on H, its margin and drift bound, and the link's measured and nominal rates.
-pub fn set_sync_facts(l: &mut BoardLink, b: &Bounds, delivery_bps: f64, capacity_bps: f64) {
+pub fn set_sync_facts(l: &mut BoardLink, b: &SyncBounds, delivery_bps: f64, capacity_bps: f64) {
     l.sync_min = b.sync_min;
     l.sync_max = b.sync_max;
     l.sync_margin_bp = (b.sync_margin * 1e4).round().clamp(0.0, f64::from(u16::MAX)) as u16;
@@ -492,7 +503,7 @@ print(json.dumps(out))
             "test",
         )
         .unwrap();
-        set_sync_facts(&mut hk, &policy.bounds, 2.5e8, 4e10);
+        set_sync_facts(&mut hk, &SyncBounds::of(&policy.bounds), 2.5e8, 4e10);
         w.set_pending(linkpilot_common::board::pending::SYSCTL);
         w.publish(&[hk, board_link("eu", "x", 1, &k2, 9)], now);
         let python = concat!(env!("CARGO_MANIFEST_DIR"), "/../python");

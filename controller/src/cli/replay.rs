@@ -5,13 +5,25 @@ use anyhow::Context as _;
 
 use crate::control::{replay, Policy};
 
-/// `linkpilot replay`: a trace file through a fresh core, printed as a timeline or JSON lines,
-/// optionally plotted.
+/// What `linkpilot replay` prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// The decisions as a timeline, then the judged codec predictions.
+    Timeline,
+    /// The same as JSON lines.
+    Json,
+    /// The plan after every snapshot, a JSON line each: what the daemon applies and its status
+    /// API shows (`plan`).
+    Plans,
+}
+
+/// `linkpilot replay`: a trace file through a fresh core, printed as a timeline, JSON lines or
+/// plans, optionally plotted.
 pub fn run_file(
     trace: &std::path::Path,
     policy: &std::path::Path,
     plot: Option<&std::path::Path>,
-    json: bool,
+    output: Output,
 ) -> anyhow::Result<()> {
     let mut policy = Policy::load(policy)?;
     let file = std::fs::File::open(trace)
@@ -33,6 +45,13 @@ pub fn run_file(
         }
     }
     let r = replay::run(&policy, &snaps);
+    if output == Output::Plans {
+        for p in &r.plans {
+            println!("{}", serde_json::to_string(p)?);
+        }
+        return plot_to(&r, &policy, plot);
+    }
+    let json = output == Output::Json;
     for d in &r.decisions {
         if json {
             println!("{}", serde_json::to_string(d)?);
@@ -49,8 +68,16 @@ pub fn run_file(
             println!("{at:>10.3}s  codec {}", c.describe());
         }
     }
+    plot_to(&r, &policy, plot)
+}
+
+fn plot_to(
+    r: &replay::Replay,
+    policy: &Policy,
+    plot: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     if let Some(path) = plot {
-        super::plot::plot(&r, &policy, path)?;
+        super::plot::plot(r, policy, path)?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())

@@ -12,6 +12,7 @@ use super::{
     estimator::{Aggregate, Estimator, Signals},
     knobs::Knobs,
     outcome::{HeldChange, Judge, Kind, Verdict},
+    plan::{LinkPlan, Plan, SyncBounds},
     policy::{higher_is_worse, Policy, Setting, Thresholds},
     probe::{Inputs, RateProbe},
 };
@@ -55,6 +56,8 @@ struct LinkControl {
     /// The per-step jobs' load, for `compression = "auto"`, and its latest prediction.
     jobs: JobWindow,
     codec_check: Option<Check>,
+    /// The id of the link's newest decision.
+    decided: u64,
 }
 
 impl LinkControl {
@@ -73,6 +76,7 @@ impl LinkControl {
             judge: Judge::default(),
             jobs: JobWindow::default(),
             codec_check: None,
+            decided: 0,
         }
     }
 }
@@ -217,6 +221,7 @@ impl Core {
                     }
                     lc.knobs = prev.knobs;
                     lc.knob_changed = prev.knob_changed;
+                    lc.decided = prev.decided;
                     // Holds name states by position: kept only for the same ladder.
                     let same_ladder = policy.states.iter().map(|s| &s.name).eq(old_states.iter());
                     if same_ladder {
@@ -249,6 +254,42 @@ impl Core {
                 ))
             })
             .collect()
+    }
+
+    /// What every link that has decided should have in place now, and the host-wide parts.
+    pub fn plan(&self) -> Plan {
+        let p = &self.policy;
+        let links = self
+            .links
+            .iter()
+            .filter_map(|lc| {
+                let knobs = lc.knobs?;
+                let link = lc.estimator.link();
+                Some(LinkPlan {
+                    link: link.name.clone(),
+                    state: p.states[lc.state].name.clone(),
+                    state_index: lc.state as u32,
+                    decision: lc.decided,
+                    knobs,
+                    interfaces: link.interfaces.clone(),
+                    peers: link.peers.iter().map(|(name, _)| name.clone()).collect(),
+                    nccl: p.nccl.rule(lc.state),
+                    nccl_min_bytes: p.nccl.min_bytes,
+                    baseline_ms: lc.signals.baseline_ms,
+                    burst_bps: lc.signals.burst_bps,
+                    capacity_bps: link.capacity_bps,
+                })
+            })
+            .collect();
+        Plan {
+            at_ms: self.now.as_millis() as u64,
+            decision: self.next_id - 1,
+            links,
+            host: p.host,
+            env: p.env.clone(),
+            chunk_max: p.bounds.chunk_max,
+            sync: SyncBounds::of(&p.bounds),
+        }
     }
 
     /// (link, latest signals) of every link.
@@ -330,6 +371,7 @@ impl Core {
         for (i, agg) in aggs.iter().enumerate().take(self.links.len()) {
             if let Some(mut d) = self.step_link(i, now, agg, jobs) {
                 d.id = self.next_id;
+                self.links[i].decided = d.id;
                 self.next_id += 1;
                 out.push(d);
             }

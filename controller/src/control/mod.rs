@@ -9,6 +9,7 @@ pub mod env_names;
 pub mod estimator;
 pub mod knobs;
 pub mod outcome;
+pub mod plan;
 pub mod policy;
 pub mod probe;
 pub mod replay;
@@ -16,6 +17,7 @@ pub mod transport;
 
 pub use decide::{Core, Decision};
 pub use knobs::{Compression, Knobs, SyncKnobs};
+pub use plan::{LinkPlan, Plan};
 pub use policy::{Policy, PolicyError, PolicyErrors};
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Replays: a trace of snapshots (JSON lines, the format `watch --snapshots` prints and the
-//! daemon records) through the core, giving the decision timeline and, optionally, a plot.
+//! daemon records) through the core, giving the decision timeline, the plans and, optionally, a
+//! plot.
 
 use std::io::BufRead;
 
@@ -7,6 +8,7 @@ use super::{
     codec::Check,
     decide::{Core, Decision},
     estimator::Signals,
+    plan::Plan,
     policy::Policy,
 };
 use crate::sense::sensors::Snapshot;
@@ -20,6 +22,8 @@ pub struct Replay {
     pub timeline: Vec<(u64, String, usize, super::Knobs)>,
     /// `compression = "auto"`'s predictions as the jobs' measured wait judged them.
     pub codec_checks: Vec<Check>,
+    /// The plan after every snapshot: what the daemon would have applied.
+    pub plans: Vec<Plan>,
 }
 
 /// A trace line that is not a snapshot.
@@ -64,6 +68,7 @@ pub fn run(policy: &Policy, trace: &[Snapshot]) -> Replay {
         signals: Vec::new(),
         timeline: Vec::new(),
         codec_checks: Vec::new(),
+        plans: Vec::new(),
     };
     for snap in trace {
         let ds = core.step(snap);
@@ -76,6 +81,7 @@ pub fn run(policy: &Policy, trace: &[Snapshot]) -> Replay {
         for (link, s) in core.signals() {
             replay.signals.push((link.to_owned(), s));
         }
+        replay.plans.push(core.plan());
     }
     replay
 }

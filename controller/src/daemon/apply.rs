@@ -1,4 +1,4 @@
-//! The actuators: what a decision changes outside the core. The egress DSCP map, the knob
+//! The actuators: what a plan (`control::plan`) changes outside the core. The egress DSCP map, the knob
 //! board, the NCCL env file (with the policy's `[env]`), TCP buffer sysctls and the policy's
 //! `[host]` sysctls, and the RDMA ports' default RoCE traffic class.
 //! Each fails alone: an error is logged and counted, the others still apply, and the failed one
@@ -18,10 +18,10 @@ use crate::{
     actuate::envfile,
     actuate::roce_tc::RoceTc,
     actuate::sysctl::{self, Sysctls},
-    board::{self, board_link, set_nccl, set_sync_facts, BoardWriter},
+    board::{self, BoardWriter},
     control::{
         knobs::{bytes, kept},
-        Core, Decision,
+        Plan,
     },
     kernel::iface::Iface,
     kernel::peers::PeerIds,
@@ -43,8 +43,6 @@ pub struct Actuators {
     pub published: Vec<BoardLink>,
     /// What each actuator has in place; pending ones are retried every tick.
     pub ledger: Ledger,
-    /// The newest decision applied (the env file names it).
-    latest: u64,
     /// The peers' transport profiles, when the sock_ops program is attached.
     pub transport: Option<super::transport::Profiles>,
 }
@@ -72,18 +70,15 @@ fn rtt_moved(on_board: u64, now: u64) -> bool {
     on_board != now && (on_board == 0 || now.abs_diff(on_board) as f64 > 0.1 * on_board as f64)
 }
 
-/// The DSCP rules the current decisions ask for: on each of a link's interfaces, its peers (or,
-/// for a link that names none, everything) leave with the link's DSCP. A rule names its
-/// interface, so links reaching the same peer over different interfaces keep their own class;
-/// rules for any peer go last, so that on a shared interface they could not hide a named one.
-pub fn dscp_rules(core: &Core, peers: &PeerIds, ifaces: &[Iface]) -> Vec<DscpRule> {
+/// The DSCP rules a plan asks for: on each of a link's interfaces, its peers (or, for a link
+/// that names none, everything) leave with the link's DSCP. A rule names its interface, so links
+/// reaching the same peer over different interfaces keep their own class; rules for any peer go
+/// last, so that on a shared interface they could not hide a named one.
+pub fn dscp_rules(plan: &Plan, peers: &PeerIds, ifaces: &[Iface]) -> Vec<DscpRule> {
     let (mut named, mut any) = (Vec::new(), Vec::new());
-    for (link_name, _, knobs) in core.current() {
+    for link in &plan.links {
         // "keep": the link's packets leave with the DSCP they have.
-        let Some(dscp) = knobs.dscp else { continue };
-        let Some(link) = core.policy().links.iter().find(|l| l.name == link_name) else {
-            continue;
-        };
+        let Some(dscp) = link.knobs.dscp else { continue };
         // The policy's interfaces were resolved at start, and a reload may not change them.
         for iface in ifaces.iter().filter(|i| link.interfaces.contains(&i.name)) {
             let rule = |peer| DscpRule {
@@ -98,7 +93,7 @@ pub fn dscp_rules(core: &Core, peers: &PeerIds, ifaces: &[Iface]) -> Vec<DscpRul
             if link.peers.is_empty() {
                 any.push(rule(ANY_PEER));
             }
-            named.extend(link.peers.iter().filter_map(|(p, _)| peers.id(p)).map(rule));
+            named.extend(link.peers.iter().filter_map(|p| peers.id(p)).map(rule));
         }
     }
     named.extend(any);
@@ -130,9 +125,16 @@ impl Actuators {
             roce,
             published: Vec::new(),
             ledger: Ledger::default(),
-            latest: 0,
             transport: None,
         })
+    }
+
+    /// A watched interface created again (a new index): its DSCP rules are written anew.
+    pub fn interface_recreated(&mut self, new: &Iface) {
+        if let Some(i) = self.ifaces.iter_mut().find(|i| i.name == new.name) {
+            *i = new.clone();
+        }
+        self.ledger.mark_pending("dscp", unix_now());
     }
 
     fn record(&mut self, m: &Metrics, actuator: &str, wanted: String, r: anyhow::Result<()>) {
@@ -144,19 +146,17 @@ impl Actuators {
     /// Tells readers the daemon is alive; republishes the links instead when a link's RTT
     /// baseline or delivered rate moved by more than a tenth (the training side's "auto"
     /// synchronization sizes its rounds from them).
-    fn heartbeat(&mut self, core: &Core) {
+    fn heartbeat(&mut self, plan: &Plan) {
         let Some(b) = &mut self.board else { return };
-        let signals = core.signals();
         let mut moved = false;
         for l in &mut self.published {
-            let name = board::name(&l.name);
-            let Some((_, s)) = signals.iter().find(|(n, _)| *n == name) else { continue };
-            let now = board::rtt_us(s.baseline_ms);
+            let Some(p) = plan.link(&board::name(&l.name)) else { continue };
+            let now = board::rtt_us(p.baseline_ms);
             if rtt_moved(u64::from(l.rtt_us), u64::from(now)) {
                 l.rtt_us = now;
                 moved = true;
             }
-            let rate = board::bps(s.burst_bps);
+            let rate = board::bps(p.burst_bps);
             if rtt_moved(l.delivery_bps, rate) {
                 l.delivery_bps = rate;
                 moved = true;
@@ -169,49 +169,55 @@ impl Actuators {
         }
     }
 
-    /// Applies the core's current knobs: all of them after `decisions` (if any), else only
-    /// the pending ones, again. `ports` are the RDMA ports seen this tick. Order: DSCP, env
-    /// file, sysctls, RoCE class, then the board, whose `pending` bits name what of its
-    /// decisions is not in place; without decisions the board only beats.
+    /// Applies `plan`: all of it when it follows new decisions (`fresh`), else only what is
+    /// pending, again. `ports` are the RDMA ports seen this tick. Order: DSCP, env file, sysctls,
+    /// RoCE class, transport, then the board, whose `pending` bits name what of the plan is not
+    /// in place; without decisions the board only beats.
     pub fn apply(
         &mut self,
-        core: &Core,
-        decisions: &[Decision],
+        plan: &Plan,
+        fresh: bool,
         peers: &PeerIds,
         probes: &mut Probes,
         ports: &[RdmaPort],
         metrics: &Metrics,
     ) {
-        let fresh = !decisions.is_empty();
-        if let Some(id) = decisions.iter().map(|d| d.id).max() {
-            self.latest = id;
-        }
         let due = |l: &Ledger, a: &str| fresh || l.is_pending(a);
-        let current = core.current();
         if due(&self.ledger, "dscp") {
-            let r = probes.set_dscp_rules(&dscp_rules(core, peers, &self.ifaces));
+            let r = probes.set_dscp_rules(&dscp_rules(plan, peers, &self.ifaces));
             let wanted: Vec<String> =
-                current.iter().map(|(l, _, k)| format!("{l}={}", kept(k.dscp))).collect();
+                plan.links.iter().map(|l| format!("{}={}", l.link, kept(l.knobs.dscp))).collect();
             self.record(metrics, "dscp", wanted.join(" "), r.map_err(Into::into));
         }
-        if let Some((link, state, k)) = current.first().filter(|_| due(&self.ledger, "env_file")) {
+        if let Some(l) = plan.links.first().filter(|_| due(&self.ledger, "env_file")) {
             let tuner = envfile::installed_tuner(&self.nccl_tuner)
-                .map(|plugin| envfile::Tuner { plugin, chunk_max: core.policy().bounds.chunk_max });
-            let env = &core.policy().env;
-            let text = envfile::render(link, state, k, self.latest, tuner.as_ref(), env);
+                .map(|plugin| envfile::Tuner { plugin, chunk_max: plan.chunk_max });
+            let text = envfile::render(
+                &l.link,
+                &l.state,
+                &l.knobs,
+                plan.decision,
+                tuner.as_ref(),
+                &plan.env,
+            );
             let r = envfile::write_atomic(&self.env_file, &text)
                 .with_context(|| format!("writing {}", self.env_file.display()));
-            self.record(metrics, "env_file", format!("{link} {state} #{}", self.latest), r);
+            self.record(
+                metrics,
+                "env_file",
+                format!("{} {} #{}", l.link, l.state, plan.decision),
+                r,
+            );
         }
         if let Some(s) = self.sysctls.as_mut().filter(|_| due(&self.ledger, "sysctl")) {
-            let max = current.iter().map(|(_, _, k)| k.tcp_buffer_bytes).max().unwrap_or(0);
+            let max = plan.links.iter().map(|l| l.knobs.tcp_buffer_bytes).max().unwrap_or(0);
             let r = if max > 0 { s.apply(max).map(log_changes) } else { Ok(()) };
             let wanted = if max > 0 { bytes(max) } else { String::new() };
             self.record(metrics, "sysctl", wanted, r.map_err(Into::into));
         }
         if let Some(s) = self.sysctls.as_mut().filter(|_| due(&self.ledger, "host_sysctl")) {
             // The policy's [host] sysctls (those a reloaded policy dropped go back).
-            let host = sysctl::host_values(&core.policy().host);
+            let host = sysctl::host_values(&plan.host);
             let r = s.apply_host(&host).map(log_changes);
             let wanted: Vec<String> =
                 host.iter().map(|(k, v)| format!("{}={v}", k.replace('/', "."))).collect();
@@ -219,12 +225,9 @@ impl Actuators {
         }
         if let Some(roce) = self.roce.as_mut().filter(|_| due(&self.ledger, "roce_tc")) {
             let (mut wanted, mut first) = (Vec::new(), None);
-            for (link, _, k) in &current {
-                let Some(l) = core.policy().links.iter().find(|l| l.name == *link) else {
-                    continue;
-                };
+            for l in &plan.links {
                 // "keep": the ports' classes are the administrator's.
-                let Some(tc) = k.roce_traffic_class else { continue };
+                let Some(tc) = l.knobs.roce_traffic_class else { continue };
                 for p in l.interfaces.iter().flat_map(|i| ports_of(ports, i)) {
                     wanted.push(format!("{}/{}={tc}", p.device, p.port));
                     match roce.set(&p.device, p.port, tc) {
@@ -245,7 +248,7 @@ impl Actuators {
             );
         }
         if let Some(p) = self.transport.as_mut().filter(|_| due(&self.ledger, "transport")) {
-            let (wanted, r) = match p.apply(core, peers, probes) {
+            let (wanted, r) = match p.apply(plan, peers, probes) {
                 Ok(w) => (w, Ok(())),
                 Err(e) => (String::new(), Err(e.into())),
             };
@@ -254,42 +257,10 @@ impl Actuators {
         let Some(b) = &mut self.board else { return };
         b.set_pending(self.ledger.bits());
         if !fresh {
-            return self.heartbeat(core);
+            return self.heartbeat(plan);
         }
         // The board last: what it shows is in place, but for what its pending bits name.
-        let policy = core.policy();
-        let signals = core.signals();
-        let links: Vec<_> = current
-            .iter()
-            .map(|(link, state, k)| {
-                let idx = policy.states.iter().position(|s| s.name == *state).unwrap_or(0);
-                let id = decisions
-                    .iter()
-                    .filter(|d| d.link == *link)
-                    .map(|d| d.id)
-                    .max()
-                    .unwrap_or(self.latest);
-                let mut l = board_link(link, state, idx as u32, k, id);
-                let s = signals.iter().find(|(n, _)| n == link).map(|(_, s)| s);
-                set_nccl(
-                    &mut l,
-                    policy.nccl.rule(idx),
-                    policy.nccl.min_bytes,
-                    s.and_then(|s| s.baseline_ms),
-                );
-                let capacity =
-                    policy.links.iter().find(|p| p.name == *link).and_then(|p| p.capacity_bps);
-                // The busiest tick, not the EWMA: a job syncing every H steps sends in bursts,
-                // and an average rate would make "auto" H grow without end.
-                set_sync_facts(
-                    &mut l,
-                    &policy.bounds,
-                    s.map_or(0.0, |s| s.burst_bps),
-                    capacity.unwrap_or(0.0),
-                );
-                l
-            })
-            .collect();
+        let links: Vec<_> = plan.links.iter().map(|l| board::link_of(l, &plan.sync)).collect();
         b.publish(&links, monotonic_ns());
         self.published = links;
     }
@@ -318,7 +289,10 @@ fn log_changes(changes: Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{control::Policy, sense::sensors::Snapshot};
+    use crate::{
+        control::{Core, Policy},
+        sense::sensors::Snapshot,
+    };
 
     /// "lan" names no peer, on eth0 and eth1; "wan" and "dr" both name "us" on their own
     /// interfaces.
@@ -360,7 +334,7 @@ roce_traffic_class = 106
             (0..5).map(|i| Iface { name: format!("eth{i}"), ifindex: 10 + i, l2: 0 }).collect();
         let mut core = Core::new(policy);
         core.step(&Snapshot::default());
-        let rules = dscp_rules(&core, &peers, &ifaces);
+        let rules = dscp_rules(&core.plan(), &peers, &ifaces);
         let (us, eu) = (peers.id("us").unwrap(), peers.id("eu").unwrap());
         let got: Vec<_> = rules.iter().map(|r| (r.ifindex, r.peer)).collect();
         assert_eq!(
@@ -384,7 +358,7 @@ roce_traffic_class = 106
             (0..5).map(|i| Iface { name: format!("eth{i}"), ifindex: 10 + i, l2: 0 }).collect();
         let mut core = Core::new(policy);
         core.step(&Snapshot::default());
-        assert!(dscp_rules(&core, &peers, &ifaces).is_empty());
+        assert!(dscp_rules(&core.plan(), &peers, &ifaces).is_empty());
     }
 
     #[test]

@@ -10,7 +10,7 @@
 use anyhow::Context;
 use tracing::{info, warn};
 
-use super::{metrics::Metrics, Daemon};
+use super::{metrics::Metrics, sensing::Sensing};
 use crate::kernel::iface::{Iface, IfaceError};
 
 /// What changed for one watched interface since the last check.
@@ -32,9 +32,10 @@ pub fn compare(watched: &Iface, now: Result<Iface, IfaceError>) -> anyhow::Resul
     }
 }
 
-impl Daemon {
-    /// Follows the watched interfaces' deletion and re-creation (see the module comment).
-    pub(super) fn follow_interfaces(&mut self) -> anyhow::Result<()> {
+impl Sensing {
+    /// Follows the watched interfaces' deletion and re-creation (see the module comment); those
+    /// created again and attached are kept for the actuators (`take_recreated`).
+    pub(super) fn follow_interfaces(&mut self, metrics: &Metrics) -> anyhow::Result<()> {
         for at in 0..self.ifaces.len() {
             let old = self.ifaces[at].clone();
             let name = old.name.clone();
@@ -64,17 +65,14 @@ impl Daemon {
                         old.ifindex, new.ifindex
                     );
                     self.ifaces[at] = new.clone();
-                    if let Some(i) = self.act.ifaces.iter_mut().find(|i| i.name == name) {
-                        *i = new;
-                    }
-                    // The DSCP rules name the interface by index: rewritten next apply.
-                    self.act.ledger.mark_pending("dscp", super::apply::unix_now());
+                    // The DSCP rules name the interface by index: the actuators rewrite them.
+                    self.recreated.push(new);
                     self.missing.retain(|m| *m != name);
-                    Metrics::count(&self.metrics.interface_reattached, "interface", &name);
+                    Metrics::count(&metrics.interface_reattached, "interface", &name);
                 }
             }
             let present = i64::from(!self.missing.contains(&name));
-            self.metrics.interface_present(&name, present);
+            metrics.interface_present(&name, present);
         }
         Ok(())
     }

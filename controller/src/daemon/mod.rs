@@ -4,6 +4,7 @@
 //! policy reload (SIGHUP, file change), Prometheus metrics and the status socket.
 
 mod apply;
+mod decide;
 mod flow_reads;
 mod health;
 mod ifaces;
@@ -16,9 +17,11 @@ mod options;
 mod reload;
 mod report;
 pub mod restore;
+mod sensing;
 mod serve;
 pub mod status;
 pub mod status_request;
+mod training;
 pub mod transport;
 
 use std::{
@@ -31,26 +34,24 @@ use std::{
 
 use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use crate::{
-    board::{
-        job_reports,
-        tuner_stats::{self, TunerProcess},
-    },
-    control::{policy::sha256_hex, Core, Policy},
+    board::{job_reports, tuner_stats},
+    control::{policy::sha256_hex, Policy},
     kernel::checks,
     kernel::iface::{self, Iface},
     kernel::peers::PeerIds,
-    kernel::probes::{self, monotonic_ns, Probes},
-    rdma,
-    sense::sensors::{Readings, Sensors},
+    kernel::probes::{self, Probes},
+    sense::sensors::Snapshot,
 };
 use apply::Actuators;
-use health::SensingHealth;
+use decide::Decider;
 use metrics::Metrics;
 pub use options::{MetricsAddr, RunOptions};
 pub use restore::RestoreOptions;
+use sensing::Sensing;
+use training::TrainingSide;
 
 /// One daemon per host: the lock `linkpilot run` holds (and `linkpilot restore` waits for).
 pub const DEFAULT_LOCK: &str = "/run/linkpilot/linkpilot.lock";
@@ -126,63 +127,30 @@ fn lock(path: &PathBuf) -> anyhow::Result<nix::fcntl::Flock<fs::File>> {
     Ok(locked)
 }
 
-/// What the loop owns between ticks.
+/// What the loop owns between ticks: an owner per step of a tick (sense, decide, apply,
+/// report), each with its own state.
 struct Daemon {
     o: RunOptions,
-    ifaces: Vec<Iface>,
-    peers: PeerIds,
-    rows: Vec<(u32, String)>,
-    probes: Probes,
-    sensors: Sensors,
-    core: Core,
+    /// The programs, interfaces, peers and sensors.
+    sense: Sensing,
+    /// The tuner plugins' counters and the jobs' reports.
+    training: TrainingSide,
+    /// The core, the running policy and the plan in place.
+    decider: Decider,
     act: Actuators,
-    metrics: Metrics,
-    status: status::Shared,
-    watch: PolicyWatch,
-    /// The running policy's digest (metrics and status: which version a node runs).
-    policy_sha256: String,
-    decision_log: Option<linelog::LineLog>,
-    record: Option<linelog::LineLog>,
-    started: Instant,
-    /// (link, last decision id, its reason) for the status API.
-    last: Vec<(String, u64, String)>,
-    /// When the flow table was last read and what reading it cost.
-    flows_read: Option<(Instant, Duration)>,
-    /// When the jobs' connections were last looked up between the once-a-second reads of the
-    /// reports, and what that cost.
-    owners_read: Option<(Instant, Duration)>,
-    flows_seen: u64,
-    /// When the interfaces' addresses were last synced to the programs (retransmissions are
-    /// attributed by local address, and addresses change: DHCP, failover).
-    addrs_synced: Instant,
-    /// RDMA ports on the watched interfaces, and when they were last discovered.
-    ports: Vec<rdma::RdmaPort>,
-    ports_found: Option<Instant>,
-    /// The tuner plugin's counters of each training process, and when they were last read.
-    tuner: Vec<TunerProcess>,
-    tuner_read: Option<Instant>,
-    /// The training jobs' reports, as of the latest read (with the tuner's, once a second).
-    jobs: jobs::Jobs,
-    job_status: Vec<jobs::JobStatus>,
-    job_refused: Vec<String>,
-    /// Each job's totals since it was first read (what the core judges and sizes codecs by).
-    job_totals: std::collections::BTreeMap<String, report::JobTotals>,
-    /// The latest judgment per link.
-    verdicts: Vec<crate::control::outcome::Verdict>,
+    /// The metrics, the status API and the start.
+    report: Reporting,
     /// The policy names no peers: decisions are logged and shown, nothing is applied.
     observe_only: bool,
     /// How `[state.transport]` profiles reach connections, chosen at start.
     transport_path: TransportPath,
-    /// What the sock_ops program has done, as of the latest read (once a second).
-    transport_status: transport::TransportStatus,
-    health: SensingHealth,
-    /// Watched interfaces that are gone now (ifaces.rs).
-    missing: Vec<String>,
-    losses: losses::LossReport,
-    /// This process's network namespace (inode number; 0: unknown).
-    own_netns: u32,
-    /// The reporting jobs' own namespaces the programs act in (`job_namespaces`).
-    job_namespaces: std::collections::BTreeSet<probes::JobNetns>,
+}
+
+/// The reporting owner.
+struct Reporting {
+    metrics: Metrics,
+    status: status::Shared,
+    started: Instant,
 }
 
 /// Why a policy that names no peers changes nothing on the host.
@@ -303,51 +271,36 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         }
     }
     info!(ifaces = ?names, dry_run = o.dry_run, "linkpilot running; SIGTERM or Ctrl-C to stop, SIGHUP reloads");
-    let o_give_up = o.sensing_give_up_s;
-    let mut d = Daemon {
-        rows: peers.rows(),
-        sensors: Sensors::new(Duration::from_nanos(policy.estimator.window.0)),
-        core: Core::new(policy),
-        watch: PolicyWatch::new(&o.policy, policy_bytes),
-        policy_sha256,
-        o,
+    let sense = Sensing::new(
         ifaces,
         peers,
         probes,
-        act,
-        metrics,
-        status,
-        decision_log,
+        &policy,
+        Duration::from_secs(o.sensing_give_up_s),
+        own_netns,
         record,
-        started: Instant::now(),
-        last: Vec::new(),
-        flows_read: None,
-        owners_read: None,
-        flows_seen: 0,
-        addrs_synced: Instant::now(),
-        ports: Vec::new(),
-        ports_found: None,
-        tuner: Vec::new(),
-        tuner_read: None,
-        jobs: jobs::Jobs::default(),
-        job_status: Vec::new(),
-        job_refused: Vec::new(),
-        job_totals: Default::default(),
-        verdicts: Vec::new(),
+    );
+    let decider = Decider::new(
+        policy,
+        PolicyWatch::new(&o.policy, policy_bytes),
+        policy_sha256,
+        decision_log,
+    );
+    let mut d = Daemon {
+        o,
+        sense,
+        training: TrainingSide::default(),
+        decider,
+        act,
+        report: Reporting { metrics, status, started: Instant::now() },
         observe_only,
         transport_path,
-        transport_status: Default::default(),
-        health: SensingHealth::new(Duration::from_secs(o_give_up)),
-        missing: Vec::new(),
-        losses: losses::LossReport::default(),
-        own_netns,
-        job_namespaces: Default::default(),
     };
-    for i in &d.ifaces {
-        d.metrics.interface_present(&i.name, 1);
+    for i in &d.sense.ifaces {
+        d.report.metrics.interface_present(&i.name, 1);
     }
-    d.metrics.policy(&d.policy_sha256);
-    info!("policy {} sha256 {}", d.o.policy.display(), d.policy_sha256);
+    d.report.metrics.policy(&d.decider.policy_sha256);
+    info!("policy {} sha256 {}", d.o.policy.display(), d.decider.policy_sha256);
 
     let mut ticker = tokio::time::interval(tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -360,7 +313,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                 _ = sigint.recv() => return Ok(()),
                 _ = sighup.recv() => {
                     info!("SIGHUP: reloading {}", d.o.policy.display());
-                    let bytes = d.watch.read_now();
+                    let bytes = d.decider.watch.read_now();
                     if let Some(t) = d.reload(bytes) {
                         ticker = tokio::time::interval(t);
                         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -368,7 +321,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
                     continue;
                 }
             }
-            if let Some(bytes) = d.watch.changed() {
+            if let Some(bytes) = d.decider.watch.changed() {
                 info!("{} changed: reloading", d.o.policy.display());
                 if let Some(t) = d.reload(Ok(bytes)) {
                     ticker = tokio::time::interval(t);
@@ -379,7 +332,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
             // failure stops the daemon (health.rs).
             match d.tick() {
                 Ok(()) => {
-                    if let Some((ticks, lasted)) = d.health.ok(Instant::now()) {
+                    if let Some((ticks, lasted)) = d.sense.health.ok(Instant::now()) {
                         info!("sensing recovered after {ticks} failed tick(s) in {lasted:.1?}");
                     }
                 }
@@ -396,7 +349,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
     let _ = fs::remove_file(&d.o.status_socket);
     // Roll back whatever happened above.
     d.act.restore();
-    drop(d.probes);
+    drop(d.sense);
     info!("detached; sysctls restored");
     result
 }
@@ -404,217 +357,55 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
 impl Daemon {
     /// Counts and shows a failed tick; Err when the failure has lasted too long.
     fn sensing_failed(&mut self, e: anyhow::Error) -> anyhow::Result<()> {
-        let verdict = self.health.failed(&e, Instant::now());
+        let health = &mut self.sense.health;
+        let verdict = health.failed(&e, Instant::now());
         // The first failure of a streak, then ever more rarely: no log flood at 10 ticks/s.
-        if self.health.failing_ticks().is_power_of_two() {
-            warn!(
-                failing_ticks = self.health.failing_ticks(),
-                "sensing failed, tick skipped: {e:#}"
-            );
+        if health.failing_ticks().is_power_of_two() {
+            warn!(failing_ticks = health.failing_ticks(), "sensing failed, tick skipped: {e:#}");
         }
-        self.metrics.sensing_errors.inc();
-        if let Ok(mut st) = self.status.lock() {
-            st.sensing_errors = self.health.total;
-            st.sensing_failing_ticks = self.health.failing_ticks();
-            st.last_sensing_error.clone_from(&self.health.last_error);
+        self.report.metrics.sensing_errors.inc();
+        if let Ok(mut st) = self.report.status.lock() {
+            st.sensing_errors = health.total;
+            st.sensing_failing_ticks = health.failing_ticks();
+            st.last_sensing_error.clone_from(&health.last_error);
         }
         verdict
     }
 
-    /// One tick: read, decide, apply, report.
+    /// One tick: sense, decide, apply, report.
     fn tick(&mut self) -> anyhow::Result<()> {
         let work = Instant::now();
-        if self.addrs_synced.elapsed() >= Duration::from_secs(1) {
-            self.addrs_synced = Instant::now();
-            self.follow_interfaces()?;
-            let addrs = iface::local_addrs(&self.ifaces).context("listing addresses")?;
-            self.probes.sync_local_addrs(&addrs)?;
-        }
-        let kernel_ns = monotonic_ns();
-        // The RDMA ports on the watched interfaces: found every 10 s (devices come and go),
-        // their state and signal counters re-read every tick.
-        if self.ports_found.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
-            // Only ports bound to a netdev of this namespace (rdma.rs: names alone mislead).
-            let all = rdma::discover_here(&self.o.rdma_root).unwrap_or_else(|e| {
-                warn!("{e}");
-                Vec::new()
-            });
-            self.ports = all
-                .into_iter()
-                .filter(|p| self.ifaces.iter().any(|i| p.netdevs.contains(&i.name)))
-                .map(|p| rdma::RdmaPort { other: Default::default(), ..p })
-                .collect();
-            self.ports_found = Some(Instant::now());
-        } else {
-            rdma::refresh(&self.o.rdma_root, &mut self.ports);
-        }
-        let tick = Duration::from_nanos(self.core.policy().tick.0);
-        let mut readings = Readings { kernel_ns, ..Readings::default() };
-        // Counters first, at the tick's start, so that every rate covers one tick's interval:
-        // read after a full flow table (up to 63 ms), they made the next interval that much
-        // shorter, and a bursty sender's short interval could hold none of its bursts (0 bit/s).
-        self.probes.read_rows(&self.ifaces, &self.rows, &self.ports, &mut readings)?;
-        let read_at = self.started.elapsed();
-        if flow_reads::due(self.flows_read, tick) {
-            let t = Instant::now();
-            readings.flows = self.probes.flows()?;
-            self.flows_read = Some((t, t.elapsed()));
-            self.flows_seen = readings.flows.len() as u64;
-        } else {
-            readings.flows_skipped = true;
-        }
-        let present = (!readings.flows_skipped).then_some(readings.flows.len());
-        let skipped = self.probes.skipped_runs();
-        self.losses.update(&self.probes.losses()?, present, skipped, &self.metrics.datapath_lost);
-        let flows = self.flows_seen;
-        // A job's new connection marked before the once-a-second look-up finds it would give
-        // its marks to others: its owner is looked up at once, within the same share of a core
-        // as the flow table's reads.
-        if !readings.flows_skipped
-            && self.sensors.unknown_owner(&readings.flows)
-            && flow_reads::due(self.owners_read, tick)
-        {
-            let t = Instant::now();
-            self.look_up_job_flows();
-            self.owners_read = Some((t, t.elapsed()));
-        }
-        let jobs = self.read_training_side();
-        let mut snap = self.sensors.tick(read_at, &readings);
-        // Only readings with jobs: a reading without any tells the judgments nothing.
-        snap.jobs = jobs.filter(|j| !j.is_empty());
-        if self.record.is_some() {
-            linelog::append(&mut self.record, &serde_json::to_string(&snap)?, &self.metrics);
-        }
-        let decisions = self.core.step(&snap);
-        for d in &decisions {
-            info!(id = d.id, link = %d.link, state = %d.state, changes = ?d.changes, reason = %d.reason, "decision");
-            linelog::append(&mut self.decision_log, &linelog::decision_line(d)?, &self.metrics);
-            self.metrics.decision(&d.link, &d.state);
-            match self.last.iter_mut().find(|(l, _, _)| *l == d.link) {
-                Some(e) => *e = (d.link.clone(), d.id, d.reason.clone()),
-                None => self.last.push((d.link.clone(), d.id, d.reason.clone())),
-            }
-        }
-        for c in self.core.take_codec_checks() {
-            info!(link = %c.link, codec = %c.prediction.codec, verdict = %c.verdict, check = %c.describe(), "codec prediction");
-            self.metrics.codec.judged(&c);
-        }
-        for v in self.core.take_verdicts() {
-            info!(link = %v.link, from = %v.from, to = %v.to, verdict = %v.verdict, why = %v.why, "outcome");
-            self.metrics.outcome.verdict(&v);
-            self.verdicts.retain(|o| o.link != v.link);
-            self.verdicts.push(v);
-        }
+        let (snap, flows_read) = self.sense()?;
+        let fresh = self.decider.decide(&snap, &self.report.metrics)?;
         if !self.o.dry_run && !self.observe_only {
             // Without decisions: pending actuators retried, then the board's heartbeat.
-            self.act.apply(
-                &self.core,
-                &decisions,
-                &self.peers,
-                &mut self.probes,
-                &self.ports,
-                &self.metrics,
-            );
+            let s = &mut self.sense;
+            let (plan, m) = (&self.decider.plan, &self.report.metrics);
+            self.act.apply(plan, fresh, &s.peers, &mut s.probes, &s.ports, m);
         }
-        self.report(&snap, flows, !readings.flows_skipped, work.elapsed());
+        self.report(&snap, flows_read, work.elapsed());
         Ok(())
     }
 
-    /// Loads the policy file again. An invalid one (or one that changes the interfaces, which
-    /// needs a restart to re-attach) is rejected: logged with its errors, counted, and the
-    /// running policy stays. Returns the new tick if it changed.
-    fn reload(&mut self, bytes: std::io::Result<Vec<u8>>) -> Option<Duration> {
-        let rejected = |d: &mut Self, why: String| {
-            error!("policy reload rejected, keeping the running policy:\n{why}");
-            Metrics::count(&d.metrics.reloads, "result", "rejected");
-            if let Ok(mut st) = d.status.lock() {
-                st.last_reload_error = Some(why);
-            }
-            None
-        };
-        let loaded = bytes
-            .with_context(|| format!("reading the policy {}", self.o.policy.display()))
-            .and_then(|b| Ok((load_policy(&self.o.policy, &b)?, sha256_hex(&b))));
-        let (policy, sha256) = match loaded {
-            Ok(p) => p,
-            Err(e) => return rejected(self, format!("{e:#}")),
-        };
-        if policy.names_peers() != self.core.policy().names_peers() && !self.o.dry_run {
-            let now = if self.observe_only { "observing only" } else { "acting" };
-            return rejected(
-                self,
-                format!(
-                    "{}: the new policy {} peers and the running one {}; linkpilot is {now}: \
-                     restart it to {}",
-                    self.o.policy.display(),
-                    if policy.names_peers() { "names" } else { "names no" },
-                    if self.observe_only { "names none" } else { "names some" },
-                    if policy.names_peers() { "act on them" } else { "observe only" }
-                ),
-            );
+    /// The tick's snapshot (the programs' counters, and the training side's reports when due),
+    /// and whether it read the flow table.
+    fn sense(&mut self) -> anyhow::Result<(Snapshot, bool)> {
+        let tick = Duration::from_nanos(self.decider.policy().tick.0);
+        let (o, m) = (&self.o, &self.report.metrics);
+        let counted = self.sense.count(tick, self.report.started, o, m);
+        for new in self.sense.take_recreated() {
+            self.act.interface_recreated(&new);
         }
-        if let Err(e) = transport::check_algorithms(&policy, &self.o.sysctl_root) {
-            return rejected(self, format!("{e:#}"));
+        let counted = counted?;
+        let policy = self.decider.core.policy();
+        if self.sense.owners_due(&counted, tick) {
+            let t = Instant::now();
+            self.training.look_up_job_flows(o, policy, &mut self.sense, m);
+            self.sense.owners_looked_up(t.elapsed());
         }
-        if policy.has_transport()
-            && !self.o.dry_run
-            && !self.observe_only
-            && self.transport_path == TransportPath::Unneeded
-        {
-            return rejected(
-                self,
-                format!(
-                    "{}: the new policy has [state.transport] profiles and the running one has \
-                     none, so the sock_ops program is not attached: restart linkpilot to apply \
-                     them",
-                    self.o.policy.display()
-                ),
-            );
-        }
-        let (old, new) = (interfaces(self.core.policy()), interfaces(&policy));
-        if old != new {
-            return rejected(
-                self,
-                format!(
-                    "{}: interfaces {new:?} differ from the running {old:?}; restart linkpilot \
-                     to watch other interfaces",
-                    self.o.policy.display()
-                ),
-            );
-        }
-        let peers = match peer_table(&policy) {
-            Ok(p) => p,
-            Err(e) => return rejected(self, format!("{}: {e:#}", self.o.policy.display())),
-        };
-        let new_peers = peers.prefixes != self.peers.prefixes;
-        if new_peers {
-            if let Err(e) = self.probes.set_peers(&peers.prefixes) {
-                // The trie may be half updated: put the running peers back.
-                let back = self.probes.set_peers(&self.peers.prefixes);
-                return rejected(self, format!("setting the peers: {e}; restoring them: {back:?}"));
-            }
-        }
-        // Also when only names changed (same ids and prefixes): rows and rules go by name.
-        self.rows = peers.rows();
-        self.peers = peers;
-        // Peer ids may now name other peers, or the window changed: rates and RTT windows
-        // start again from the next reading.
-        if new_peers || policy.estimator.window != self.core.policy().estimator.window {
-            self.sensors = Sensors::new(Duration::from_nanos(policy.estimator.window.0));
-        }
-        let tick =
-            (policy.tick != self.core.policy().tick).then(|| Duration::from_nanos(policy.tick.0));
-        if let (Some(t), Some(b)) = (tick, &mut self.act.board) {
-            // Readers judge staleness by the interval on the board.
-            b.set_heartbeat_interval(t.max(Duration::from_millis(100)), monotonic_ns());
-        }
-        self.core.reload(policy);
-        self.forget_series();
-        Metrics::count(&self.metrics.reloads, "result", "applied");
-        self.metrics.policy(&sha256);
-        info!("policy reloaded from {} (sha256 {sha256})", self.o.policy.display());
-        self.policy_sha256 = sha256;
-        tick
+        let plan = &self.decider.plan;
+        let jobs = self.training.read(o, policy, plan, &self.transport_path, &mut self.sense, m);
+        Ok((self.sense.snapshot(&counted, jobs, m)?, counted.read_flows()))
     }
 }
 

@@ -86,6 +86,9 @@ pub struct Status {
     #[serde(default)]
     pub actuators: Vec<ActuatorStatus>,
     pub links: Vec<LinkStatus>,
+    /// The plan in place (in a dry run or observing only: the one that would be).
+    #[serde(default)]
+    pub plan: Option<crate::control::Plan>,
     /// Training processes with the NCCL tuner plugin loaded: what they adopted and asked NCCL for.
     #[serde(default)]
     pub nccl_tuner: Vec<TunerProcess>,

@@ -14,7 +14,7 @@ use crate::{
     control::{
         policy::Policy,
         transport::{describe, Transport},
-        Core,
+        Plan,
     },
     kernel::{peers::PeerIds, probes::ProbeError, probes::Probes},
 };
@@ -101,17 +101,16 @@ impl Profiles {
     /// at their next RTT sample. Returns what is wanted, `link=profile ...`.
     pub fn apply(
         &mut self,
-        core: &Core,
+        plan: &Plan,
         peers: &PeerIds,
         probes: &mut Probes,
     ) -> Result<String, ProbeError> {
         let mut want: BTreeMap<u32, Option<Transport>> = BTreeMap::new();
         let mut wanted = Vec::new();
-        for (link, _, knobs) in core.current() {
-            let Some(l) = core.policy().links.iter().find(|l| l.name == link) else { continue };
-            wanted.push(format!("{link}={}", describe(knobs.transport)));
-            for id in l.peers.iter().filter_map(|(p, _)| peers.id(p)) {
-                want.entry(id).or_insert(knobs.transport);
+        for l in &plan.links {
+            wanted.push(format!("{}={}", l.link, describe(l.knobs.transport)));
+            for id in l.peers.iter().filter_map(|p| peers.id(p)) {
+                want.entry(id).or_insert(l.knobs.transport);
             }
         }
         // Peers a reload dropped (or renumbered) are left alone from now on.
@@ -137,7 +136,7 @@ impl Profiles {
 /// peer two links name counts for the first, whose profile it gets).
 pub fn status(
     path: &TransportPath,
-    core: &Core,
+    plan: &Plan,
     peers: &PeerIds,
     probes: &Probes,
 ) -> Result<TransportStatus, ProbeError> {
@@ -147,14 +146,13 @@ pub fn status(
     }
     let totals = probes.transport_state()?;
     let mut counted: Vec<u32> = Vec::new();
-    for (link, _, knobs) in core.current() {
-        let Some(l) = core.policy().links.iter().find(|l| l.name == link) else { continue };
+    for l in &plan.links {
         let mut t = LinkTransport {
-            link: link.to_owned(),
-            profile: describe(knobs.transport),
+            link: l.link.clone(),
+            profile: describe(l.knobs.transport),
             ..LinkTransport::default()
         };
-        for id in l.peers.iter().filter_map(|(p, _)| peers.id(p)) {
+        for id in l.peers.iter().filter_map(|p| peers.id(p)) {
             if counted.contains(&id) {
                 continue;
             }

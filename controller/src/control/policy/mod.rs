@@ -151,7 +151,7 @@ impl Outcome {
 }
 
 /// The `[host]` section, checked: host sysctls (single integers) the policy fixes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Host {
     /// net.ipv4.tcp_ecn: 0 off, 1 request and accept ECN, 2 accept only (the kernel's default).
     pub tcp_ecn: Option<u8>,
@@ -173,7 +173,7 @@ pub struct Nccl {
 }
 
 /// What the plugin asks NCCL for in one state. Codes are NCCL's (`board::nccl`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NcclRule {
     /// Preferred algorithm (`None`: NCCL's choice).
     pub algo: Option<u8>,
