@@ -192,38 +192,7 @@ enum PolicyAction {
     /// Print a commented starting policy for one link, sized from its capacity and RTT:
     /// `linkpilot policy init --interface eth2 --peer us=10.2.0.0/16 --capacity 40Gbit/s
     /// --rtt 180ms > policy.toml`.
-    Init {
-        /// The link's name.
-        #[arg(long, default_value = "wan")]
-        link: String,
-        /// The interface the link leaves by ("@default-route": the default route's).
-        #[arg(long)]
-        interface: String,
-        /// The far side: NAME=CIDR[,CIDR...] (repeat for several); none: every destination on
-        /// the interface counts.
-        #[arg(long = "peer", value_parser = linkpilot::control::policy::init::parse_peer)]
-        peers: Vec<(String, Vec<String>)>,
-        /// The link's nominal rate, e.g. 40Gbit/s.
-        #[arg(long)]
-        capacity: linkpilot_common::units::BitRate,
-        /// Its round-trip time when idle, e.g. 180ms.
-        #[arg(long)]
-        rtt: linkpilot_common::units::Nanos,
-        /// Mark the link's TCP packets to its peers with this DSCP (default: "keep", never
-        /// rewritten). Not the RoCE class's DSCP: `policy check` warns where they share a queue.
-        #[arg(long, value_parser = clap::value_parser!(u8).range(0..=63))]
-        dscp: Option<u8>,
-        /// NCCL_IB_TC and the RoCE ports' class, e.g. 106 (default: "keep").
-        #[arg(long, value_parser = clap::value_parser!(u8).range(0..=255))]
-        roce_traffic_class: Option<u8>,
-        /// Leave connections to the peers on the host's congestion control (no BBR profile).
-        #[arg(long)]
-        no_transport: bool,
-        /// The host's socket buffer maxima: "keep" (as the hosts have them) or "auto" (sized
-        /// by linkpilot from the delivered rate and the RTT).
-        #[arg(long, default_value = "keep", value_parser = ["keep", "auto"])]
-        tcp_buffers: String,
-    },
+    Init(linkpilot::cli::policy_init::InitArgs),
 }
 
 fn main() -> ExitCode {
@@ -275,42 +244,8 @@ fn main() -> ExitCode {
             let all_ok = linkpilot::cli::policy_check::check_files(&files);
             return if all_ok { ExitCode::SUCCESS } else { ExitCode::from(1) };
         }
-        Command::Policy {
-            action:
-                PolicyAction::Init {
-                    link,
-                    interface,
-                    peers,
-                    capacity,
-                    rtt,
-                    dscp,
-                    roce_traffic_class,
-                    no_transport,
-                    tcp_buffers,
-                },
-        } => {
-            use linkpilot::control::policy::init::{render, InitAnswers};
-            let answers = InitAnswers {
-                link,
-                interface,
-                peers,
-                capacity,
-                rtt,
-                dscp,
-                roce_traffic_class,
-                transport: !no_transport,
-                tcp_buffers: tcp_buffers == "auto",
-            };
-            return match render(&answers) {
-                Ok(text) => {
-                    print!("{text}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("{e}");
-                    ExitCode::from(1)
-                }
-            };
+        Command::Policy { action: PolicyAction::Init(args) } => {
+            return linkpilot::cli::policy_init::run(args);
         }
         Command::Replay { trace, policy, plot, json, plans } => {
             use linkpilot::cli::replay::{run_file, Output};

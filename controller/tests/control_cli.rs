@@ -162,22 +162,27 @@ fn run_with_a_bad_policy_names_it_and_starts_nothing() {
     assert!(!board.exists(), "nothing was created");
 }
 
-#[test]
-fn policy_init_writes_a_policy_that_policy_check_passes() {
-    let (code, out, err) = linkpilot(&[
+/// `policy init` for the reference case's link (40 Gbit/s, 180 ms) on `interface` toward `peer`.
+fn hk_us_init(interface: &str, peer: &str) -> (i32, String, String) {
+    linkpilot(&[
         "policy",
         "init",
         "--link",
         "hk-us",
         "--interface",
-        "eth2",
+        interface,
         "--peer",
-        "us=10.2.0.0/16,2001:db8:2::/64",
+        peer,
         "--capacity",
         "40Gbit/s",
         "--rtt",
         "180ms",
-    ]);
+    ])
+}
+
+#[test]
+fn policy_init_writes_a_policy_that_policy_check_passes() {
+    let (code, out, err) = hk_us_init("eth2", "us=10.2.0.0/16,2001:db8:2::/64");
     assert_eq!(code, 0, "{err}");
     let file = temp("init.toml", &out);
     let (code, checked, err) = linkpilot(&["policy", "check", &file.display().to_string()]);
@@ -216,20 +221,7 @@ fn policy_init_writes_a_policy_that_policy_check_passes() {
 /// sync plan, change by change.
 #[test]
 fn policy_init_replays_a_lab_trace_as_the_shipped_hk_us_policy() {
-    let (code, init, err) = linkpilot(&[
-        "policy",
-        "init",
-        "--link",
-        "hk-us",
-        "--interface",
-        "eth0",
-        "--peer",
-        "us=198.18.2.0/24,2001:db8:2::/64",
-        "--capacity",
-        "40Gbit/s",
-        "--rtt",
-        "180ms",
-    ]);
+    let (code, init, err) = hk_us_init("eth0", "us=198.18.2.0/24,2001:db8:2::/64");
     assert_eq!(code, 0, "{err}");
     let init = temp("init-lab.toml", &init);
     let replay = |trace: &str, policy: &str| {

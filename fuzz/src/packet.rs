@@ -1,4 +1,4 @@
-//! The header parser the TC programs run (common/src/packet.rs), over packet bytes as TC sees
+//! The header parser the TC programs run (common/src/packet/), over packet bytes as TC sees
 //! them: the first byte picks the link type (Ethernet, raw IP, or an unknown one). The fast path
 //! (common/src/fixed.rs) must agree with it wherever it answers.
 

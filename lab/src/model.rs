@@ -271,6 +271,18 @@ mod tests {
         SmallRng::seed_from_u64(7)
     }
 
+    /// How many of `n` back-to-back Not-ECT packets on a fresh link the random loss model drops.
+    fn random_losses(p: &Params, n: usize) -> usize {
+        let mut l = Link::new();
+        let mut r = rng();
+        (0..n)
+            .filter(|_| {
+                l.on_packet(p, 0, 100, EcnCodepoint::NotEct, &mut r)
+                    == Verdict::Drop(DropCause::Loss)
+            })
+            .count()
+    }
+
     #[test]
     fn pure_delay() {
         let mut l = Link::new();
@@ -344,14 +356,7 @@ mod tests {
     #[test]
     fn bernoulli_loss_rate() {
         let p = Params { loss: Some(LossNow::Bernoulli(0.1)), ..params() };
-        let mut l = Link::new();
-        let mut r = rng();
-        let lost = (0..100_000)
-            .filter(|_| {
-                l.on_packet(&p, 0, 100, EcnCodepoint::NotEct, &mut r)
-                    == Verdict::Drop(DropCause::Loss)
-            })
-            .count();
+        let lost = random_losses(&p, 100_000);
         assert!((9_500..10_500).contains(&lost), "{lost}");
     }
 
@@ -362,14 +367,7 @@ mod tests {
             loss: Some(LossNow::GilbertElliott { p: 0.01, r: 0.25, loss_good: 0.0, loss_bad: 0.5 }),
             ..params()
         };
-        let mut l = Link::new();
-        let mut r = rng();
-        let lost = (0..200_000)
-            .filter(|_| {
-                l.on_packet(&p, 0, 100, EcnCodepoint::NotEct, &mut r)
-                    == Verdict::Drop(DropCause::Loss)
-            })
-            .count();
+        let lost = random_losses(&p, 200_000);
         assert!((3_300..4_400).contains(&lost), "{lost}");
     }
 

@@ -42,6 +42,16 @@ pub fn iperf3_server(host: &Host) -> std::process::Child {
     child
 }
 
+/// `iperf3 -c` from `from` to `to`'s IPv4 address with `args`, running, its report discarded.
+pub fn iperf3_client(from: &Host, to: &Host, args: &[&str]) -> Child {
+    from.command("iperf3")
+        .args(["-c", &to.ipv4.to_string()])
+        .args(args)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("iperf3 -c")
+}
+
 pub fn tcp_rmem_max(netns: &str) -> String {
     let out = crate::sh(&["ip", "netns", "exec", netns, "cat", "/proc/sys/net/ipv4/tcp_rmem"]);
     out.split_whitespace().last().unwrap_or_default().to_owned()

@@ -16,6 +16,7 @@ pub mod netns;
 pub mod oracle;
 pub mod policy;
 pub mod prometheus;
+pub mod rdma;
 pub mod sink;
 pub mod tuner;
 pub mod watcher;

@@ -23,7 +23,9 @@ use linkpilot_lab::{
 };
 
 use crate::{
-    daemon::{iperf3_server, lab_with, sample, scrape, status_json, wait_for, Daemon},
+    daemon::{
+        iperf3_client, iperf3_server, lab_with, sample, scrape, status_json, wait_for, Daemon,
+    },
     sink::RECEIVER,
 };
 
@@ -198,12 +200,7 @@ pub fn phase(
     let (from, to) = if mark == Mark::Ce { (hk, us) } else { (us, hk) };
     let iperf = cross.then(|| {
         let server = iperf3_server(to);
-        let client = from
-            .command("iperf3")
-            .args(["-c", &to.ipv4.to_string(), "-t", "6"])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("iperf3 -c");
+        let client = iperf3_client(from, to, &["-t", "6"]);
         (server, client)
     });
     let signals = thread::scope(|s| {

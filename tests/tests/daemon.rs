@@ -5,9 +5,9 @@
 use std::sync::LazyLock;
 
 use linkpilot_tests::policy::PolicyToml;
+use linkpilot_tests::rdma::RdmaFixture;
 use std::{
-    path::Path,
-    process::{Command, Stdio},
+    process::Command,
     thread,
     time::{Duration, Instant},
 };
@@ -17,8 +17,8 @@ use linkpilot_common::board::compression;
 use linkpilot_lab::{lab::Site, scenario::Direction};
 use linkpilot_tests::{
     daemon::{
-        iperf3_server, lab_with, sample, scrape, status_json, sysctl, tcp_rmem_max, wait_for,
-        Daemon,
+        iperf3_client, iperf3_server, lab_with, sample, scrape, status_json, sysctl, tcp_rmem_max,
+        wait_for, Daemon,
     },
     linkpilot_bin,
 };
@@ -82,12 +82,7 @@ fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
     .expect("tcpdump");
     let mut server = iperf3_server(&us);
     let onset = Instant::now();
-    let mut client = hk
-        .command("iperf3")
-        .args(["-c", &us.ipv4.to_string(), "-C", "cubic", "-t", "6"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("iperf3 -c");
+    let mut client = iperf3_client(&hk, &us, &["-C", "cubic", "-t", "6"]);
     wait_for("congested on the board", Duration::from_secs(6), || {
         board.read(100).is_ok_and(|b| name(&b.links[0].state) == "congested")
     });
@@ -214,18 +209,10 @@ fn reload_metrics_and_status() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
     // The ConnectX sysfs fixture with port 1 on eth0, and an rdma_cm configfs fixture.
-    let sysfs = dir.join("sysfs");
-    let fixture =
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../controller/tests/fixtures/sysfs-infiniband");
-    linkpilot_tests::sh(&["cp", "-r", fixture, sysfs.to_str().expect("utf-8")]);
-    for entry in std::fs::read_dir(sysfs.join("mlx5_0/ports/1/gid_attrs/ndevs")).expect("ndevs") {
-        std::fs::write(entry.expect("entry").path(), "eth0\n").expect("ndev");
-    }
-    let tos = dir.join("rdma_cm/mlx5_0/ports/1/default_roce_tos");
-    std::fs::create_dir_all(tos.parent().expect("dir")).expect("configfs fixture");
-    std::fs::write(&tos, "0\n").expect("tos");
-    let arg = |p: &Path| p.display().to_string();
-    let extra = ["--rdma-root", &arg(&sysfs), "--rdma-cm-root", &arg(&dir.join("rdma_cm"))];
+    let rdma = RdmaFixture::create(&dir, "eth0");
+    let tos = rdma.tos.clone();
+    let extra = rdma.args();
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let ecn_before = sysctl(&hk.netns, "net.ipv4.tcp_ecn");
     assert_ne!(ecn_before, "1", "a fresh namespace's tcp_ecn");
     let mut d = Daemon::start_with(&hk.netns, &dir, &POLICY, &extra);

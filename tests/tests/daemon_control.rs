@@ -6,7 +6,6 @@ use std::sync::LazyLock;
 
 use linkpilot_tests::policy::PolicyToml;
 use std::{
-    process::Stdio,
     thread,
     time::{Duration, Instant},
 };
@@ -17,7 +16,7 @@ use linkpilot_lab::{
     lab::{Lab, LabConfig, Site},
     scenario::{Direction, Scenario},
 };
-use linkpilot_tests::daemon::{iperf3_server, lab_with, wait_for, Daemon};
+use linkpilot_tests::daemon::{iperf3_client, iperf3_server, lab_with, wait_for, Daemon};
 
 static ECN_POLICY: LazyLock<String> = LazyLock::new(|| {
     PolicyToml::new()
@@ -47,12 +46,7 @@ fn congested_within_a_second_of_the_first_ce_mark_and_healthy_only_after_the_exi
     assert_eq!(state(), "healthy");
 
     let mut server = iperf3_server(&us);
-    let mut client = hk
-        .command("iperf3")
-        .args(["-c", &us.ipv4.to_string(), "-C", "cubic", "-t", "5"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("iperf3 -c");
+    let mut client = iperf3_client(&hk, &us, &["-C", "cubic", "-t", "5"]);
     // The lab's counter says when marking started; the board says when the daemon followed.
     let ce = || lab.stats(Direction::HkToUs).ce_marked;
     let start = Instant::now();
@@ -131,12 +125,7 @@ fn timeouts_cover_a_delay_spike_before_the_spike_is_over() {
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
     // A steady sender, so that every ACK carries an RTT sample.
     let mut server = iperf3_server(&us);
-    let mut client = hk
-        .command("iperf3")
-        .args(["-c", &us.ipv4.to_string(), "-b", "5M", "-t", "20"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("iperf3 -c");
+    let mut client = iperf3_client(&hk, &us, &["-b", "5M", "-t", "20"]);
     let spike_at = Duration::from_secs(14);
     assert!(lab.elapsed() < spike_at - Duration::from_secs(2), "the calm phase is too short");
     while lab.elapsed() < spike_at - Duration::from_millis(200) {

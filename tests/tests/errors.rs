@@ -43,6 +43,19 @@ fn missing_privileges() {
     assert!(err.contains("missing privileges") && err.contains("CAP_BPF"), "{err}");
 }
 
+/// Runs `script` under `sh` in a mount namespace of its own (so what it unmounts or hides stays
+/// as it is for the host) and asserts that none of our programs is left loaded after it.
+fn in_private_mounts_leaving_nothing_loaded(script: &str) -> std::process::Output {
+    let before = ours_loaded();
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", script])
+        .output()
+        .expect("unshare");
+    let left = loaded_after_exit(|p| !before.contains(p));
+    assert!(left.is_empty(), "left loaded: {left:?}");
+    out
+}
+
 #[test]
 fn missing_tracefs() {
     // A private mount namespace, so the host's tracefs stays mounted; without CAP_SYS_ADMIN,
@@ -52,13 +65,7 @@ fn missing_tracefs() {
          exec setpriv --bounding-set=-sys_admin {} watch --iface lo --count 1",
         linkpilot_bin().display()
     );
-    let before = ours_loaded();
-    let out = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
-        .output()
-        .expect("unshare");
-    let left = loaded_after_exit(|p| !before.contains(p));
-    assert!(left.is_empty(), "left loaded: {left:?}");
+    let out = in_private_mounts_leaving_nothing_loaded(&script);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("tracefs is not mounted") && err.contains("mount -t tracefs"), "{err}");
@@ -86,8 +93,7 @@ fn no_rdma_devices_is_reported_cleanly() {
     ]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("no RDMA devices"), "{out:?}");
     // The fixture tree of a ConnectX NIC, as JSON.
-    let fixture =
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../controller/tests/fixtures/sysfs-infiniband");
+    let fixture = linkpilot_tests::rdma::SYSFS_FIXTURE;
     let out = run(&[linkpilot_bin().to_str().expect("utf-8"), "rdma", "--root", fixture, "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(v["ports"][0]["signals"]["rp_cnp_handled"], 5121, "{v}");
@@ -103,13 +109,7 @@ fn missing_btf_is_said_and_the_programs_run_without_it() {
         "mount -t tmpfs none /sys/kernel/btf && exec {} watch --iface lo --count 1",
         linkpilot_bin().display()
     );
-    let before = ours_loaded();
-    let out = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
-        .output()
-        .expect("unshare");
-    let left = loaded_after_exit(|p| !before.contains(p));
-    assert!(left.is_empty(), "left loaded: {left:?}");
+    let out = in_private_mounts_leaving_nothing_loaded(&script);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("lo"), "one reading of lo");

@@ -118,6 +118,13 @@ fn a_full_decision_log_disk_loses_lines_whole_and_the_daemon_decides_on() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The daemon on `pair`'s first end, its run files all in `dir/run` (the healthy state, DSCP 26).
+fn start_with_run_dir(pair: &Pair, dir: &Path) -> Daemon {
+    let args = run_paths(&dir.join("run"));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Daemon::start_with(&pair.a.name, dir, &policy(pair.a_if, pair.b_addr, "healthy", 26), &args)
+}
+
 /// Every path `run` writes, in `run_dir`.
 fn run_paths(run_dir: &Path) -> Vec<String> {
     let mut args = Vec::new();
@@ -142,14 +149,7 @@ fn a_read_only_run_dir_at_the_start_is_refused_with_the_reason_and_changes_nothi
     let dir = faults::temp_dir("ro-start");
     let ro = Tmpfs::new(&dir.join("run"), "ro,size=1m");
     let host = HostBefore::read(&pair.a.name);
-    let args = run_paths(&dir.join("run"));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut d = Daemon::start_with(
-        &pair.a.name,
-        &dir,
-        &policy(pair.a_if, pair.b_addr, "healthy", 26),
-        &args,
-    );
+    let mut d = start_with_run_dir(&pair, &dir);
     let mut status = None;
     wait_for("linkpilot run to refuse", Duration::from_secs(20), || {
         status = d.child.try_wait().expect("wait");
@@ -170,14 +170,7 @@ fn a_run_dir_gone_read_only_during_the_run_leaves_actuators_pending_and_decision
     let dir = faults::temp_dir("ro-run");
     let run_dir = Tmpfs::new(&dir.join("run"), "size=1m");
     let mut host = HostBefore::read(&pair.a.name);
-    let args = run_paths(&dir.join("run"));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut d = Daemon::start_with(
-        &pair.a.name,
-        &dir,
-        &policy(pair.a_if, pair.b_addr, "healthy", 26),
-        &args,
-    );
+    let mut d = start_with_run_dir(&pair, &dir);
     faults::wait_up(&mut d);
     let procs = iperf3(&pair, 60, "20M");
     // The kernel refuses to remount a file system read-only while files on it are open for

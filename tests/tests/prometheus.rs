@@ -8,6 +8,7 @@
 use std::sync::LazyLock;
 
 use linkpilot_tests::policy::PolicyToml;
+use linkpilot_tests::rdma::RdmaFixture;
 use std::{
     collections::BTreeSet,
     io::Write as _,
@@ -19,7 +20,7 @@ use std::{
 use linkpilot_lab::lab::Site;
 use linkpilot_tests::{
     configmap::ConfigMapDir,
-    daemon::{iperf3_server, lab_with, scrape, wait_for, Daemon},
+    daemon::{iperf3_client, iperf3_server, lab_with, scrape, wait_for, Daemon},
     grafana, oracle,
     prometheus::{Prometheus, SCRAPE_INTERVAL_S},
     python,
@@ -39,23 +40,6 @@ static POLICY: LazyLock<String> = LazyLock::new(|| {
         .congested_on_ce(10, 42)
         .build()
 });
-
-/// The ConnectX sysfs fixture with port 1 on eth0 and an rdma_cm configfs fixture, so that the
-/// NIC series exist; the flags that point the daemon at them.
-fn rdma_fixtures(dir: &Path) -> Vec<String> {
-    let sysfs = dir.join("sysfs");
-    let fixture =
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../controller/tests/fixtures/sysfs-infiniband");
-    linkpilot_tests::sh(&["cp", "-r", fixture, sysfs.to_str().expect("utf-8")]);
-    for entry in std::fs::read_dir(sysfs.join("mlx5_0/ports/1/gid_attrs/ndevs")).expect("ndevs") {
-        std::fs::write(entry.expect("entry").path(), "eth0\n").expect("ndev");
-    }
-    let tos = dir.join("rdma_cm/mlx5_0/ports/1/default_roce_tos");
-    std::fs::create_dir_all(tos.parent().expect("dir")).expect("configfs fixture");
-    std::fs::write(&tos, "0\n").expect("tos");
-    let arg = |p: &Path| p.display().to_string();
-    vec!["--rdma-root".into(), arg(&sysfs), "--rdma-cm-root".into(), arg(&dir.join("rdma_cm"))]
-}
 
 /// Steps of a synchronizer job every 0.2 s through `linkpilot.jobreport`, into the directory
 /// its argument names.
@@ -131,7 +115,9 @@ fn prometheus_scrapes_the_daemon_and_every_dashboard_query_returns_data() {
         ConfigMapDir::create(&dir.join("etc-linkpilot"), &[("policy.toml", POLICY.as_str())]);
     let policy = config.dir.join("policy.toml").display().to_string();
     let mut extra = vec!["--policy".to_owned(), policy];
-    extra.extend(rdma_fixtures(&dir));
+    // The ConnectX sysfs fixture with port 1 on eth0 and an rdma_cm configfs fixture, so that
+    // the NIC series exist.
+    extra.extend(RdmaFixture::create(&dir, "eth0").args());
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let mut d = Daemon::start_with(&hk.netns, &dir, "", &extra);
     wait_for("the metrics endpoint", Duration::from_secs(20), || {
@@ -146,13 +132,7 @@ fn prometheus_scrapes_the_daemon_and_every_dashboard_query_returns_data() {
 
     // Real traffic for the rest of the test: the path marks CE, the link goes congested.
     let _server = Killed(iperf3_server(&us));
-    let client = Killed(
-        hk.command("iperf3")
-            .args(["-c", &us.ipv4.to_string(), "-C", "cubic", "-t", "120"])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("iperf3 -c"),
-    );
+    let client = Killed(iperf3_client(&hk, &us, &["-C", "cubic", "-t", "120"]));
     wait_for("congested, as Prometheus sees it", Duration::from_secs(15), || {
         !promql("linkpilot_link_state{link=\"wan\",state=\"congested\"} == 1").is_empty()
     });

@@ -25,7 +25,7 @@ use linkpilot_lab::{
 };
 use linkpilot_tests::{
     burst_rtt::first_segment_rtts,
-    daemon::{iperf3_server, status_json, wait_for, Daemon},
+    daemon::{iperf3_client, iperf3_server, status_json, wait_for, Daemon},
     sink::RECEIVER,
 };
 
@@ -192,13 +192,7 @@ fn phase(
 ) -> Phase {
     let iperf = cross.then(|| {
         let server = iperf3_server(&s.us);
-        let client = s
-            .hk2
-            .command("iperf3")
-            .args(["-c", &s.us.ipv4.to_string(), "-t", "28"])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("iperf3 -c");
+        let client = iperf3_client(&s.hk2, &s.us, &["-t", "28"]);
         // One Reno flow: its queue overflows once a sawtooth (seconds), not every few hundred
         // milliseconds as four flows' did. A burst that meets a full queue loses its first
         // segments, and its first sample then comes after the drop, from a shorter queue: with

@@ -7,6 +7,7 @@
 use std::sync::LazyLock;
 
 use linkpilot_tests::policy::PolicyToml;
+use linkpilot_tests::rdma::RdmaFixture;
 use std::{
     path::{Path, PathBuf},
     time::Duration,
@@ -34,22 +35,8 @@ static POLICY: LazyLock<String> = LazyLock::new(|| {
 /// The ConnectX sysfs fixture with port 1 on `iface`, and an rdma_cm configfs look-alike whose
 /// class is 0: the `run` arguments for them and the class file.
 fn rdma_fixture(dir: &Path, iface: &str) -> (Vec<String>, PathBuf) {
-    let sysfs = dir.join("sysfs");
-    let fixture =
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../controller/tests/fixtures/sysfs-infiniband");
-    linkpilot_tests::sh(&["cp", "-r", fixture, sysfs.to_str().expect("utf-8")]);
-    for entry in std::fs::read_dir(sysfs.join("mlx5_0/ports/1/gid_attrs/ndevs")).expect("ndevs") {
-        std::fs::write(entry.expect("entry").path(), format!("{iface}\n")).expect("ndev");
-    }
-    let tos = dir.join("rdma_cm/mlx5_0/ports/1/default_roce_tos");
-    std::fs::create_dir_all(tos.parent().expect("dir")).expect("configfs fixture");
-    std::fs::write(&tos, "0\n").expect("tos");
-    let args = ["--rdma-root", &sysfs.display().to_string(), "--rdma-cm-root"]
-        .map(str::to_owned)
-        .into_iter()
-        .chain([dir.join("rdma_cm").display().to_string()])
-        .collect();
-    (args, tos)
+    let rdma = RdmaFixture::create(dir, iface);
+    (rdma.args(), rdma.tos)
 }
 
 fn read(path: &Path) -> String {

@@ -8,7 +8,7 @@ use linkpilot_lab::{
     scenario::{Direction, Scenario},
     selftest,
 };
-use linkpilot_tests::daemon::{iperf3_server, lab_with};
+use linkpilot_tests::daemon::{iperf3_client, iperf3_server, lab_with};
 use linkpilot_tests::watcher::{peer, Watcher};
 use nix::sys::signal::Signal;
 
@@ -141,12 +141,7 @@ fn flow_rtt_matches_the_lab_and_ss() {
     let watcher =
         Watcher::start_in(&hk.netns, &["eth0"], &["--peer", "us=198.18.2.0/24", "--flows"]);
     let mut server = iperf3_server(&us);
-    let mut client = hk
-        .command("iperf3")
-        .args(["-c", &us.ipv4.to_string(), "-b", "10M", "-t", "6"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("iperf3 -c");
+    let mut client = iperf3_client(&hk, &us, &["-b", "10M", "-t", "6"]);
     thread::sleep(Duration::from_secs(4));
     let ss = ss_rtt_ms(&hk.netns, &us.ipv4.to_string());
     thread::sleep(Duration::from_millis(1100)); // one more sample while the flow is busy
@@ -327,13 +322,7 @@ fn flow_opens_and_closes_equal_nstat() {
 fn nic_counters_join_the_snapshot_of_their_link() {
     // The ConnectX fixture, its first port's netdev renamed to the lab host's eth0.
     let root = std::env::temp_dir().join(format!("lp-sysfs-{}", std::process::id()));
-    let fixture =
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../controller/tests/fixtures/sysfs-infiniband");
-    linkpilot_tests::sh(&["cp", "-r", fixture, root.to_str().expect("utf-8")]);
-    let port = root.join("mlx5_0/ports/1");
-    for entry in std::fs::read_dir(port.join("gid_attrs/ndevs")).expect("ndevs") {
-        std::fs::write(entry.expect("entry").path(), "eth0\n").expect("ndev");
-    }
+    let port = linkpilot_tests::rdma::sysfs_on(&root, "eth0");
     let cnp = port.join("hw_counters/rp_cnp_handled");
     let lab = lab_with("snic", "delay = \"5ms\"");
     let hk = lab.host(Site::Hk, 0).clone();

@@ -32,13 +32,29 @@ pub enum Part {
     SockOps,
 }
 
+#[derive(clap::Args)]
 pub struct Args {
+    /// A linkpilot binary to compare: NAME=PATH (repeat; default
+    /// current=target/release/linkpilot).
+    #[arg(long = "bin", value_name = "NAME=PATH", value_parser = parse_bin)]
     pub bins: Vec<(String, PathBuf)>,
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=50))]
     pub rounds: u32,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=300))]
     pub seconds: u64,
+    /// The linkpilot-lab binary (default target/release/linkpilot-lab).
+    #[arg(long)]
     pub lab_bin: Option<PathBuf>,
+    /// A subset of the parts (default all).
+    #[arg(long, value_enum, value_delimiter = ',')]
     pub parts: Vec<Part>,
+    /// Write every measurement's raw figures here.
+    #[arg(long)]
     pub json: Option<PathBuf>,
+    /// The short form CI runs: the debug build, veth and tracepoints, one 2 s round; fails
+    /// unless the programs ran once per packet iperf3 sent and per segment received.
+    #[arg(long, conflicts_with_all = ["rounds", "seconds", "parts"])]
     pub quick: bool,
 }
 

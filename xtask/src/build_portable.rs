@@ -14,7 +14,7 @@ use std::{
 use anyhow::{bail, Context as _};
 
 use crate::{
-    build_tuner::{highest_glibc, GLIBC},
+    build_tuner::{check_glibc, GLIBC},
     run::{output, status, workspace_root},
 };
 
@@ -83,20 +83,7 @@ fn build_with(env: &[(&str, PathBuf)], log: Option<&Path>) -> anyhow::Result<Pat
     let out = shipped();
     fs::create_dir_all(out.parent().context("a parent")?)?;
     fs::copy(&built, &out).with_context(|| format!("copying {}", built.display()))?;
-    let symbols = output(Command::new("objdump").arg("-T").arg(&out))
-        .with_context(|| format!("objdump -T {} failed", out.display()))?;
-    match highest_glibc(&symbols) {
-        Some(v) if v <= GLIBC => {}
-        Some(v) => bail!(
-            "{} needs GLIBC_{}.{}, newer than the {}.{} it is built for",
-            out.display(),
-            v.0,
-            v.1,
-            GLIBC.0,
-            GLIBC.1
-        ),
-        None => bail!("objdump -T {}: no GLIBC symbol versions", out.display()),
-    }
+    check_glibc(&out)?;
     let headers = output(Command::new("objdump").arg("-p").arg(&out))
         .with_context(|| format!("objdump -p {} failed", out.display()))?;
     let others = other_libraries(&headers);

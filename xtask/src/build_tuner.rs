@@ -4,7 +4,11 @@
 //! symbols moved into libc then), and where NCCL cannot load a plugin it runs without it,
 //! saying nothing. The highest GLIBC version it names is checked here, from its dynamic symbols.
 
-use std::{fs, path::PathBuf, process::Command};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use anyhow::{bail, Context as _};
 
@@ -36,19 +40,26 @@ pub fn build() -> anyhow::Result<PathBuf> {
     let out = shipped();
     fs::create_dir_all(out.parent().context("a parent")?)?;
     fs::copy(&built, &out).with_context(|| format!("copying {}", built.display()))?;
-    let symbols = output(Command::new("objdump").arg("-T").arg(&out))
-        .with_context(|| format!("objdump -T {} failed", out.display()))?;
+    check_glibc(&out)?;
+    Ok(out)
+}
+
+/// Fails unless the newest glibc symbol version `binary` names (`objdump -T`) is at most
+/// [`GLIBC`]: what every shipped binary is built for.
+pub fn check_glibc(binary: &Path) -> anyhow::Result<()> {
+    let symbols = output(Command::new("objdump").arg("-T").arg(binary))
+        .with_context(|| format!("objdump -T {} failed", binary.display()))?;
     match highest_glibc(&symbols) {
-        Some(v) if v <= GLIBC => Ok(out),
+        Some(v) if v <= GLIBC => Ok(()),
         Some(v) => bail!(
             "{} needs GLIBC_{}.{}, newer than the {}.{} it is built for",
-            out.display(),
+            binary.display(),
             v.0,
             v.1,
             GLIBC.0,
             GLIBC.1
         ),
-        None => bail!("objdump -T {}: no GLIBC symbol versions", out.display()),
+        None => bail!("objdump -T {}: no GLIBC symbol versions", binary.display()),
     }
 }
 

@@ -59,43 +59,7 @@ enum Command {
     },
     /// Real DDP training across the WAN lab: untuned vs the static hand-tuning vs linkpilot
     /// adaptive vs fixed codecs (the per-phase oracle); results in target/bench-training (root).
-    BenchTraining {
-        /// The short form CI runs: training-quick, static-bbr vs adaptive, a hook that ignores
-        /// its board and the shipped policy pinned to no compression, once, no checkpoint
-        /// evaluated; fails unless adaptive's ranks follow the boards through a codec change
-        /// (and the ignoring hook fails that check), and adaptive is faster than static-bbr
-        /// when congested (and the pinned policy is not).
-        #[arg(long)]
-        quick: bool,
-        /// Runs per configuration, interleaved round-robin (default: 3; quick: 1).
-        #[arg(long, value_parser = clap::value_parser!(u16).range(1..=20))]
-        repeats: Option<u16>,
-        /// Lab scenarios (built-in names or files; default: training-day and the held-out
-        /// training-holdout; quick: training-quick).
-        #[arg(long = "scenario", value_delimiter = ',')]
-        scenarios: Option<Vec<String>>,
-        /// A subset of configurations, e.g. untuned,adaptive (default: each scenario's set).
-        #[arg(long, value_delimiter = ',')]
-        configs: Option<Vec<String>>,
-        /// Keep the earlier runs of configurations not run now and report them too (to re-run
-        /// one configuration after a policy change).
-        #[arg(long, requires = "configs")]
-        keep: bool,
-        /// Go on with an interrupted benchmark of the same plan (scenarios, configurations,
-        /// repeats): keeps every run that finished and runs the others.
-        #[arg(long, conflicts_with = "keep")]
-        resume: bool,
-        /// Only summarize the runs already in target/bench-training.
-        #[arg(long, conflicts_with_all = ["repeats", "configs", "keep", "resume"])]
-        report_only: bool,
-        /// Held-out windows per evaluation of a checkpoint (the quick form evaluates none).
-        #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=512))]
-        eval_windows: u32,
-        /// The congestion control every lab host starts with (default cubic, the common
-        /// distribution default); results of another go to target/bench-training-CC.
-        #[arg(long)]
-        cc: Option<String>,
-    },
+    BenchTraining(bench_training::Args),
     /// Whether striping one exchange over N TCP connections makes it faster on the lab's
     /// lossy link (as root): a gloo all-reduce over N groups at once between two lab hosts,
     /// per congestion control, stream counts interleaved; results in target/bench-streams.
@@ -103,30 +67,7 @@ enum Command {
     /// What the eBPF programs cost on real traffic (as root): linkpilot builds vs no programs,
     /// interleaved round by round, over a veth pair, the WAN lab, loopback (tracepoints) and
     /// a veth pair under `linkpilot run` (sock_ops), with the kernel's bpf_stats per program.
-    BenchDatapath {
-        /// A linkpilot binary to compare: NAME=PATH (repeat; default
-        /// current=target/release/linkpilot).
-        #[arg(long = "bin", value_name = "NAME=PATH", value_parser = bench_datapath::parse_bin)]
-        bins: Vec<(String, std::path::PathBuf)>,
-        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=50))]
-        rounds: u32,
-        /// Seconds per measurement.
-        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=300))]
-        seconds: u64,
-        /// The linkpilot-lab binary (default target/release/linkpilot-lab).
-        #[arg(long)]
-        lab_bin: Option<std::path::PathBuf>,
-        /// A subset of the parts (default all).
-        #[arg(long, value_enum, value_delimiter = ',')]
-        parts: Vec<bench_datapath::Part>,
-        /// Write every measurement's raw figures here.
-        #[arg(long)]
-        json: Option<std::path::PathBuf>,
-        /// The short form CI runs: the debug build, veth and tracepoints, one 2 s round; fails
-        /// unless the programs ran once per packet iperf3 sent and per segment received.
-        #[arg(long, conflicts_with_all = ["rounds", "seconds", "parts"])]
-        quick: bool,
-    },
+    BenchDatapath(bench_datapath::Args),
     /// The coverage-guided fuzz targets (fuzz/: cargo-fuzz on nightly, and atheris for the
     /// Python env-file loader), each for a while from the committed seeds; fails on a crash,
     /// naming the input.
@@ -195,40 +136,10 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Demo { seconds } => demo::run(seconds),
         Command::BenchDaemon { flows, seconds } => bench_daemon::run(flows, seconds),
-        Command::BenchDatapath { bins, rounds, seconds, lab_bin, parts, json, quick } => {
-            bench_datapath::run(bench_datapath::Args {
-                bins,
-                rounds,
-                seconds,
-                lab_bin,
-                parts,
-                json,
-                quick,
-            })
-        }
+        Command::BenchDatapath(args) => bench_datapath::run(args),
         Command::BenchStreams(a) => {
             bench_streams::run(if a.quick { bench_streams::Args::quick() } else { a })
         }
-        Command::BenchTraining {
-            quick,
-            repeats,
-            scenarios,
-            configs,
-            keep,
-            resume,
-            report_only,
-            eval_windows,
-            cc,
-        } => bench_training::run(bench_training::Args {
-            quick,
-            repeats: repeats.map(usize::from),
-            scenarios,
-            configs,
-            keep,
-            resume,
-            report_only,
-            eval_windows,
-            cc,
-        }),
+        Command::BenchTraining(args) => bench_training::run(args),
     }
 }

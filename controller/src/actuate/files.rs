@@ -36,6 +36,17 @@ pub fn open_nofollow(path: &Path, options: &mut fs::OpenOptions) -> io::Result<f
     })
 }
 
+/// What a hostile user plants where the daemon writes: a file `target` in `dir` holding
+/// "precious" and a symbolic link to it at `name`. Returns (target, link).
+#[cfg(test)]
+pub(crate) fn planted_symlink(dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let target = dir.join("target");
+    fs::write(&target, "precious").unwrap();
+    let link = dir.join(name);
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    (target, link)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -43,10 +54,7 @@ mod tests {
     #[test]
     fn symlinks_are_refused_and_temporary_names_are_fresh() {
         let dir = tempfile::tempdir().unwrap();
-        let target = dir.path().join("target");
-        fs::write(&target, "precious").unwrap();
-        let link = dir.path().join("link");
-        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let (target, link) = planted_symlink(dir.path(), "link");
         let e = open_nofollow(&link, fs::OpenOptions::new().write(true).truncate(true))
             .unwrap_err()
             .to_string();

@@ -50,6 +50,13 @@ fn chosen(p: &Policy, w: &mut JobWindow, gbit: f64, current: Compression) -> Com
     choose(p, w, gbit * 1e9, 180.0, current).expect("a choice").prediction.codec
 }
 
+/// Each (Gbit/s, codec in force) chooses the codec given, in turn, on the same window.
+fn choices(p: &Policy, w: &mut JobWindow, cases: &[(f64, Compression, Compression)]) {
+    for &(gbit, current, want) in cases {
+        assert_eq!(chosen(p, w, gbit, current), want, "{gbit} Gbit/s, {current} in force");
+    }
+}
+
 #[test]
 fn the_least_compression_whose_exchange_fits_the_compute() {
     let p = policy("", "");
@@ -88,37 +95,44 @@ fn the_prediction_names_its_inputs_and_every_alternative() {
 
 #[test]
 fn bounds_limit_the_choice() {
+    use Compression as C;
     let p = policy("compression = { weakest = \"int8\", strongest = \"int8\" }", "");
-    let mut w = window(1.0, 0.0, 1e8, Compression::Int8);
-    assert_eq!(chosen(&p, &mut w, 100.0, Compression::Int8), Compression::Int8);
-    assert_eq!(chosen(&p, &mut w, 0.001, Compression::Int8), Compression::Int8);
+    let mut w = window(1.0, 0.0, 1e8, C::Int8);
+    choices(&p, &mut w, &[(100.0, C::Int8, C::Int8), (0.001, C::Int8, C::Int8)]);
     let p = policy("compression = { weakest = \"fp16\", strongest = \"int8\" }", "");
-    assert_eq!(chosen(&p, &mut w, 100.0, Compression::Int8), Compression::Fp16);
-    assert_eq!(chosen(&p, &mut w, 0.001, Compression::Int8), Compression::Int8);
+    choices(&p, &mut w, &[(100.0, C::Int8, C::Fp16), (0.001, C::Int8, C::Int8)]);
 }
 
 #[test]
 fn a_weaker_codec_needs_room_for_twice_the_margin() {
+    use Compression as C;
     let p = policy("", "");
-    // 0.36 Gbit/s: int8 takes 0.74 s, 0.92 with the margin (fits 1 s) and 1.10 with twice it.
-    let mut w = window(1.0, 0.0, 1e8, Compression::Int4);
-    assert_eq!(chosen(&p, &mut w, 0.36, Compression::Int4), Compression::Int4);
-    assert_eq!(chosen(&p, &mut w, 0.36, Compression::None), Compression::Int8);
-    // 0.8 Gbit/s: fp16 fits with the margin (0.68 s, 0.85) but not twice it; int8 (0.43 s,
-    // 0.64) does: from int4 to int8.
-    assert_eq!(chosen(&p, &mut w, 0.8, Compression::Int4), Compression::Int8);
+    let mut w = window(1.0, 0.0, 1e8, C::Int4);
+    let cases = [
+        // 0.36 Gbit/s: int8 takes 0.74 s, 0.92 with the margin (fits 1 s) and 1.10 with twice it.
+        (0.36, C::Int4, C::Int4),
+        (0.36, C::None, C::Int8),
+        // 0.8 Gbit/s: fp16 fits with the margin (0.68 s, 0.85) but not twice it; int8 (0.43 s,
+        // 0.64) does: from int4 to int8.
+        (0.8, C::Int4, C::Int8),
+    ];
+    choices(&p, &mut w, &cases);
 }
 
 #[test]
 fn steps_to_loss_weighs_a_codec_that_needs_more_steps() {
+    use Compression as C;
     let outcome = "[outcome]\nsteps_to_loss = { topk = 2.7 }";
     let p = policy("compression = { strongest = \"topk:1%\" }", outcome);
-    let mut w = window(1.0, 0.0, 1e8, Compression::Int4);
-    // Nothing but top-k fits at 0.1 Gbit/s (int4: 1.18 s), yet int4's step (1.48 s with the
-    // margin) beats top-k's 2.7 steps.
-    assert_eq!(chosen(&p, &mut w, 0.1, Compression::Int4), Compression::Int4);
-    // At 0.01 Gbit/s int4 takes 10.2 s a step, top-k 1.8 s: 4.9 s of steps to its loss.
-    assert_eq!(chosen(&p, &mut w, 0.01, Compression::Int4), Compression::TopK(0.01));
+    let mut w = window(1.0, 0.0, 1e8, C::Int4);
+    let cases = [
+        // Nothing but top-k fits at 0.1 Gbit/s (int4: 1.18 s), yet int4's step (1.48 s with the
+        // margin) beats top-k's 2.7 steps.
+        (0.1, C::Int4, C::Int4),
+        // At 0.01 Gbit/s int4 takes 10.2 s a step, top-k 1.8 s: 4.9 s of steps to its loss.
+        (0.01, C::Int4, C::TopK(0.01)),
+    ];
+    choices(&p, &mut w, &cases);
 }
 
 #[test]

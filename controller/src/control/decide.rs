@@ -1,8 +1,11 @@
 //! The decision core: per link, a ladder of states walked with hysteresis, and knob values
 //! derived from the state and the signals within bounds and step limits. Pure: snapshots carry
 //! their own time, nothing here reads a clock or does IO.
+//!
+//! This file walks the ladder and derives the knobs; reading thresholds against the signals,
+//! filing snapshot rows under links, reloads and the read-only views have files of their own.
 
-use std::{collections::HashMap, time::Duration};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -11,12 +14,18 @@ use super::{
     codec::{self, Check, JobWindow, Prediction},
     estimator::{Aggregate, Estimator, Signals},
     knobs::Knobs,
-    outcome::{HeldChange, Judge, Kind, Verdict},
-    plan::{LinkPlan, Plan, SyncBounds},
-    policy::{higher_is_worse, Policy, Setting, Thresholds},
+    outcome::{Judge, Kind, Verdict},
+    policy::{Policy, Setting},
     probe::{Inputs, RateProbe},
 };
 use crate::sense::sensors::{JobProgress, Snapshot};
+
+mod conditions;
+mod layout;
+mod reload;
+mod views;
+
+use conditions::{all_exited, any_entered, entered, exited};
 
 /// One change of a link's state or knobs, with why.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -95,85 +104,6 @@ pub struct Core {
     now: Duration,
 }
 
-/// The signal's value, or `None` when it is not measured (no RTT yet; goodput of an idle link).
-fn value(signal: &str, s: &Signals) -> Option<f64> {
-    match signal {
-        "rtt_inflation" => s.rtt_ms.map(|_| s.rtt_inflation),
-        "cross_rtt_inflation" => s.cross_rtt_ms.map(|_| s.cross_rtt_inflation),
-        "rtt_p99" => s.rtt_p99_ms,
-        "jitter" => s.rtt_p99_ms.map(|_| s.jitter_ms),
-        "ce_fraction" => Some(s.ce_fraction),
-        "cross_ce_fraction" => Some(s.cross_ce_fraction),
-        "retrans" => Some(s.retrans),
-        "cnp_rate" => Some(s.cnp_per_s),
-        "goodput_below" => s.active.then_some(s.goodput_fraction),
-        "unanswered" => Some(s.unanswered_ms),
-        _ => None,
-    }
-}
-
-fn show(signal: &str, v: f64) -> String {
-    match signal {
-        "rtt_p99" | "jitter" | "unanswered" => format!("{v:.1}ms"),
-        "cnp_rate" => format!("{v:.0}/s"),
-        _ => format!("{:.2}%", v * 100.0),
-    }
-}
-
-/// Whether any condition of `t` holds.
-fn any_entered(t: &Thresholds, s: &Signals) -> bool {
-    t.values().any(|(sig, thr)| {
-        value(sig, s).is_some_and(|v| if higher_is_worse(sig) { v >= thr } else { v < thr })
-    })
-}
-
-/// Whether every condition of `t` is back on the healthy side (unmeasured counts as healthy).
-fn all_exited(t: &Thresholds, s: &Signals) -> bool {
-    t.values().all(|(sig, thr)| {
-        value(sig, s).is_none_or(|v| if higher_is_worse(sig) { v < thr } else { v >= thr })
-    })
-}
-
-/// The conditions of `t` that hold ("ce_fraction 3.10% >= 1%").
-fn entered(t: &Thresholds, s: &Signals) -> Vec<String> {
-    t.conditions()
-        .into_iter()
-        .filter_map(|(sig, thr, written)| {
-            let v = value(sig, s)?;
-            let worse = if higher_is_worse(sig) { v >= thr } else { v < thr };
-            let op = if higher_is_worse(sig) { ">=" } else { "<" };
-            worse.then(|| format!("{sig} {} {op} {written}", show(sig, v)))
-        })
-        .collect()
-}
-
-/// Whether every exit condition of `t` holds: each signal is back on the healthy side of its
-/// threshold (an unmeasured signal is not holding the state).
-fn exited(t: &Thresholds, s: &Signals) -> Option<Vec<String>> {
-    t.conditions()
-        .into_iter()
-        .map(|(sig, thr, written)| match value(sig, s) {
-            None => Some(format!("{sig} unmeasured")),
-            Some(v) => {
-                let healthy = if higher_is_worse(sig) { v < thr } else { v >= thr };
-                let op = if higher_is_worse(sig) { "<" } else { ">=" };
-                healthy.then(|| format!("{sig} {} {op} {written}", show(sig, v)))
-            }
-        })
-        .collect()
-}
-
-/// FNV-1a of a row's interface and peer names: comparing it with the last layout's costs far
-/// less than comparing the strings (a collision could only misfile a row until the layout next
-/// changes, at odds of 2^-64).
-fn row_key(row: &crate::sense::sensors::PeerSnapshot) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in row.link.bytes().chain([0xff]).chain(row.peer.bytes()) {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
 fn secs(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
 }
@@ -192,164 +122,10 @@ impl Core {
         }
     }
 
-    /// Switches to `policy` without forgetting what has been learnt: a link of the same name
-    /// and definition keeps its estimator (baseline, windows) when the estimator settings are
-    /// unchanged, and its state when the new ladder has one of that name; its knobs are
-    /// re-derived on the next tick, which decides and says "policy reloaded". Ids continue.
-    pub fn reload(&mut self, policy: Policy) {
-        let same_estimator = policy.estimator == self.policy.estimator;
-        let mut old: Vec<Option<LinkControl>> = self.links.drain(..).map(Some).collect();
-        let old_states: Vec<String> = self.policy.states.iter().map(|s| s.name.clone()).collect();
-        self.links = policy
-            .links
-            .iter()
-            .map(|l| {
-                let mut lc = LinkControl::new(&policy, l);
-                let prev = old
-                    .iter_mut()
-                    .find(|o| o.as_ref().is_some_and(|o| o.estimator.link().name == l.name))
-                    .and_then(Option::take);
-                if let Some(prev) = prev {
-                    if same_estimator && prev.estimator.link() == l {
-                        lc.estimator = prev.estimator;
-                        lc.signals = prev.signals;
-                    }
-                    let name = &old_states[prev.state];
-                    if let Some(j) = policy.states.iter().position(|s| &s.name == name) {
-                        lc.state = j;
-                        lc.last_change = prev.last_change;
-                    }
-                    lc.knobs = prev.knobs;
-                    lc.knob_changed = prev.knob_changed;
-                    lc.decided = prev.decided;
-                    // Holds name states by position: kept only for the same ladder.
-                    let same_ladder = policy.states.iter().map(|s| &s.name).eq(old_states.iter());
-                    if same_ladder {
-                        lc.judge = prev.judge;
-                        lc.judge.changed(0, 0, Duration::ZERO, false);
-                    }
-                }
-                lc.reloaded = true;
-                lc
-            })
-            .collect();
-        self.policy = policy;
-        self.layout.clear();
-    }
-
-    pub fn policy(&self) -> &Policy {
-        &self.policy
-    }
-
-    /// (link, state, knobs) of every link that has decided.
-    pub fn current(&self) -> Vec<(&str, &str, Knobs)> {
-        self.links
-            .iter()
-            .filter_map(|l| {
-                let k = l.knobs?;
-                Some((
-                    l.estimator.link().name.as_str(),
-                    self.policy.states[l.state].name.as_str(),
-                    k,
-                ))
-            })
-            .collect()
-    }
-
-    /// What every link that has decided should have in place now, and the host-wide parts.
-    pub fn plan(&self) -> Plan {
-        let p = &self.policy;
-        let links = self
-            .links
-            .iter()
-            .filter_map(|lc| {
-                let knobs = lc.knobs?;
-                let link = lc.estimator.link();
-                Some(LinkPlan {
-                    link: link.name.clone(),
-                    state: p.states[lc.state].name.clone(),
-                    state_index: lc.state as u32,
-                    decision: lc.decided,
-                    knobs,
-                    interfaces: link.interfaces.clone(),
-                    peers: link.peers.iter().map(|(name, _)| name.clone()).collect(),
-                    nccl: p.nccl.rule(lc.state),
-                    nccl_min_bytes: p.nccl.min_bytes,
-                    baseline_ms: lc.signals.baseline_ms,
-                    burst_bps: lc.signals.burst_bps,
-                    capacity_bps: link.capacity_bps,
-                })
-            })
-            .collect();
-        Plan {
-            at_ms: self.now.as_millis() as u64,
-            decision: self.next_id - 1,
-            links,
-            host: p.host,
-            env: p.env.clone(),
-            chunk_max: p.bounds.chunk_max,
-            sync: SyncBounds::of(&p.bounds),
-        }
-    }
-
-    /// (link, latest signals) of every link.
-    pub fn signals(&self) -> Vec<(&str, Signals)> {
-        self.links.iter().map(|l| (l.estimator.link().name.as_str(), l.signals)).collect()
-    }
-
     /// Folds in one snapshot; returns the decisions it caused (at most one per link).
     pub fn step(&mut self, snap: &Snapshot) -> Vec<Decision> {
         let aggs = self.aggregate(snap);
         self.step_with_jobs(snap.at_ms, &aggs, snap.jobs.as_deref())
-    }
-
-    /// The judgments of state changes since the last call.
-    pub fn take_verdicts(&mut self) -> Vec<Verdict> {
-        std::mem::take(&mut self.verdicts)
-    }
-
-    /// Codec predictions judged since the last call.
-    pub fn take_codec_checks(&mut self) -> Vec<Check> {
-        std::mem::take(&mut self.codec_checks)
-    }
-
-    /// Each link's latest codec prediction, pending or judged.
-    pub fn codec_checks(&self) -> Vec<Check> {
-        self.links.iter().filter_map(|l| l.codec_check.clone()).collect()
-    }
-
-    /// Changes held off after reverts, every link's.
-    pub fn held(&self) -> Vec<HeldChange> {
-        let names = |i: usize| self.policy.states.get(i).map_or("?", |s| s.name.as_str());
-        self.links
-            .iter()
-            .flat_map(|lc| {
-                lc.judge.holds(self.now).map(|h| HeldChange {
-                    link: lc.estimator.link().name.clone(),
-                    from: names(h.from).to_owned(),
-                    to: names(h.to).to_owned(),
-                    remaining_s: h.until.saturating_sub(self.now).as_secs_f64(),
-                    reverts: h.reverts,
-                })
-            })
-            .collect()
-    }
-
-    /// (link, from, to, judged at ms) of each change waiting for its judgment.
-    pub fn pending_judgments(&self) -> Vec<(String, String, String, u64)> {
-        let names = |i: usize| self.policy.states.get(i).map_or("?", |s| s.name.as_str());
-        self.links
-            .iter()
-            .filter_map(|lc| {
-                let (f, t, at) = lc.judge.pending(&self.policy.outcome)?;
-                Some((
-                    lc.estimator.link().name.clone(),
-                    names(f).to_owned(),
-                    names(t).to_owned(),
-                    at.as_millis() as u64,
-                ))
-            })
-            .collect()
     }
 
     /// Folds in each link's share of a snapshot taken at `at_ms` (in policy link order), for
@@ -377,48 +153,6 @@ impl Core {
             }
         }
         out
-    }
-
-    /// Each link's share of the snapshot, in one pass over its rows. Which link a row belongs
-    /// to is remembered by row position and re-derived only when the layout changes (checking
-    /// names for equality is far cheaper than hashing them: this is what keeps a tick of
-    /// 64 links x 1,000 peers in budget).
-    pub fn aggregate(&mut self, snap: &Snapshot) -> Vec<Aggregate> {
-        let same = self.layout.len() == snap.peers.len()
-            && self.layout.iter().zip(&snap.peers).all(|((h, _), row)| *h == row_key(row));
-        if !same {
-            let mut by_iface: HashMap<&str, usize> = HashMap::new();
-            for (i, lc) in self.links.iter().enumerate() {
-                for iface in &lc.estimator.link().interfaces {
-                    by_iface.entry(iface.as_str()).or_insert(i);
-                }
-            }
-            self.layout = snap
-                .peers
-                .iter()
-                .map(|row| {
-                    let link = by_iface
-                        .get(row.link.as_str())
-                        .copied()
-                        .filter(|&i| self.links[i].estimator.counts_peer(&row.peer));
-                    (row_key(row), link)
-                })
-                .collect();
-        }
-        let mut aggs = vec![Aggregate::default(); self.links.len()];
-        for ((_, link), row) in self.layout.iter().zip(&snap.peers) {
-            if let Some(i) = link {
-                aggs[*i].add(row);
-            }
-        }
-        for l in &snap.links {
-            for (i, lc) in self.links.iter().enumerate() {
-                if lc.estimator.link().interfaces.contains(&l.link) {
-                    aggs[i].add_nic(l);
-                }
-            }
-        }
-        aggs
     }
 
     fn step_link(

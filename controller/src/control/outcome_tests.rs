@@ -127,18 +127,20 @@ fn a_change_that_slows_the_job_is_reverted_and_held_off_ever_longer() {
     assert!((b - 1.0).abs() < 1e-9 && (a - 0.5).abs() < 1e-9, "{v:?}");
 }
 
+/// Why the one change of a run that ended congested was kept (checking that it was).
+fn kept_why(r: &Run) -> &str {
+    assert_eq!(states(&r.decisions).last().map(|s| s.1), Some("congested"));
+    assert_eq!(r.verdicts.len(), 1, "{:?}", r.verdicts);
+    assert_eq!(r.verdicts[0].verdict, "kept");
+    &r.verdicts[0].why
+}
+
 #[test]
 fn a_change_that_helps_the_job_is_kept() {
     let r = run(policy(""), 400, |s| if s == "healthy" { 1.0 } else { 0.5 }, codec, |_| 0.0);
-    assert_eq!(states(&r.decisions).last().map(|s| s.1), Some("congested"));
     assert!(r.decisions.iter().all(|d| !d.reason.contains("reverted")), "{:#?}", r.decisions);
-    assert_eq!(r.verdicts.len(), 1, "{:?}", r.verdicts);
-    assert_eq!(r.verdicts[0].verdict, "kept");
-    assert!(
-        r.verdicts[0].why.starts_with("jobs not slower: 1.000 -> 2.000 steps/s"),
-        "{:?}",
-        r.verdicts
-    );
+    let why = kept_why(&r);
+    assert!(why.starts_with("jobs not slower: 1.000 -> 2.000 steps/s"), "{why}");
 }
 
 #[test]
@@ -146,14 +148,8 @@ fn a_slower_job_on_a_worse_link_keeps_the_change() {
     // Retransmissions appear with the change: the link, not the decision, slowed the job.
     let lossy = |t: u64| if t >= 160 { 0.03 } else { 0.0 };
     let r = run(policy(""), 400, |s| if s == "healthy" { 1.0 } else { 2.0 }, codec, lossy);
-    assert_eq!(states(&r.decisions).last().map(|s| s.1), Some("congested"));
-    assert_eq!(r.verdicts.len(), 1, "{:?}", r.verdicts);
-    assert_eq!(r.verdicts[0].verdict, "kept");
-    assert!(
-        r.verdicts[0].why.contains("the link worsened: retransmitted 0.00% -> 3.00%"),
-        "{:?}",
-        r.verdicts
-    );
+    let why = kept_why(&r);
+    assert!(why.contains("the link worsened: retransmitted 0.00% -> 3.00%"), "{why}");
 }
 
 #[test]

@@ -1,9 +1,8 @@
-//! The core on synthetic traces: steps, ramps, noise at thresholds, spikes, gaps; and its
-//! invariants under random traces (proptest).
+//! The core on synthetic traces: steps, ramps, noise at thresholds, spikes, gaps, idle links
+//! and reloads walk the ladder as the hysteresis says. The fixtures here (the test policy, one
+//! tick's snapshot) serve the other tests of the core too.
 
 use std::sync::LazyLock;
-
-use proptest::prelude::*;
 
 use super::{
     decide::{Core, Decision},
@@ -11,6 +10,9 @@ use super::{
     policy::{builder::PolicyToml, Policy, SHIPPED},
 };
 use crate::sense::sensors::{PeerSnapshot, RttSnapshot, Snapshot};
+
+mod knob_values;
+mod properties;
 
 /// Healthy / congested (CE 1%, exit 0.2%) / severe (CE 10% or p99 400 ms); fast EWMA.
 pub(super) static POLICY: LazyLock<String> = LazyLock::new(|| {
@@ -243,24 +245,6 @@ fn counter_resets_between_sensors_and_core_cause_no_alarm() {
 }
 
 #[test]
-fn timeouts_follow_rtt_p99_and_rise_at_once() {
-    // p99 180 ms: 4 x 0.18 s / 4.096 us = 175,781 -> 2^18.
-    let ds = run(policy(), 50, |t| {
-        let p99 = if t < 30 { 180.0 } else { 900.0 };
-        snap(t * 100, 170.0, p99, 0.0, 0.0)
-    });
-    let before = ds.iter().rfind(|d| d.at_ms < 3000).unwrap();
-    assert_eq!(before.knobs.nccl_ib_timeout, 18);
-    // Watchdog: 3000 x 180 ms = 540 s, rounded up to 30 s.
-    assert_eq!(before.knobs.watchdog_s, 540);
-    // The tick p99 jumps to 900 ms, both timeouts rise, before any state change could.
-    let jump = ds.iter().find(|d| d.at_ms == 3000).expect("a decision at the jump");
-    assert_eq!(jump.knobs.nccl_ib_timeout, 20, "4 x 0.9 s needs 2^20");
-    assert_eq!(jump.knobs.watchdog_s, 2700);
-    assert!(jump.reason.contains("watchdog: 3000 x peak RTT p99 900.0 ms"), "{}", jump.reason);
-}
-
-#[test]
 fn an_idle_link_forgets_old_rtt_walks_back_and_lowers_its_timeouts() {
     // Windows of 2 s (RTT) and 5 s (peak p99): old RTT ages out within the test.
     let short = POLICY.replace(
@@ -355,202 +339,4 @@ fn a_reload_keeps_the_state_and_baseline_and_explains_the_new_knobs() {
     core.reload(Policy::parse(&renamed, "test").unwrap_or_else(|e| panic!("{e}")));
     let d = core.step(&snap(3200, 180.0, 185.0, 0.05, 0.0));
     assert_eq!(d[0].state, "healthy", "{}", d[0].reason);
-}
-
-#[test]
-fn a_static_policy_decides_once() {
-    let p = Policy::parse(SHIPPED[2].1, "static").unwrap();
-    let mut core = Core::new(p);
-    let ds: Vec<_> = (0..300)
-        .flat_map(|t| {
-            let mut s = snap(t * 100, 180.0 + (t % 7) as f64 * 40.0, 600.0, 0.2, 0.1);
-            s.peers[0].link = "eth0".into();
-            core.step(&s)
-        })
-        .collect();
-    assert_eq!(ds.len(), 1, "{ds:?}");
-    let k = ds[0].knobs;
-    assert_eq!((k.compression, k.chunk_bytes, k.nccl_ib_timeout), (Compression::Int8, 8 << 20, 22));
-    assert_eq!(
-        (k.roce_traffic_class, k.tcp_buffer_bytes, k.watchdog_s),
-        (Some(106), 128 << 20, 1800)
-    );
-}
-
-/// A random walk of link conditions: (ms to next tick, RTT, p99 factor, CE, retransmitted).
-fn trace() -> impl Strategy<Value = Vec<(u64, f64, f64, f64, f64)>> {
-    prop::collection::vec(
-        (50u64..2000, 1.0f64..1000.0, 1.0f64..3.0, 0.0f64..0.3, 0.0f64..0.1),
-        1..300,
-    )
-}
-
-fn snaps(steps: &[(u64, f64, f64, f64, f64)]) -> Vec<Snapshot> {
-    let mut at = 0;
-    steps
-        .iter()
-        .map(|&(dt, rtt, f, ce, re)| {
-            at += dt;
-            snap(at, rtt, rtt * f, ce, re)
-        })
-        .collect()
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
-
-    #[test]
-    fn knobs_stay_within_bounds(steps in trace()) {
-        for (name, _) in SHIPPED {
-            let p = shipped(name);
-            let b = p.bounds;
-            let mut core = Core::new(p.clone());
-            let mut prev: Option<Decision> = None;
-            for s in snaps(&steps) {
-                for d in core.step(&s) {
-                    let k = d.knobs;
-                    prop_assert!((b.chunk_min..=b.chunk_max).contains(&k.chunk_bytes), "{name}: {d:?}");
-                    prop_assert!((b.buffers_min..=b.buffers_max).contains(&k.tcp_buffer_bytes));
-                    prop_assert!((b.ib_timeout_min..=b.ib_timeout_max).contains(&k.nccl_ib_timeout));
-                    prop_assert!((b.watchdog_min_s..=b.watchdog_max_s).contains(&k.watchdog_s));
-                    prop_assert!(k.dscp.is_none_or(|d| d <= 63) && k.nccl_ib_retry_cnt <= 7);
-                    if let Some(prev) = &prev {
-                        let (a, c) = (prev.knobs.chunk_bytes as f64, k.chunk_bytes as f64);
-                        prop_assert!(c <= a * b.chunk_max_step + 1.0 && c >= a / b.chunk_max_step - 1.0);
-                    }
-                    prev = Some(d);
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn worsening_signals_never_de_escalate(mut steps in trace()) {
-        // Make every signal non-decreasing over time.
-        let (mut rtt, mut f, mut ce, mut re) = (1.0f64, 1.0f64, 0.0f64, 0.0f64);
-        for s in &mut steps {
-            rtt = rtt.max(s.1); f = f.max(s.2); ce = ce.max(s.3); re = re.max(s.4);
-            *s = (s.0, rtt, f, ce, re);
-        }
-        let p = policy();
-        let level = |name: &str| p.states.iter().position(|s| s.name == name).unwrap();
-        let mut core = Core::new(p.clone());
-        let mut current = 0;
-        for s in snaps(&steps) {
-            for d in core.step(&s) {
-                prop_assert!(level(&d.state) >= current, "{} after level {current}", d.state);
-                current = level(&d.state);
-            }
-        }
-    }
-}
-
-/// Link conditions held for a while, then another: (level 0 calm / 1 congested / 2 severe, ms).
-/// Segments as short as a tick and as long as the exit window make the core change state often,
-/// some changes wanted sooner than the dwell allows.
-fn segments() -> impl Strategy<Value = Vec<(u8, u64)>> {
-    prop::collection::vec((0u8..3, 100u64..4000), 2..40)
-}
-
-/// State changes of the test policy on 100 ms ticks of `segs`, with the time of each.
-fn changes_over(segs: &[(u8, u64)]) -> Vec<(u64, String)> {
-    let mut core = Core::new(policy());
-    let mut at = 0;
-    let mut ds = Vec::new();
-    for &(level, ms) in segs {
-        let ce = [0.0, 0.05, 0.3][usize::from(level)];
-        for _ in 0..ms / 100 {
-            at += 100;
-            ds.extend(core.step(&snap(at, 180.0, 190.0, ce, 0.0)));
-        }
-    }
-    state_changes(&ds)
-}
-
-#[test]
-fn no_two_state_changes_within_the_minimum_dwell() {
-    let dwell = policy().hysteresis.min_dwell.0 / 1_000_000;
-    let mut runner = proptest::test_runner::TestRunner::default();
-    // Pairs of consecutive changes checked over all cases: the property must have been tested,
-    // not skipped because the traces never changed state twice.
-    let checked = std::cell::Cell::new(0usize);
-    runner
-        .run(&segments(), |segs| {
-            // The first entry is the initial state, not a change.
-            let changes = changes_over(&segs);
-            for pair in changes.windows(2).skip(1) {
-                let gap = pair[1].0 - pair[0].0;
-                prop_assert!(gap >= dwell, "{} -> {} after {gap} ms", pair[0].1, pair[1].1);
-                checked.set(checked.get() + 1);
-            }
-            Ok(())
-        })
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(checked.get() >= 100, "only {} pairs of state changes checked", checked.get());
-}
-
-/// `capacity` left out ("auto") on a 300 Mbit/s link behind 180 ms whose flows send at most
-/// half their buffers per RTT: the buffers are probed up while the rate follows, and settle
-/// within a few bandwidth-delay products, where the nominal 40 Gbit/s a policy might say
-/// takes them to the 1 GiB bound (what overran the lab's queue).
-#[test]
-fn auto_capacity_sizes_buffers_from_the_measured_rate() {
-    let (link, rtt) = (300e6_f64, 180.0);
-    let bdp = link / 8.0 * rtt / 1e3;
-    let closed_loop = |policy: Policy| {
-        let mut core = Core::new(policy);
-        let mut buffers: u64 = 8 << 20;
-        let mut decisions = Vec::new();
-        for t in 0..6000u64 {
-            let mut s = snap(t * 100, rtt, rtt + 2.0, 0.0, 0.0);
-            s.peers[0].goodput_bps = link.min(buffers as f64 / 2.0 * 8.0 / (rtt / 1e3));
-            for d in core.step(&s) {
-                buffers = d.knobs.tcp_buffer_bytes;
-                decisions.push(d);
-            }
-        }
-        (buffers, decisions)
-    };
-    let auto = POLICY.replace("capacity = \"1Gbit/s\"\n", "");
-    let (buffers, ds) = closed_loop(Policy::parse(&auto, "auto").unwrap());
-    let reasons: String = ds.iter().map(|d| d.reason.as_str()).collect::<Vec<_>>().join("\n");
-    assert!(reasons.contains("probing") && reasons.contains("measured"), "{reasons}");
-    assert!((2.0 * bdp..=8.0 * bdp).contains(&(buffers as f64)), "{buffers} vs BDP {bdp}");
-    let most = ds.iter().map(|d| d.knobs.tcp_buffer_bytes).max().unwrap();
-    assert!(most as f64 <= 8.0 * bdp, "{most}");
-    let nominal = POLICY.replace("capacity = \"1Gbit/s\"", "capacity = \"40Gbit/s\"");
-    let (buffers, _) = closed_loop(Policy::parse(&nominal, "nominal").unwrap());
-    assert_eq!(buffers, 1 << 30);
-}
-
-#[test]
-fn a_state_change_moves_the_transport_profile_and_explains_it() {
-    let src = POLICY
-        .replacen(
-            "roce_traffic_class = 106\n[[state]]\nname = \"congested\"",
-            "roce_traffic_class = 106\n[state.transport]\ncongestion_control = \"cubic\"\n\
-             [[state]]\nname = \"congested\"",
-            1,
-        )
-        .replacen(
-            "compression = \"int8\"\ndscp = 26\nroce_traffic_class = 106\n",
-            "compression = \"int8\"\ndscp = 26\nroce_traffic_class = 106\n[state.transport]\n\
-             congestion_control = \"bbr\"\ninitial_cwnd = 32\nsocket_buffers = \"auto\"\n",
-            1,
-        );
-    let p = Policy::parse(&src, "t").unwrap_or_else(|e| panic!("{e}"));
-    let ds = run(p, 100, |t| snap(t * 100, 180.0, 185.0, if t >= 50 { 0.05 } else { 0.0 }, 0.0));
-    let first = &ds[0].knobs;
-    assert_eq!(first.transport.map(|t| t.to_string()), Some("cc=cubic".into()));
-    let up = ds.iter().find(|d| d.state == "congested").expect("congested");
-    let t = up.knobs.transport.expect("a profile");
-    // "auto" socket buffers follow the state's tcp_buffers.
-    assert_eq!((t.initial_cwnd, t.socket_buffer), (32, up.knobs.tcp_buffer_bytes));
-    let want =
-        format!("transport cc=cubic -> cc=bbr iw=32 buf={}", super::knobs::bytes(t.socket_buffer));
-    assert!(up.changes.contains(&want), "{:?}", up.changes);
-    // The severe state has no profile: its peers' new connections are left alone.
-    let severe = ds.iter().find(|d| d.state == "severe");
-    assert!(severe.is_none_or(|d| d.knobs.transport.is_none()));
-    assert!(!policy().has_transport());
 }

@@ -416,10 +416,7 @@ mod tests {
     #[test]
     fn the_lock_is_never_taken_through_a_symlink() {
         let dir = tempfile::tempdir().unwrap();
-        let target = dir.path().join("target");
-        fs::write(&target, "precious").unwrap();
-        let path = dir.path().join("linkpilot.lock");
-        std::os::unix::fs::symlink(&target, &path).unwrap();
+        let (target, path) = crate::actuate::files::planted_symlink(dir.path(), "linkpilot.lock");
         let e = format!("{:#}", lock(&path).unwrap_err());
         assert!(e.contains("is a symbolic link; refusing to follow it"), "{e}");
         assert_eq!(fs::read_to_string(&target).unwrap(), "precious", "not truncated");

@@ -161,13 +161,19 @@ impl Daemon {
 mod tests {
     use super::*;
 
+    /// A watch on `policy.toml` in `dir`, written with `bytes`, that looks at every call.
+    fn watching(dir: &std::path::Path, bytes: &[u8]) -> (std::path::PathBuf, PolicyWatch) {
+        let p = dir.join("policy.toml");
+        std::fs::write(&p, bytes).unwrap();
+        let mut w = PolicyWatch::new(&p, bytes.to_vec());
+        w.every = Duration::ZERO;
+        (p, w)
+    }
+
     #[test]
     fn notices_writes_and_renames_not_absence() {
         let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("policy.toml");
-        std::fs::write(&p, "a").unwrap();
-        let mut w = PolicyWatch::new(&p, b"a".to_vec());
-        w.every = Duration::ZERO;
+        let (p, mut w) = watching(dir.path(), b"a");
         assert_eq!(w.changed(), None);
         std::fs::write(&p, "ab").unwrap();
         assert_eq!(w.changed().as_deref(), Some(&b"ab"[..]));
@@ -183,10 +189,7 @@ mod tests {
     #[test]
     fn same_size_and_mtime_with_other_bytes_is_a_change() {
         let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("policy.toml");
-        std::fs::write(&p, "tick = \"100ms\"").unwrap();
-        let mut w = PolicyWatch::new(&p, b"tick = \"100ms\"".to_vec());
-        w.every = Duration::ZERO;
+        let (p, mut w) = watching(dir.path(), b"tick = \"100ms\"");
         let mtime = std::fs::metadata(&p).unwrap().modified().unwrap();
         std::fs::write(&p, "tick = \"200ms\"").unwrap();
         std::fs::File::options().write(true).open(&p).unwrap().set_modified(mtime).unwrap();

@@ -44,18 +44,23 @@ fn map_info(map: &impl AsFd) -> io::Result<MapInfo> {
         info: &raw mut info as u64,
     };
     // SAFETY: `info` is as large as `info_len` says; both outlive the call.
+    unsafe { sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) }?;
+    Ok(info)
+}
+
+/// `bpf(cmd, attr, sizeof(*attr))`; a negative return is an error, its code in errno.
+///
+/// # Safety
+/// Every pointer in `attr` must be valid for what `cmd` reads and writes there.
+unsafe fn sys_bpf<A>(cmd: libc::c_long, attr: &mut A) -> io::Result<()> {
+    // SAFETY: the caller vouches for `attr`'s pointers; `attr` itself is valid for its size.
     let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET_INFO_BY_FD,
-            &raw mut attr,
-            size_of::<InfoAttr>() as libc::c_uint,
-        )
+        libc::syscall(libc::SYS_bpf, cmd, attr as *mut A, size_of::<A>() as libc::c_uint)
     };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(info)
+    Ok(())
 }
 
 /// Refuses what the buffers below could not hold: the kernel writes each key and value at the
@@ -128,23 +133,11 @@ pub fn lookup_all<K: Pod, V: Pod>(map: &impl AsFd, max: usize) -> io::Result<Vec
         // SAFETY: `attr` points at buffers of CHUNK keys and values of the map's own sizes
         // (checked above), which is the most the kernel writes (`count`); `attr` outlives the
         // call.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &raw mut attr,
-                size_of::<BatchAttr>() as libc::c_uint,
-            )
-        };
-        let done = if rc < 0 {
-            let e = io::Error::last_os_error();
+        let done = match unsafe { sys_bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) } {
+            Ok(()) => false,
             // ENOENT: the walk reached the end; `count` still says what this call filled.
-            if e.raw_os_error() != Some(libc::ENOENT) {
-                return Err(e);
-            }
-            true
-        } else {
-            false
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
+            Err(e) => return Err(e),
         };
         let n = (attr.count as usize).min(CHUNK);
         // SAFETY: the kernel initialised the first `n` elements; K and V are Pod.

@@ -6,14 +6,22 @@ fn err(src: &str) -> String {
     Scenario::parse(src, "bad.toml", None).unwrap_err().to_string()
 }
 
+/// Asserts that `src` is refused with a message that starts with `prefix`.
+#[track_caller]
+fn assert_err_starts(src: &str, prefix: &str) {
+    let e = err(src);
+    assert!(e.starts_with(prefix), "{e}");
+}
+
 /// Found by the `scenario` fuzz target: a multi-byte character just before the key of a
 /// bad value cut the source inside that character (a panic instead of the error).
 #[test]
 fn a_multibyte_character_before_a_bad_value_is_an_error() {
-    let e = err("[[phase]]\nn\u{feff}ame =  = ]a\n");
-    assert!(e.starts_with("bad.toml:2:10: field `ame`: extra `=`"), "{e}");
-    let e = err("[[phase]]\nname = \"x\"\nduration = \"1s\"\n\u{e9}delay = \"9 parsecs\"\n");
-    assert!(e.starts_with("bad.toml:"), "{e}");
+    assert_err_starts("[[phase]]\nn\u{feff}ame =  = ]a\n", "bad.toml:2:10: field `ame`: extra `=`");
+    assert_err_starts(
+        "[[phase]]\nname = \"x\"\nduration = \"1s\"\n\u{e9}delay = \"9 parsecs\"\n",
+        "bad.toml:",
+    );
 }
 
 #[test]
@@ -29,20 +37,25 @@ fn builtins_parse() {
 #[test]
 fn errors_name_line_and_column() {
     let src = "name = \"x\"\n[[phase]]\nname = \"a\"\nduration = \"10s\"\n[phase.link]\ndelay = \"90 parsecs\"\n";
-    let e = err(src);
-    assert!(e.starts_with("bad.toml:6:9: field `delay`: invalid duration \"90 parsecs\""), "{e}");
-    let e = err("name = \"x\"\n[[phase]]\nname = \"a\"\nduration = \"10s\"\ncolour = 1\n");
-    assert!(e.starts_with("bad.toml:5:1: unknown field `colour`"), "{e}");
-    let e = err("name = \"x\"\n[[phase]]\nname = \"a\"\nduration = \"0s\"\n");
-    assert!(e.starts_with("bad.toml:4:12: phase \"a\": duration must be above zero"), "{e}");
-    let e = err("name = \"x\"\n[[phase]]\nname = \"a\"\nduration = \"1s\"\n[phase.link]\nrate = \"1Mbit/s\"\necn = { mode = \"red\", min = \"9ms\", max = \"5ms\", max_p = \"10%\" }\n");
-    assert!(e.starts_with("bad.toml:7:7: phase \"a\": RED needs min < max"), "{e}");
-    let e = err("name = \"x\"\n[[phase]]\nname = \"a\"\nduration = \"1s\"\n[phase.link]\nrate = \"1Mbit/s\"\necn = { mode = \"step\", threshold = \"5 furlongs\" }\n");
-    assert!(e.starts_with("bad.toml:7:7: field `ecn`: invalid queue level \"5 furlongs\""), "{e}");
+    assert_err_starts(src, "bad.toml:6:9: field `delay`: invalid duration \"90 parsecs\"");
+    assert_err_starts(
+        "name = \"x\"\n[[phase]]\nname = \"a\"\nduration = \"10s\"\ncolour = 1\n",
+        "bad.toml:5:1: unknown field `colour`",
+    );
+    assert_err_starts(
+        "name = \"x\"\n[[phase]]\nname = \"a\"\nduration = \"0s\"\n",
+        "bad.toml:4:12: phase \"a\": duration must be above zero",
+    );
+    let red = "name = \"x\"\n[[phase]]\nname = \"a\"\nduration = \"1s\"\n[phase.link]\nrate = \"1Mbit/s\"\necn = { mode = \"red\", min = \"9ms\", max = \"5ms\", max_p = \"10%\" }\n";
+    assert_err_starts(red, "bad.toml:7:7: phase \"a\": RED needs min < max");
+    let step = "name = \"x\"\n[[phase]]\nname = \"a\"\nduration = \"1s\"\n[phase.link]\nrate = \"1Mbit/s\"\necn = { mode = \"step\", threshold = \"5 furlongs\" }\n";
+    assert_err_starts(step, "bad.toml:7:7: field `ecn`: invalid queue level \"5 furlongs\"");
     let e = err("name = \"x\"\n");
     assert!(e.contains("no phases"), "{e}");
-    let e = err("name = \"x\"\nchain = [\"nope\"]\n");
-    assert!(e.starts_with("bad.toml:2:9: chained scenario \"nope\""), "{e}");
+    assert_err_starts(
+        "name = \"x\"\nchain = [\"nope\"]\n",
+        "bad.toml:2:9: chained scenario \"nope\"",
+    );
 }
 
 #[test]

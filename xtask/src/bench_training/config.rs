@@ -279,24 +279,18 @@ pub fn all() -> Vec<Config> {
         ));
     }
     for (per_site, suffix) in [(1, ""), (2, "-2x")] {
-        v.push(Config {
-            per_site,
-            batch: BATCH / u32::from(per_site),
-            ..base(
-                &format!("outer-static{suffix}"),
-                outer_static,
-                Some(Policy::shipped("static-handtuned.toml")),
-            )
-        });
-        v.push(Config {
-            per_site,
-            batch: BATCH / u32::from(per_site),
-            ..base(
-                &format!("adaptive-outer{suffix}"),
-                adaptive_outer,
-                Some(Policy::shipped("hk-us.toml")),
-            )
-        });
+        // `per_site` ranks a site, each with its share of the batch: the same global batch.
+        let ranks = |c: Config| Config { per_site, batch: BATCH / u32::from(per_site), ..c };
+        v.push(ranks(base(
+            &format!("outer-static{suffix}"),
+            outer_static,
+            Some(Policy::shipped("static-handtuned.toml")),
+        )));
+        v.push(ranks(base(
+            &format!("adaptive-outer{suffix}"),
+            adaptive_outer,
+            Some(Policy::shipped("hk-us.toml")),
+        )));
     }
     for codec in ORACLE_CODECS {
         let mut policy = Policy::shipped("static-bbr.toml");

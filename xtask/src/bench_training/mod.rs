@@ -23,19 +23,42 @@ use anyhow::{bail, Context as _};
 
 use crate::{lab, run::workspace_root};
 
+#[derive(clap::Args)]
 pub struct Args {
+    /// The short form CI runs: training-quick, static-bbr vs adaptive, a hook that ignores
+    /// its board and the shipped policy pinned to no compression, once, no checkpoint
+    /// evaluated; fails unless adaptive's ranks follow the boards through a codec change
+    /// (and the ignoring hook fails that check), and adaptive is faster than static-bbr
+    /// when congested (and the pinned policy is not).
+    #[arg(long)]
     pub quick: bool,
-    pub repeats: Option<usize>,
+    /// Runs per configuration, interleaved round-robin (default: 3; quick: 1).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=20))]
+    pub repeats: Option<u16>,
+    /// Lab scenarios (built-in names or files; default: training-day and the held-out
+    /// training-holdout; quick: training-quick).
+    #[arg(long = "scenario", value_delimiter = ',')]
     pub scenarios: Option<Vec<String>>,
+    /// A subset of configurations, e.g. untuned,adaptive (default: each scenario's set).
+    #[arg(long, value_delimiter = ',')]
     pub configs: Option<Vec<String>>,
-    /// Keep earlier runs of the configurations not run now, and report them too.
+    /// Keep the earlier runs of configurations not run now and report them too (to re-run
+    /// one configuration after a policy change).
+    #[arg(long, requires = "configs")]
     pub keep: bool,
-    /// Keep every finished run (its run.json written) and run only the others.
+    /// Go on with an interrupted benchmark of the same plan (scenarios, configurations,
+    /// repeats): keeps every run that finished and runs the others.
+    #[arg(long, conflicts_with = "keep")]
     pub resume: bool,
-    /// Only summarize the runs already in `target/bench-training`.
+    /// Only summarize the runs already in target/bench-training.
+    #[arg(long, conflicts_with_all = ["repeats", "configs", "keep", "resume"])]
     pub report_only: bool,
+    /// Held-out windows per evaluation of a checkpoint (the quick form evaluates none).
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=512))]
     pub eval_windows: u32,
-    /// The congestion control every lab host starts with (default: CUBIC).
+    /// The congestion control every lab host starts with (default cubic, the common
+    /// distribution default); results of another go to target/bench-training-CC.
+    #[arg(long)]
     pub cc: Option<String>,
 }
 
@@ -102,7 +125,8 @@ fn measure(args: &Args, scenarios: &[String], out: &Path, cc: &str) -> anyhow::R
     }
     crate::setup::run()?;
     crate::build_ebpf::debug_binaries()?;
-    let repeats = args.repeats.unwrap_or(if args.quick { 1 } else { FULL_REPEATS });
+    let repeats =
+        args.repeats.map(usize::from).unwrap_or(if args.quick { 1 } else { FULL_REPEATS });
     // The quick form's checks judge steps and codecs, not loss: no checkpoint is evaluated
     // (eval_checkpoints.py has tests of its own).
     let eval = (!args.quick).then_some(run::Eval { windows: args.eval_windows, noise_sets: 8 });

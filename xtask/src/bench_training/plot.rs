@@ -1,7 +1,7 @@
 //! SVG plots of each configuration's first repeat: step time over scenario time with the lab's
 //! phases shaded, and eval loss (the checkpoints', as measured) against seconds of training.
 
-use std::path::Path;
+use std::{ops::Range, path::Path};
 
 use anyhow::Context as _;
 use plotters::{coord::types::RangedCoordf64, prelude::*};
@@ -69,31 +69,26 @@ pub fn step_times(runs: &[Run], path: &Path) -> anyhow::Result<()> {
         .collect();
     let x_max = series.iter().flat_map(|s| &s.1).map(|p| p.0).fold(1.0, f64::max);
     let y_max = series.iter().flat_map(|s| &s.1).map(|p| p.1).fold(0.1, f64::max) * 1.05;
-    let root = SVGBackend::new(path, (1200, 600)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("Step time over the scenario (first repeat; phases shaded)", ("sans-serif", 20))
-        .margin(10)
-        .x_label_area_size(35)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
-    chart.configure_mesh().x_desc("scenario time (s)").y_desc("step time (s)").draw()?;
-    if let Some(first) = shown.first() {
-        for (i, (a, b, name)) in phase_spans(first).iter().enumerate() {
-            let shade = if i % 2 == 0 { RGBColor(235, 235, 235) } else { RGBColor(250, 250, 250) };
-            chart.draw_series(std::iter::once(Rectangle::new(
-                [(*a, 0.0), (*b, y_max)],
-                shade.filled(),
-            )))?;
-            chart.draw_series(std::iter::once(Text::new(
-                name.clone(),
-                (*a + 1.0, y_max * 0.97),
-                ("sans-serif", 12),
-            )))?;
+    let caption = "Step time over the scenario (first repeat; phases shaded)";
+    let axes = ("scenario time (s)", "step time (s)");
+    plot(path, caption, (0.0..x_max, 0.0..y_max), axes, |chart| {
+        if let Some(first) = shown.first() {
+            for (i, (a, b, name)) in phase_spans(first).iter().enumerate() {
+                let shade =
+                    if i % 2 == 0 { RGBColor(235, 235, 235) } else { RGBColor(250, 250, 250) };
+                chart.draw_series(std::iter::once(Rectangle::new(
+                    [(*a, 0.0), (*b, y_max)],
+                    shade.filled(),
+                )))?;
+                chart.draw_series(std::iter::once(Text::new(
+                    name.clone(),
+                    (*a + 1.0, y_max * 0.97),
+                    ("sans-serif", 12),
+                )))?;
+            }
         }
-    }
-    draw_lines(&mut chart, &series)?;
-    root.present().with_context(|| format!("writing {}", path.display()))
+        draw_lines(chart, &series)
+    })
 }
 
 pub fn loss(runs: &[Run], path: &Path) -> anyhow::Result<()> {
@@ -110,26 +105,39 @@ pub fn loss(runs: &[Run], path: &Path) -> anyhow::Result<()> {
     let y_max = all().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
     let (y_min, y_max) =
         if y_min < y_max { (y_min * 0.98, y_max.min(y_min * 1.6)) } else { (0.0, 1.0) };
+    let caption = "Eval loss against seconds of training (first repeat)";
+    let axes = ("seconds of training", "eval loss (nats/byte)");
+    plot(path, caption, (0.0..x_max, y_min..y_max), axes, |chart| draw_lines(chart, &series))
+}
+
+type Chart<'a> = ChartContext<'a, SVGBackend<'a>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// Both plots' frame: a 1200x600 SVG at `path` with `caption` and the axes `(x, y)` labelled
+/// `(x_desc, y_desc)`; `draw` adds what is plotted.
+fn plot(
+    path: &Path,
+    caption: &str,
+    (x, y): (Range<f64>, Range<f64>),
+    (x_desc, y_desc): (&str, &str),
+    draw: impl FnOnce(&mut Chart<'_>) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     let root = SVGBackend::new(path, (1200, 600)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption("Eval loss against seconds of training (first repeat)", ("sans-serif", 20))
+        .caption(caption, ("sans-serif", 20))
         .margin(10)
         .x_label_area_size(35)
         .y_label_area_size(50)
-        .build_cartesian_2d(0.0..x_max, y_min..y_max)?;
-    chart.configure_mesh().x_desc("seconds of training").y_desc("eval loss (nats/byte)").draw()?;
-    draw_lines(&mut chart, &series)?;
+        .build_cartesian_2d(x, y)?;
+    chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).draw()?;
+    draw(&mut chart)?;
     root.present().with_context(|| format!("writing {}", path.display()))
 }
 
 type Series = (String, Vec<(f64, f64)>);
 
 /// One coloured line per configuration, with the legend.
-fn draw_lines<'a>(
-    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
-    series: &[Series],
-) -> anyhow::Result<()> {
+fn draw_lines(chart: &mut Chart<'_>, series: &[Series]) -> anyhow::Result<()> {
     for (i, (name, pts)) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         chart

@@ -199,38 +199,34 @@ sync_every = {{ min = 8, max = 200, margin = \"25%\", max_drift = 800 }}
     };
     let _ = writeln!(w, "[[state]]\nname = \"healthy\"");
     knobs(w, "int8", "int8", "\"auto\"", true);
-    let _ = writeln!(
+    // The worse states' knobs: int4 in each; severe fixes the IB timeout at 24.
+    let (mut worse, mut severe) = (String::new(), String::new());
+    knobs(&mut worse, "int4", "int4", "\"auto\"", false);
+    knobs(&mut severe, "int4", "int4", "24", false);
+    let _ = write!(
         w,
         r#"
 [[state]]
 name = "congested"
 enter = {{ cross_ce_fraction = "1%", retrans = "0.5%", cross_rtt_inflation = "20%", rtt_inflation = "40%", cnp_rate = "1000/s" }}
-exit = {{ cross_ce_fraction = "0.2%", retrans = "0.1%", cross_rtt_inflation = "10%", rtt_inflation = "25%", cnp_rate = "200/s" }}"#
-    );
-    knobs(w, "int4", "int4", "\"auto\"", false);
-    let _ = writeln!(
-        w,
-        r#"
+exit = {{ cross_ce_fraction = "0.2%", retrans = "0.1%", cross_rtt_inflation = "10%", rtt_inflation = "25%", cnp_rate = "200/s" }}
+{worse}
 [[state]]
 name = "degraded"
 enter = {{ cross_ce_fraction = "5%", retrans = "2%", cross_rtt_inflation = "50%", rtt_inflation = "80%", jitter = "{}" }}
-exit = {{ cross_ce_fraction = "1%", retrans = "0.5%", cross_rtt_inflation = "20%", rtt_inflation = "40%", jitter = "{}" }}"#,
-        jitter(rtt_ms, 5.0 / 9.0, 20),
-        jitter(rtt_ms, 5.0 / 18.0, 10),
-    );
-    knobs(w, "int4", "int4", "\"auto\"", false);
-    let _ = writeln!(
-        w,
-        r#"
+exit = {{ cross_ce_fraction = "1%", retrans = "0.5%", cross_rtt_inflation = "20%", rtt_inflation = "40%", jitter = "{}" }}
+{worse}
 [[state]]
 name = "severe"
 # unanswered: retransmitted and heard nothing back for 1 s: a dead link or peer.
 enter = {{ retrans = "5%", rtt_inflation = "100%", jitter = "{}", unanswered = "1s" }}
-exit = {{ retrans = "2%", rtt_inflation = "50%", jitter = "{}", unanswered = "500ms" }}"#,
+exit = {{ retrans = "2%", rtt_inflation = "50%", jitter = "{}", unanswered = "500ms" }}
+{severe}"#,
+        jitter(rtt_ms, 5.0 / 9.0, 20),
+        jitter(rtt_ms, 5.0 / 18.0, 10),
         jitter(rtt_ms, 10.0 / 9.0, 40),
         jitter(rtt_ms, 5.0 / 9.0, 20),
     );
-    knobs(w, "int4", "int4", "24", false);
     let _ = write!(
         w,
         r#"

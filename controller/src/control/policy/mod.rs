@@ -5,7 +5,7 @@
 use std::{collections::BTreeMap, fmt, ops::Range};
 
 use ipnet::IpNet;
-use linkpilot_common::units::Nanos;
+use linkpilot_common::units::{Fraction, Nanos, PerSecond, Percent};
 
 use super::knobs::Compression;
 
@@ -331,60 +331,59 @@ const SIGNALS: [(&str, bool); 10] = [
     ("unanswered", true),
 ];
 
+/// How a threshold is written back in reasons and errors.
+#[derive(Clone, Copy)]
+enum Written {
+    /// "1%", of a share of at most 1.
+    Fraction,
+    /// "150%", of a ratio that may exceed 1.
+    Percent,
+    /// "1000/s".
+    Rate,
+    /// "400ms" (a duration, held in ms).
+    Ms,
+}
+
 impl Thresholds {
+    /// (signal name, threshold in the units the signals use, how it is written) of every
+    /// signal, set or not: the one list both views below read.
+    fn each(&self) -> [(&'static str, Option<f64>, Written); 10] {
+        let ms = |n: Option<Nanos>| n.map(|x| x.0 as f64 / 1e6);
+        [
+            ("rtt_inflation", self.rtt_inflation.map(|x| x.0), Written::Percent),
+            ("cross_rtt_inflation", self.cross_rtt_inflation.map(|x| x.0), Written::Percent),
+            ("rtt_p99", ms(self.rtt_p99), Written::Ms),
+            ("jitter", ms(self.jitter), Written::Ms),
+            ("ce_fraction", self.ce_fraction.map(|x| x.0), Written::Fraction),
+            ("cross_ce_fraction", self.cross_ce_fraction.map(|x| x.0), Written::Fraction),
+            ("retrans", self.retrans.map(|x| x.0), Written::Fraction),
+            ("cnp_rate", self.cnp_rate.map(|x| x.0), Written::Rate),
+            ("goodput_below", self.goodput_below.map(|x| x.0), Written::Fraction),
+            ("unanswered", ms(self.unanswered), Written::Ms),
+        ]
+    }
+
     /// (signal name, threshold in the units `conditions` uses) of each condition set, without
     /// allocating: the per-tick check.
     pub fn values(&self) -> impl Iterator<Item = (&'static str, f64)> {
-        [
-            ("rtt_inflation", self.rtt_inflation.map(|x| x.0)),
-            ("cross_rtt_inflation", self.cross_rtt_inflation.map(|x| x.0)),
-            ("rtt_p99", self.rtt_p99.map(|x| x.0 as f64 / 1e6)),
-            ("jitter", self.jitter.map(|x| x.0 as f64 / 1e6)),
-            ("ce_fraction", self.ce_fraction.map(|x| x.0)),
-            ("cross_ce_fraction", self.cross_ce_fraction.map(|x| x.0)),
-            ("retrans", self.retrans.map(|x| x.0)),
-            ("cnp_rate", self.cnp_rate.map(|x| x.0)),
-            ("goodput_below", self.goodput_below.map(|x| x.0)),
-            ("unanswered", self.unanswered.map(|x| x.0 as f64 / 1e6)),
-        ]
-        .into_iter()
-        .filter_map(|(n, v)| Some((n, v?)))
+        self.each().into_iter().filter_map(|(n, v, _)| Some((n, v?)))
     }
 
     /// (signal name, threshold as f64 in base units, as written) of each condition set.
     pub fn conditions(&self) -> Vec<(&'static str, f64, String)> {
-        let mut v = Vec::new();
-        if let Some(x) = self.rtt_inflation {
-            v.push(("rtt_inflation", x.0, x.to_string()));
-        }
-        if let Some(x) = self.cross_rtt_inflation {
-            v.push(("cross_rtt_inflation", x.0, x.to_string()));
-        }
-        if let Some(x) = self.rtt_p99 {
-            v.push(("rtt_p99", x.0 as f64 / 1e6, format!("{}ms", x.0 as f64 / 1e6)));
-        }
-        if let Some(x) = self.jitter {
-            v.push(("jitter", x.0 as f64 / 1e6, format!("{}ms", x.0 as f64 / 1e6)));
-        }
-        if let Some(x) = self.ce_fraction {
-            v.push(("ce_fraction", x.0, x.to_string()));
-        }
-        if let Some(x) = self.cross_ce_fraction {
-            v.push(("cross_ce_fraction", x.0, x.to_string()));
-        }
-        if let Some(x) = self.retrans {
-            v.push(("retrans", x.0, x.to_string()));
-        }
-        if let Some(x) = self.cnp_rate {
-            v.push(("cnp_rate", x.0, x.to_string()));
-        }
-        if let Some(x) = self.goodput_below {
-            v.push(("goodput_below", x.0, x.to_string()));
-        }
-        if let Some(x) = self.unanswered {
-            v.push(("unanswered", x.0 as f64 / 1e6, format!("{}ms", x.0 as f64 / 1e6)));
-        }
-        v
+        self.each()
+            .into_iter()
+            .filter_map(|(n, v, written)| {
+                let v = v?;
+                let text = match written {
+                    Written::Fraction => Fraction(v).to_string(),
+                    Written::Percent => Percent(v).to_string(),
+                    Written::Rate => PerSecond(v).to_string(),
+                    Written::Ms => format!("{v}ms"),
+                };
+                Some((n, v, text))
+            })
+            .collect()
     }
 }
 

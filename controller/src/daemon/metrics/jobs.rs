@@ -14,7 +14,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::{family, labels, Labels, F64};
+use super::{family, labels, metric, Labels, F64};
 use crate::daemon::jobs::Reading;
 
 /// Jobs with series at once; the rest are left out (status still lists them).
@@ -66,11 +66,10 @@ impl JobMetrics {
         for reason in ["malformed", "implausible"] {
             let _ = refused.get_or_create(&labels(&[("reason", reason)]));
         }
-        let namespaces = Gauge::default();
-        r.register(
+        let namespaces = metric(
+            r,
             "job_namespaces",
             "Reporting jobs' own network namespaces the programs act in (policy job_namespaces)",
-            namespaces.clone(),
         );
         Self {
             namespaces,

@@ -1,45 +1,12 @@
-//! Header parsing shared by the TC programs (reading through `bpf_skb_load_bytes`) and the unit
-//! tests (reading from a slice). No loops, bounded work: it must pass the verifier unchanged.
+//! The IP header parser: link layer, IPv4 or IPv6 (with extension headers) and TCP/UDP ports,
+//! into the [`Headers`] the TC programs count by; and the wire bytes of a GSO packet, which
+//! depend on the header length it finds.
 
+use super::{be16, PacketBytes, ETH_HLEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6};
 use crate::{L2_ETHERNET, L2_RAW_IP};
 
-/// Random access to packet bytes starting at the first byte the TC program sees.
-pub trait PacketBytes {
-    /// The byte at `offset`, or `None` past the end of the packet.
-    fn byte(&self, offset: usize) -> Option<u8>;
-
-    /// The 16 bytes at `offset` (an IPv6 address). Implementations over a contiguous buffer
-    /// override this with one bounds check and one copy.
-    #[inline(always)]
-    fn bytes16(&self, offset: usize) -> Option<[u8; 16]> {
-        let mut a = [0u8; 16];
-        let mut i = 0;
-        while i < 16 {
-            a[i] = self.byte(offset + i)?;
-            i += 1;
-        }
-        Some(a)
-    }
-}
-
-impl PacketBytes for [u8] {
-    fn byte(&self, offset: usize) -> Option<u8> {
-        self.get(offset).copied()
-    }
-}
-
-const ETH_HLEN: usize = 14;
-pub(crate) const ETH_P_IP: u16 = 0x0800;
-pub(crate) const ETH_P_IPV6: u16 = 0x86dd;
-const ETH_P_8021Q: u16 = 0x8100;
-const ETH_P_8021AD: u16 = 0x88a8;
 pub(crate) const IPPROTO_TCP: u8 = 6;
 pub(crate) const IPPROTO_UDP: u8 = 17;
-
-#[inline(always)]
-fn be16(p: &(impl PacketBytes + ?Sized), off: usize) -> Option<u16> {
-    Some(u16::from_be_bytes([p.byte(off)?, p.byte(off + 1)?]))
-}
 
 /// What the TC programs need from a packet's headers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -220,101 +187,9 @@ pub fn parse(p: &(impl PacketBytes + ?Sized), l2: u32) -> Option<Headers> {
     Some(h)
 }
 
-/// What the counters lose of a packet, by kind: each kind has a counter and a rate-limited
-/// warning (`linkpilot_datapath_lost_total{kind}`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u32)]
-pub enum Loss {
-    /// An IP header, or the TCP/UDP/extension header after it, cut short or malformed.
-    TruncatedHeader = 0,
-    /// A link layer the parser does not know: an interface type other than Ethernet or raw
-    /// IP, or stacked VLAN tags.
-    UnknownLinkType = 1,
-    /// A map insert that failed (a full table).
-    MapInsertFailed = 2,
-    /// A map remove of a present key that failed (the kernel could not take the bucket's
-    /// lock): a closed flow stays in the table until the LRU evicts it.
-    MapRemoveFailed = 3,
-}
-
-/// Number of [`Loss`] kinds.
-pub const LOSS_KINDS: usize = 4;
-
-/// Why `parse` found no IP header in `p` (it returned `None`), if that loses an IP packet:
-/// ARP, LLDP and the like lose nothing.
-pub fn unparsed_loss(p: &(impl PacketBytes + ?Sized), l2: u32) -> Option<Loss> {
-    let ethertype = match l2 {
-        L2_ETHERNET => {
-            let Some(outer) = be16(p, 12) else { return Some(Loss::TruncatedHeader) };
-            if outer != ETH_P_8021Q && outer != ETH_P_8021AD {
-                outer
-            } else {
-                match be16(p, ETH_HLEN + 2) {
-                    None => return Some(Loss::TruncatedHeader),
-                    Some(ETH_P_8021Q | ETH_P_8021AD) => return Some(Loss::UnknownLinkType),
-                    Some(inner) => inner,
-                }
-            }
-        }
-        // Everything on a raw IP link is meant to be IP.
-        L2_RAW_IP => return Some(Loss::TruncatedHeader),
-        _ => return Some(Loss::UnknownLinkType),
-    };
-    (ethertype == ETH_P_IP || ethertype == ETH_P_IPV6).then_some(Loss::TruncatedHeader)
-}
-
 /// Length of the headers that every segment of a GSO packet repeats, through TCP or UDP.
 pub fn segment_header_len(p: &(impl PacketBytes + ?Sized), l2: u32) -> Option<usize> {
     parse(p, l2).and_then(|h| (h.header_len != 0).then_some(usize::from(h.header_len)))
-}
-
-/// UDP destination port of RoCEv2.
-pub const ROCEV2_PORT: u16 = 4791;
-/// BTH opcode of a Congestion Notification Packet.
-pub const CNP_OPCODE: u8 = 0x81;
-
-/// The fields of a RoCEv2 Base Transport Header that congestion sensing needs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Bth {
-    pub opcode: u8,
-    pub dest_qp: u32,
-    pub psn: u32,
-    /// The AETH syndrome byte, for the opcodes that carry an AETH (ACK, atomic ACK, RDMA READ
-    /// response first/last/only of RC and XRC); 0xff otherwise.
-    pub syndrome: u8,
-}
-
-impl Bth {
-    /// Transport class: opcode >> 5 (0 RC, 1 UC, 2 RD, 3 UD, 4 CNP, 5 XRC).
-    pub fn class(&self) -> usize {
-        usize::from(self.opcode >> 5)
-    }
-
-    /// A pure acknowledgement (ACK or atomic ACK), whose PSN repeats by design.
-    pub fn is_ack(&self) -> bool {
-        matches!(self.opcode & 0x1f, 0x11 | 0x12) && matches!(self.class(), 0 | 5)
-    }
-}
-
-/// Parses the BTH (and AETH syndrome) at `at`, the first byte after the UDP header. `None` if
-/// truncated.
-#[inline(always)]
-pub fn parse_bth(p: &(impl PacketBytes + ?Sized), at: usize) -> Option<Bth> {
-    let opcode = p.byte(at)?;
-    let dest_qp = u32::from_be_bytes([0, p.byte(at + 5)?, p.byte(at + 6)?, p.byte(at + 7)?]);
-    let psn = u32::from_be_bytes([0, p.byte(at + 9)?, p.byte(at + 10)?, p.byte(at + 11)?]);
-    let has_aeth =
-        matches!(opcode >> 5, 0 | 5) && matches!(opcode & 0x1f, 0x0d | 0x0f | 0x10 | 0x11 | 0x12);
-    let syndrome = if has_aeth { p.byte(at + 12)? } else { 0xff };
-    Some(Bth { opcode, dest_qp, psn, syndrome })
-}
-
-/// Whether 24-bit PSN `psn` is not after `last` (equal, or up to half the space behind): a
-/// resent packet.
-#[inline(always)]
-pub fn psn_repeated(last: u32, psn: u32) -> bool {
-    let ahead = psn.wrapping_sub(last) & 0x00ff_ffff;
-    ahead == 0 || ahead >= 0x0080_0000
 }
 
 /// Wire bytes of an skb of `len` bytes that carries `segs` segments (GSO/GRO), each repeating the
@@ -475,31 +350,6 @@ mod tests {
         let pkt = cat(&[&eth(ETH_P_IP), &ip[..20], &[0x11u8; 8]]);
         let h = parse(&pkt[..42], L2_ETHERNET).unwrap();
         assert_eq!((h.proto, h.l4, h.sport), (IPPROTO_UDP, 0, 0));
-    }
-
-    #[test]
-    fn bth_fields_and_aeth() {
-        // RC ACK, dest QP 0x000123, PSN 7, AETH syndrome 0x60 (NAK, PSN sequence error).
-        let bth = [0x11, 0, 0xff, 0xff, 0, 0, 0x01, 0x23, 0, 0, 0, 7, 0x60, 0, 0, 1];
-        let b = parse_bth(&bth[..], 0).unwrap();
-        assert_eq!((b.opcode, b.dest_qp, b.psn, b.syndrome, b.class()), (0x11, 0x123, 7, 0x60, 0));
-        assert!(b.is_ack());
-        // RC SEND ONLY carries no AETH.
-        let mut send = bth;
-        send[0] = 0x04;
-        assert_eq!(parse_bth(&send[..12], 0).unwrap().syndrome, 0xff);
-        // An ACK cut before its AETH is truncated.
-        assert_eq!(parse_bth(&bth[..12], 0), None);
-        assert_eq!(parse_bth(&bth[..11], 0), None);
-    }
-
-    #[test]
-    fn psn_order_wraps_at_24_bits() {
-        assert!(psn_repeated(5, 5));
-        assert!(psn_repeated(5, 4));
-        assert!(!psn_repeated(5, 6));
-        assert!(!psn_repeated(0x00ff_ffff, 0));
-        assert!(psn_repeated(0, 0x00ff_ffff));
     }
 
     #[test]
