@@ -144,21 +144,9 @@ pub fn print(
 mod tests {
     use super::*;
     use crate::control::env_names::{is_computed, is_env_name};
-    use crate::control::Compression;
 
     fn knobs() -> Knobs {
-        Knobs {
-            compression: Compression::Int8,
-            chunk_bytes: 8 << 20,
-            nccl_ib_timeout: 22,
-            nccl_ib_retry_cnt: 7,
-            watchdog_s: 1800,
-            dscp: Some(26),
-            roce_traffic_class: Some(106),
-            tcp_buffer_bytes: 128 << 20,
-            sync: Default::default(),
-            transport: None,
-        }
+        Knobs::recipe()
     }
 
     fn none() -> BTreeMap<String, String> {

@@ -30,13 +30,6 @@ fn the_python_package_reader_agrees() {
     let mut w = BoardWriter::create(&path, Duration::from_secs(60), now).unwrap();
     let k = Knobs {
         compression: Compression::TopK(0.01),
-        chunk_bytes: 8 << 20,
-        nccl_ib_timeout: 22,
-        nccl_ib_retry_cnt: 7,
-        watchdog_s: 1800,
-        dscp: Some(26),
-        roce_traffic_class: Some(106),
-        tcp_buffer_bytes: 128 << 20,
         sync: SyncKnobs {
             sync_every: 0,
             outer_compression: Compression::TopK(0.02),
@@ -44,7 +37,7 @@ fn the_python_package_reader_agrees() {
             fragments: 4,
             overlap: 3,
         },
-        transport: None,
+        ..Knobs::recipe()
     };
     let k2 = Knobs { compression: Compression::Int4, sync: SyncKnobs::default(), ..k };
     let mut hk = board_link("hk-us", "severe", 3, &k, 42);

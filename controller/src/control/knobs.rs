@@ -179,6 +179,24 @@ impl SyncKnobs {
 }
 
 impl Knobs {
+    /// The reference case's hand-tuned values (int8, 8 MiB chunks, NCCL_IB_TIMEOUT 22, class
+    /// 106, DSCP 26, 128 MiB buffers): a fixture the tests vary from.
+    #[cfg(test)]
+    pub fn recipe() -> Self {
+        Knobs {
+            compression: Compression::Int8,
+            chunk_bytes: 8 << 20,
+            nccl_ib_timeout: 22,
+            nccl_ib_retry_cnt: 7,
+            watchdog_s: 1800,
+            dscp: Some(26),
+            roce_traffic_class: Some(106),
+            tcp_buffer_bytes: 128 << 20,
+            sync: SyncKnobs::default(),
+            transport: None,
+        }
+    }
+
     /// `name: old -> new` for every knob that differs.
     pub fn changes(&self, new: &Knobs) -> Vec<String> {
         let mut v = Vec::new();
