@@ -32,7 +32,8 @@ import torch
 
 if not __package__:  # run as a script: python/ holds the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.train_lm import CharLM, Corpus, eval_loss, eval_offsets, load_corpus, windows
+from benchmarks.lm_data import Corpus, eval_offsets, load_corpus, windows
+from benchmarks.lm_model import CharLM, eval_loss
 
 
 def noise_offsets(corpus: Corpus, windows_per_set: int, sets: int, seq: int) -> list[torch.Tensor]:

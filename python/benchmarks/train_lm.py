@@ -99,23 +99,16 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
-import json
 import math
 import os
-import statistics
 import sys
-import sysconfig
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import linkpilot
@@ -125,141 +118,16 @@ from linkpilot.ddp_check import digest, parse_sites
 from linkpilot.outer import OuterSync, RoundPlan, RoundStats
 from linkpilot.outer.board import BoardPlan
 
-EVAL_FRACTION = 0.05
+if not __package__:  # run as a script: python/ holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.lm_data import batch_offsets, eval_offsets, load_corpus, windows
+from benchmarks.lm_model import CharLM, compute_baseline, eval_loss, lm_loss
+from benchmarks.lm_run import Checkpoints, Reporter, out_of_time, stop_step
+
 #: Where the fixed-codec configuration "reads" its board: a path that cannot exist, so the hook
 #: proposes its safe codec (the fixed one) on every step.
 NO_BOARD = os.path.join(os.devnull, "no-board")
 FAILED_EXIT = 3
-
-
-# -- data ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Corpus:
-    data: torch.Tensor  # uint8, the whole text
-    n_train: int  # data[:n_train] trains, data[n_train:] is held out
-    files: int
-    sha256: str
-
-
-def load_corpus(mib: float, root: str | None = None) -> Corpus:
-    """The first ``mib`` MiB of the standard library's *.py files, sorted by relative path."""
-    base = root or sysconfig.get_paths()["stdlib"]
-    paths = []
-    for here, dirs, names in os.walk(base):
-        rel = os.path.relpath(here, base)
-        # Not into installed packages (the data must not depend on them), nor caches.
-        dirs[:] = [d for d in dirs if d != "__pycache__"
-                   and not (rel == "." and d in ("site-packages", "dist-packages"))]
-        paths += [Path(rel, n).as_posix() for n in names if n.endswith(".py")]
-    paths.sort()
-    want = int(mib * (1 << 20))
-    chunks, have, files = [], 0, 0
-    for rel in paths:
-        if have >= want:
-            break
-        blob = Path(base, rel).read_bytes()
-        chunks.append(blob)
-        have += len(blob)
-        files += 1
-    text = b"".join(chunks)[:want]
-    if len(text) < want:
-        raise SystemExit(f"--data-mib {mib}: the standard library has only {len(text)} bytes")
-    data = torch.frombuffer(bytearray(text), dtype=torch.uint8)
-    return Corpus(data, int(len(text) * (1 - EVAL_FRACTION)), files,
-                  hashlib.sha256(text).hexdigest())
-
-
-def batch_offsets(corpus: Corpus, seed: int, step: int, rank: int, world: int, batch: int,
-                  seq: int) -> torch.Tensor:
-    """This rank's window offsets of a step: its slice of the step's global batch."""
-    # torch's CPU generator keeps 32 bits of its seed: mix (seed, step) into 32 bits.
-    mixed = hashlib.sha256(f"{seed}/{step}".encode()).digest()[:4]
-    gen = torch.Generator().manual_seed(int.from_bytes(mixed, "little"))
-    every = torch.randint(0, corpus.n_train - seq, (batch * world,), generator=gen)
-    return every[rank * batch:(rank + 1) * batch]
-
-
-def eval_offsets(corpus: Corpus, windows: int, seq: int) -> torch.Tensor:
-    """Fixed windows, evenly spaced over the held-out text."""
-    span = len(corpus.data) - corpus.n_train - (seq + 1)
-    if span < 0:
-        raise SystemExit("held-out text shorter than one window: raise --data-mib")
-    return torch.tensor([corpus.n_train + i * span // max(1, windows - 1)
-                         for i in range(windows)])
-
-
-def windows(corpus: Corpus, offsets: torch.Tensor, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs and next-byte targets, both (len(offsets), seq) int64."""
-    idx = offsets[:, None] + torch.arange(seq + 1)
-    tokens = corpus.data[idx].long()
-    return tokens[:, :-1], tokens[:, 1:]
-
-
-# -- model --------------------------------------------------------------------------------------
-
-
-class Block(nn.Module):
-    def __init__(self, width: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(width)
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-        self.ln2 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
-                                 nn.Linear(4 * width, width))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).permute(
-            2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
-        out: torch.Tensor = x + self.mlp(self.ln2(x))
-        return out
-
-
-class CharLM(nn.Module):
-    def __init__(self, width: int, depth: int, heads: int, seq: int) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(256, width)
-        self.pos = nn.Parameter(torch.zeros(seq, width))
-        self.blocks = nn.Sequential(*(Block(width, heads) for _ in range(depth)))
-        self.ln = nn.LayerNorm(width)
-        self.head = nn.Linear(width, 256)
-        nn.init.normal_(self.pos, std=0.02)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.tok(x) + self.pos[: x.shape[1]]
-        logits: torch.Tensor = self.head(self.ln(self.blocks(h)))
-        return logits
-
-
-def lm_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-
-
-def eval_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    with torch.no_grad():
-        return float(lm_loss(model, x, y))
-
-
-def compute_baseline(model: nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int = 3) -> float:
-    """Median seconds of a forward+backward with no communication (the bare module, before DDP
-    wraps it), after one warm-up; the gradients are dropped."""
-    times = []
-    for i in range(reps + 1):
-        started = time.perf_counter()
-        lm_loss(model, x, y).backward()  # type: ignore[no-untyped-call]
-        if i:
-            times.append(time.perf_counter() - started)
-        model.zero_grad(set_to_none=True)
-    return statistics.median(times)
-
-
-# -- the run ------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -346,72 +214,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.width % args.heads:
         ap.error("--width must be a multiple of --heads")
     return args
-
-
-def stop_step(path: str) -> int | None:
-    """The step number the stop file holds, or None while it holds none (absent, or not yet a
-    whole number: the writer renames a finished file into place, but an empty one is harmless)."""
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        return None
-    try:
-        return int(text.strip())
-    except ValueError:
-        return None
-
-
-def out_of_time(mine: bool, sync: OuterSync | None) -> bool:
-    """``--own-clock``: whether this site stops now; the ranks of a site of several agree (any
-    one's clock run out), so that they stop at the same step."""
-    group = sync.site_group if sync is not None else None
-    if group is None:
-        return mine
-    flag = torch.tensor([float(mine)])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-    return bool(flag.item())
-
-
-class Checkpoints:
-    """Rank 0's parameter snapshots: copied on the training thread (a memcpy), written by one
-    background thread to ``step-<steps>.pt`` under a temporary name first, so a reader never
-    sees a partial file."""
-
-    def __init__(self, directory: str, model: dict[str, Any]) -> None:
-        self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.model = model
-        self.writer = ThreadPoolExecutor(max_workers=1)
-        self.pending: list[Future[None]] = []
-
-    def save(self, net: nn.Module, steps: int, t_end: float) -> None:
-        state = {k: v.detach().clone() for k, v in net.state_dict().items()}
-        record = {"steps": steps, "t_end": t_end, "model": self.model, "state": state}
-        self.pending.append(
-            self.writer.submit(self._write, record, self.dir / f"step-{steps:06d}.pt"))
-
-    @staticmethod
-    def _write(record: dict[str, Any], path: Path) -> None:
-        partial = path.with_suffix(".partial")
-        torch.save(record, partial)
-        partial.rename(path)
-
-    def close(self) -> None:
-        """Waits for every write; a failed one (a full disk) raises here."""
-        self.writer.shutdown(wait=True)
-        for f in self.pending:
-            f.result()
-
-
-class Reporter:
-    def __init__(self, out: TextIO, rank: int, all_ranks: bool) -> None:
-        self.out, self.rank, self.on = out, rank, all_ranks or rank == 0
-        self.step = -1  # the step in progress (-1: setting up), for the failure line
-
-    def line(self, record: dict[str, Any], always: bool = False) -> None:
-        if self.on or always:
-            self.out.write(json.dumps({**record, "rank": self.rank}) + "\n")
-            self.out.flush()
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

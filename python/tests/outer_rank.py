@@ -45,7 +45,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 from linkpilot.board import KnobBoard
-from linkpilot.outer import sync as outer_sync
+from linkpilot.outer import site as outer_site
 from linkpilot.outer import OuterSync, RoundPlan, RoundStats
 from linkpilot.outer.board import BoardPlan
 from linkpilot.pgtimeout import member
@@ -108,7 +108,7 @@ def main() -> None:
     ap.add_argument("--spread-chunk", type=int)
     a = ap.parse_args()
     if a.spread_chunk:
-        outer_sync._SPREAD_CHUNK = a.spread_chunk
+        outer_site.SPREAD_CHUNK = a.spread_chunk
     h, f, o, codec = a.plan.split(",")
     master = a.master or f"127.0.0.1:{a.port}"
     pauses = {int(x) for x in a.pause_at.split(",") if x}
@@ -137,8 +137,8 @@ def main() -> None:
             "site_steps": s.site_steps, "weight": s.weight,
             "plan": [s.plan.sync_every, s.plan.fragments, s.plan.overlap, s.plan.codec]}
         if s.outcome == "applied":  # recorded once written: the values right after its step
-            r["digest"] = digest(sync._read(s.lo, s.hi))
-            r["value"] = float(sync._read(s.lo, s.hi)[0])
+            r["digest"] = digest(sync.flat.read(s.lo, s.hi))
+            r["value"] = float(sync.flat.read(s.lo, s.hi)[0])
         recorded.append(r)
 
     sync = OuterSync(model, RoundPlan(int(h), int(f), int(o), codec), sites=sites,

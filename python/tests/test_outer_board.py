@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import pytest
 from conftest import Feeder
-from test_outer import (
+from outer_runs import (
     applied_digests,
     finish,
     only_common_exchanges_applied,
@@ -39,6 +39,19 @@ def ask(plans: BoardPlan, compute_s: float = 0.22) -> RoundPlan | None:
     return plans(PlanInputs(START, NUMEL, 2, compute_s))
 
 
+#: Auto H on the board: between 8 and 400 steps, 4 fragments, a 20% margin.
+AUTO: dict[str, Any] = dict(sync_every=0, sync_min=8, sync_max=400, fragments=4,
+                            sync_margin_bp=2000)
+
+
+def auto_board(tmp_path: Path, board_feeder: Callable[..., Feeder]
+               ) -> tuple[Feeder, BoardPlan]:
+    """A board with auto H on a 200 Mbit/s link that delivered nothing yet, and its plans."""
+    feeder = board_feeder(tmp_path / "knobs")
+    feeder.publish([wan(**AUTO, capacity_bps=200_000_000)])
+    return feeder, BoardPlan(KnobBoard(tmp_path / "knobs"))
+
+
 def test_a_fixed_plan_on_the_board_is_proposed_and_starts_the_run(
         tmp_path: Path, board_feeder: Callable[..., Feeder]) -> None:
     feeder = board_feeder(tmp_path / "knobs")
@@ -54,11 +67,8 @@ def test_a_fixed_plan_on_the_board_is_proposed_and_starts_the_run(
 
 def test_auto_h_follows_the_delivered_rate_and_the_measured_compute(
         tmp_path: Path, board_feeder: Callable[..., Feeder]) -> None:
-    feeder = board_feeder(tmp_path / "knobs")
-    auto = dict(sync_every=0, sync_min=8, sync_max=400, fragments=4, sync_margin_bp=2000)
     # Nothing delivered yet: the link's capacity.
-    feeder.publish([wan(**auto, capacity_bps=200_000_000)])
-    plans = BoardPlan(KnobBoard(tmp_path / "knobs"))
+    feeder, plans = auto_board(tmp_path, board_feeder)
     assert plans.initial(START) == START  # auto needs compute time: the caller's plan
     assert ask(plans, compute_s=0.0) is None
     expected = auto_sync_every(rate_bps=200e6, rtt_s=0.18, compute_s=0.22, numel=NUMEL,
@@ -66,10 +76,10 @@ def test_auto_h_follows_the_delivered_rate_and_the_measured_compute(
     assert expected == (12, 2)
     assert ask(plans) == RoundPlan(12, 4, 2, "int8")
     # A small move of the rate keeps H (every change restarts a round) ...
-    feeder.publish([wan(**auto, capacity_bps=200_000_000, delivery_bps=180_000_000)])
+    feeder.publish([wan(**AUTO, capacity_bps=200_000_000, delivery_bps=180_000_000)])
     assert ask(plans) == RoundPlan(12, 4, 2, "int8")
     # ... a congested link (10 Mbit/s delivered) moves it: (0.67 + 0.18) x 1.2 s -> overlap 5.
-    feeder.publish([wan(**auto, capacity_bps=200_000_000, delivery_bps=10_000_000)])
+    feeder.publish([wan(**AUTO, capacity_bps=200_000_000, delivery_bps=10_000_000)])
     assert ask(plans) == RoundPlan(24, 4, 5, "int8")
     # Slower compute (1.1 s a step) hides the same 1.02 s exchange in one step.
     assert ask(plans, compute_s=1.1) == RoundPlan(8, 4, 1, "int8")
@@ -77,10 +87,7 @@ def test_auto_h_follows_the_delivered_rate_and_the_measured_compute(
 
 def test_auto_h_makes_room_for_exchanges_that_took_longer_than_the_link_model(
         tmp_path: Path, board_feeder: Callable[..., Feeder]) -> None:
-    feeder = board_feeder(tmp_path / "knobs")
-    auto = dict(sync_every=0, sync_min=8, sync_max=400, fragments=4, sync_margin_bp=2000)
-    feeder.publish([wan(**auto, capacity_bps=200_000_000)])
-    plans = BoardPlan(KnobBoard(tmp_path / "knobs"))
+    _, plans = auto_board(tmp_path, board_feeder)
     in_force = RoundPlan(12, 4, 2, "int8")
 
     def ask_measured(exchange_s: float, plan: RoundPlan = in_force) -> RoundPlan | None:
@@ -222,8 +229,7 @@ def test_a_plan_changed_while_exchanges_are_late_is_adopted_alike_without_a_resy
 def test_an_auto_outer_codec_is_chosen_with_h(
         tmp_path: Path, board_feeder: Callable[..., Feeder]) -> None:
     feeder = board_feeder(tmp_path / "knobs")
-    auto = dict(sync_every=0, sync_min=8, sync_max=400, fragments=4, sync_margin_bp=2000,
-                outer_codec_auto=True, outer_weakest="none", outer_compression="int4")
+    auto = dict(AUTO, outer_codec_auto=True, outer_weakest="none", outer_compression="int4")
     plans = BoardPlan(KnobBoard(tmp_path / "knobs"))
 
     def h_with(codec: str, rate: float) -> tuple[int, int]:

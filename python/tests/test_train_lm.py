@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.train_lm import Corpus, batch_offsets, eval_offsets, load_corpus, windows
+from benchmarks.lm_data import Corpus, batch_offsets, eval_offsets, load_corpus, windows
 from conftest import REPO
 
 SCRIPT = REPO / "python" / "benchmarks" / "train_lm.py"

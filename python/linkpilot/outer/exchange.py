@@ -140,7 +140,7 @@ class Exchanger:
     def stop(self) -> None:
         """Serves what is queued (the peers' matching exchanges), then tells the peers this site
         ended (they stop waiting for it) and stops."""
-        self.sync._closing = True
+        self.sync.closing = True
         self.jobs.put(None)
         self.thread.join(timeout=self.sync.deadline_s + _WAIT_S + 5)
         try:
@@ -265,11 +265,12 @@ class Exchanger:
         # values are locked a chunk's step at a time, so the training side never waits for
         # a whole fragment's decoding.
         chunk = max(1, _CHUNK // max(1, codec.chunk_align)) * codec.chunk_align or n
+        state = self.sync.state
         with job.lock:
             if job.abandoned:
                 return False
-            with self.sync._lock:
-                self.sync._keep_values(job.lo, job.hi)
+            with state.lock:
+                state.keep_values(job.lo, job.hi)
             for a in range(0, n, chunk):
                 b = min(n, a + chunk)
                 total = torch.zeros(b - a)
@@ -277,12 +278,12 @@ class Exchanger:
                     decoded = codec.decode_range(payload, n, a, b)
                     total += decoded if equal else decoded * weight
                 total /= self.size if equal else sum(weights)
-                with self.sync._lock:
-                    self.sync._outer_step(job.lo + a, job.lo + b, total)
-            with self.sync._lock:
-                # Its values are read at its apply step (see OuterSync._keep_values): no copy
+                with state.lock:
+                    state.step(job.lo + a, job.lo + b, total)
+            with state.lock:
+                # Its values are read at its apply step (see OuterState.keep_values): no copy
                 # of the fragment is held while it waits for it.
-                self.sync._unapplied.append(job)
+                state.unapplied.append(job)
             job.proposals = [plan_of(h[PLAN_AT:PLAN_AT + 4]) for h in heads]
             job.step_us = [h[STEP_US_AT] for h in heads]
             job.stats.exchange_s = time.monotonic() - started
@@ -337,7 +338,7 @@ class Exchanger:
                 self.finished = True
                 return
             except RuntimeError as e:  # the store or the group timed out: the link is down
-                if self.sync._closing:
+                if self.sync.closing:
                     return
                 log.warning("cross-site group (generation %d) %s: %s", self.generation,
                             "failed in the resync" if built else "not built", e)
@@ -359,11 +360,11 @@ class Exchanger:
                     self.store.wait(ready, timeout)
                     return generation
                 except RuntimeError:  # not everyone yet (a stopped or cut-off site)
-                    if self.sync._closing:
+                    if self.sync.closing:
                         raise
                     if self._peer_closed():
                         raise _PeerDone() from None
-        while not self.sync._closing:
+        while not self.sync.closing:
             if self._peer_closed():
                 raise _PeerDone()
             if self.store.check([_GENERATION]):
@@ -384,19 +385,19 @@ class Exchanger:
         self.pg.allgather([heads], [mine]).wait()
         counts = [int(h[0]) for h in heads]
         root = counts.index(max(counts))
-        with s._lock:
-            state = torch.cat([s.outer, s.velocity])
+        with s.state.lock:
+            state = torch.cat([s.state.outer, s.state.velocity])
         self.pg.broadcast(state, root).wait()
-        n = s.outer.numel()
+        n = s.state.outer.numel()
         epoch = max(int(h[1]) for h in heads) + (0 if final else 1)
         self.epoch = epoch
-        with s._lock:
+        with s.state.lock:
             # Exchanges of the old epoch that were waiting for their apply step are not applied
             # on their own: the training side takes the resync instead.
-            s._unapplied.clear()
-            s.outer.copy_(state[:n])
-            s.velocity.copy_(state[n:])
-            s._resync = Resync(epoch, counts[root], plan_of(heads[root][2:6].tolist()))
+            s.state.unapplied.clear()
+            s.state.outer.copy_(state[:n])
+            s.state.velocity.copy_(state[n:])
+            s.state.resync = Resync(epoch, counts[root], plan_of(heads[root][2:6].tolist()))
         # Jobs queued before the resync belong to the old epoch; a closing site's request and
         # the end stay, in order.
         kept: list[_Final | None] = []
