@@ -23,6 +23,8 @@ pub const REFERENCE_REGIME: &[&str] = &["ref-day", "ref-reroute", "ref-droptail"
 /// The reference regime's batch per rank is this many times the latency-bound one's: ~1 s of
 /// compute a step against the 180 ms round trip, as the reference job's step.
 const REFERENCE_BATCH_FACTOR: u32 = 4;
+/// The batch per rank (one rank a site) the reference regime was scaled at.
+pub const REFERENCE_BATCH: u32 = BATCH * REFERENCE_BATCH_FACTOR;
 
 /// Configurations of a held-out scenario (the comparisons the goals speak of; the oracle's fixed
 /// codecs are run on the tuned scenario only).
@@ -338,6 +340,12 @@ pub fn select(
             Ok(Config { batch: c.batch * factor, ..c })
         })
         .collect()
+}
+
+/// The reference regime's configurations at `batch` per rank (one rank a site) instead of the
+/// batch the regime was scaled at; two ranks a site take half each, as before.
+pub fn at_reference_batch(configs: Vec<Config>, batch: u32) -> Vec<Config> {
+    configs.into_iter().map(|c| Config { batch: c.batch * batch / REFERENCE_BATCH, ..c }).collect()
 }
 
 impl Config {

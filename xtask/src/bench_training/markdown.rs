@@ -67,6 +67,18 @@ pub fn markdown(s: &Value) -> String {
         s["repeats"],
         s["host_cc"].as_str().unwrap_or("?")
     );
+    if let Some(c) = s.get("calibration") {
+        out += &format!(
+            "Reference regime on this machine: batch {} per rank ({}; one rank's forward and \
+             backward {} s a step at it, {} s at batch {}; the regime's is {} s).\n\n",
+            c["batch"],
+            c["how"].as_str().unwrap_or("?"),
+            num(&c["compute_s"], 2),
+            num(&c["compute_s_at_regime_batch"], 2),
+            super::config::REFERENCE_BATCH,
+            super::calibrate::REGIME_COMPUTE_S,
+        );
+    }
     let target = |b: &str| num(&s["targets"][b]["eval_loss"], 4);
     out += &format!(
         "Targets: each baseline's eval loss at {:.0}% of its day (median over its runs): untuned \

@@ -6,6 +6,7 @@
 //! which the per-phase oracle is taken. Results in `target/bench-training/<scenario>/` (JSON, a
 //! markdown table, SVG plots); each run's files in `<config>/r<repeat>/`.
 
+mod calibrate;
 mod check;
 mod config;
 mod markdown;
@@ -60,6 +61,10 @@ pub struct Args {
     /// distribution default); results of another go to target/bench-training-CC.
     #[arg(long)]
     pub cc: Option<String>,
+    /// Batch per rank on the reference regime's days (default: calibrated on this machine so
+    /// that one step's compute is the regime's 1.10 s; the regime was scaled at 32).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(4..=64))]
+    pub reference_batch: Option<u32>,
 }
 
 /// Runs that failed, one JSON line each, in a scenario's results directory.
@@ -99,7 +104,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect();
-        let summary = report::summarize(scenario, &runs, &failures);
+        let mut summary = report::summarize(scenario, &runs, &failures);
+        if let Some(c) = calibrate::saved(&dir) {
+            summary["calibration"] = serde_json::to_value(c)?;
+        }
         fs::write(dir.join("results.json"), serde_json::to_string_pretty(&summary)?)?;
         let table = markdown::markdown(&summary);
         fs::write(dir.join("results.md"), &table)?;
@@ -138,7 +146,7 @@ fn measure(args: &Args, scenarios: &[String], out: &Path, cc: &str) -> anyhow::R
     }
     let mut plans = Vec::new();
     for scenario in scenarios {
-        let configs = config::select(scenario, args.quick, args.configs.as_deref())?;
+        let mut configs = config::select(scenario, args.quick, args.configs.as_deref())?;
         let dir = out.join(scenario_dir(scenario));
         if args.keep {
             for c in &configs {
@@ -162,6 +170,11 @@ fn measure(args: &Args, scenarios: &[String], out: &Path, cc: &str) -> anyhow::R
             let _ = fs::remove_dir_all(&dir);
         }
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        if config::REFERENCE_REGIME.contains(&scenario.as_str()) {
+            let reuse = args.keep || args.resume;
+            let c = calibrate::load_or_measure(&dir, reuse, args.reference_batch)?;
+            configs = config::at_reference_batch(configs, c.batch);
+        }
         plans.push(Plan {
             scenario: scenario.clone(),
             pass_s: lab::pass_seconds(scenario)?,

@@ -211,6 +211,7 @@ fn steps(suite: &mut timing::Suite, privileged: bool) -> anyhow::Result<()> {
             // Unused: the quick form saves and evaluates no checkpoint.
             eval_windows: 16,
             cc: None,
+            reference_batch: None,
         })
     })
 }
