@@ -129,8 +129,10 @@ fn compute_s(batch: u32) -> anyhow::Result<f64> {
         .spawn()
         .with_context(|| format!("starting {}", script.display()))?;
     let stdout = child.stdout.take().context("its stdout")?;
-    let baseline = BufReader::new(stdout).lines().map_while(Result::ok).find_map(|line| {
-        let v: serde_json::Value = serde_json::from_str(&line).ok()?;
+    // Every line is read: a pipe closed early would end the rank with EPIPE.
+    let lines: Vec<String> = BufReader::new(stdout).lines().map_while(Result::ok).collect();
+    let baseline = lines.iter().find_map(|line| {
+        let v: serde_json::Value = serde_json::from_str(line).ok()?;
         v["compute_s_baseline"].as_f64().filter(|_| v["start"] == true)
     });
     let out = child.wait_with_output()?;
