@@ -125,6 +125,26 @@ pub struct TunerStats {
 
 pub const TUNER_SIZE: usize = core::mem::size_of::<TunerStats>();
 
+impl TunerHeader {
+    /// A header that names this layout and `pid`, every count zero.
+    pub fn new(pid: u32) -> Self {
+        Self {
+            magic: TUNER_MAGIC,
+            version: TUNER_VERSION,
+            size: TUNER_SIZE as u32,
+            pid,
+            ..Self::default()
+        }
+    }
+}
+
+impl TunerStats {
+    /// A file of `header` and no entry used yet.
+    pub fn new(header: TunerHeader) -> Self {
+        Self { header, entries: [[TunerEntry::default(); SIZE_CLASSES]; COLL_SLOTS] }
+    }
+}
+
 const _: () = assert!(core::mem::size_of::<TunerHeader>() == 64);
 const _: () = assert!(core::mem::offset_of!(TunerHeader, own_calls) == 24);
 const _: () = assert!(core::mem::offset_of!(TunerHeader, adoption) == 48);

@@ -22,7 +22,7 @@ use std::{
 
 use linkpilot_common::tuner::{
     size_class, TunerEntry, TunerHeader, TunerStats, COLL_OTHER, COLL_SLOTS, SIZE_CLASSES,
-    TUNER_MAGIC, TUNER_SIZE, TUNER_VERSION,
+    TUNER_SIZE,
 };
 
 use crate::{abi::Logger, log::say};
@@ -102,22 +102,16 @@ impl Area {
     pub fn snapshot(&self, pid: u32) -> TunerStats {
         let h = &self.header;
         let r = Ordering::Relaxed;
-        let mut s = TunerStats {
-            header: TunerHeader {
-                magic: TUNER_MAGIC,
-                version: TUNER_VERSION,
-                size: TUNER_SIZE as u32,
-                pid,
-                communicators: h.communicators.load(r),
-                own_calls: h.own_calls.load(r),
-                own_chunk_calls: h.own_chunk_calls.load(r),
-                adopted_step: h.adopted_step.load(r),
-                adoption: h.adoption.load(r),
-                buffsize_kib: h.buffsize_kib.load(r),
-                adoptions: h.adoptions.load(r),
-            },
-            entries: [[TunerEntry::default(); SIZE_CLASSES]; COLL_SLOTS],
-        };
+        let mut s = TunerStats::new(TunerHeader {
+            communicators: h.communicators.load(r),
+            own_calls: h.own_calls.load(r),
+            own_chunk_calls: h.own_chunk_calls.load(r),
+            adopted_step: h.adopted_step.load(r),
+            adoption: h.adoption.load(r),
+            buffsize_kib: h.buffsize_kib.load(r),
+            adoptions: h.adoptions.load(r),
+            ..TunerHeader::new(pid)
+        });
         for (row, out) in self.entries.iter().zip(s.entries.iter_mut()) {
             for (e, o) in row.iter().zip(out.iter_mut()) {
                 *o = TunerEntry {

@@ -235,22 +235,15 @@ mod tests {
         // In another PID namespace a process may have any pid, ours included: liveness is the
         // lock, not the pid.
         let pid = 1;
-        let mut s = TunerStats {
-            header: TunerHeader {
-                magic: TUNER_MAGIC,
-                version: TUNER_VERSION,
-                size: TUNER_SIZE as u32,
-                pid,
-                communicators: 2,
-                own_calls: 1,
-                own_chunk_calls: 0,
-                adopted_step: 42,
-                adoption: adoption::ADOPTED,
-                buffsize_kib: 8192,
-                adoptions: 3,
-            },
-            entries: [[TunerEntry::default(); SIZE_CLASSES]; COLL_SLOTS],
-        };
+        let mut s = TunerStats::new(TunerHeader {
+            communicators: 2,
+            own_calls: 1,
+            adopted_step: 42,
+            adoption: adoption::ADOPTED,
+            buffsize_kib: 8192,
+            adoptions: 3,
+            ..TunerHeader::new(pid)
+        });
         s.entries[4][23] = TunerEntry {
             choice: choice::pack(0, 2, 4, choice::SEEN | choice::ADOPTED),
             calls: 9,

@@ -290,45 +290,27 @@ fn log_changes(changes: Vec<String>) {
 mod tests {
     use super::*;
     use crate::{
-        control::{Core, Policy},
+        control::{policy::builder::PolicyToml, Core, Policy},
         sense::sensors::Snapshot,
     };
 
     /// "lan" names no peer, on eth0 and eth1; "wan" and "dr" both name "us" on their own
     /// interfaces.
-    const POLICY: &str = r#"
-[[link]]
-name = "lan"
-interfaces = ["eth0", "eth1"]
-capacity = "1Gbit/s"
-[[link]]
-name = "wan"
-interfaces = ["eth2"]
-capacity = "1Gbit/s"
-[[link.peer]]
-name = "us"
-cidrs = ["198.18.2.0/24"]
-[[link]]
-name = "dr"
-interfaces = ["eth3", "eth4"]
-capacity = "1Gbit/s"
-[[link.peer]]
-name = "us"
-cidrs = ["198.18.2.0/24"]
-[[link.peer]]
-name = "eu"
-cidrs = ["198.18.3.0/24"]
-[[state]]
-name = "healthy"
-[state.knobs]
-compression = "none"
-dscp = 26
-roce_traffic_class = 106
-"#;
+    fn policy() -> String {
+        PolicyToml::new()
+            .link_on("lan", &["eth0", "eth1"], "1Gbit/s")
+            .link_on("wan", &["eth2"], "1Gbit/s")
+            .peer("us", "198.18.2.0/24")
+            .link_on("dr", &["eth3", "eth4"], "1Gbit/s")
+            .peer("us", "198.18.2.0/24")
+            .peer("eu", "198.18.3.0/24")
+            .healthy()
+            .build()
+    }
 
     #[test]
     fn dscp_rules_per_interface_and_peer_with_any_peer_last() {
-        let policy = Policy::parse(POLICY, "p.toml").unwrap_or_else(|e| panic!("{e}"));
+        let policy = Policy::parse(&policy(), "p.toml").unwrap_or_else(|e| panic!("{e}"));
         let peers = crate::daemon::peer_table(&policy).unwrap();
         let ifaces: Vec<Iface> =
             (0..5).map(|i| Iface { name: format!("eth{i}"), ifindex: 10 + i, l2: 0 }).collect();
@@ -351,7 +333,7 @@ roce_traffic_class = 106
 
     #[test]
     fn a_kept_dscp_makes_no_rule() {
-        let kept = POLICY.replace("dscp = 26", "dscp = \"keep\"");
+        let kept = policy().replace("dscp = 26", "dscp = \"keep\"");
         let policy = Policy::parse(&kept, "p.toml").unwrap_or_else(|e| panic!("{e}"));
         let peers = crate::daemon::peer_table(&policy).unwrap();
         let ifaces: Vec<Iface> =

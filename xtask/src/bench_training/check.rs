@@ -276,6 +276,7 @@ mod tests {
         decisions.insert("us0".to_owned(), vec![decision(90.0, "int8"), decision(110.5, "int4")]);
         Run {
             config: "adaptive".into(),
+            setup: None,
             repeat: 0,
             pass_s: 60.0,
             pass_end: 200.0,

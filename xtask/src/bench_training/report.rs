@@ -208,7 +208,8 @@ pub fn summarize(scenario: &str, runs: &[Run], failures: &[Value]) -> Value {
         let known = config::all().into_iter().find(|c| &c.name == name);
         configs.push(json!({
             "name": name,
-            "setup": known.as_ref().map(|c| c.describe()),
+            // As run: the list's own description does not know a calibrated batch.
+            "setup": mine.iter().find_map(|r| r.setup.clone()).or_else(|| known.as_ref().map(|c| c.describe())),
             "oracle_candidate": known.as_ref().is_some_and(|c| c.oracle_candidate),
             "runs": mine.len(),
             "ceiling": ceiling_name,

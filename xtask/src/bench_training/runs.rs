@@ -14,6 +14,8 @@ pub const WARMUP_PHASE: &str = "warmup";
 
 pub struct Run {
     pub config: String,
+    /// The configuration as it ran (its batch is the calibrated one on a reference day).
+    pub setup: Option<String>,
     pub repeat: usize,
     /// The scenario's pass: its length and its end (unix seconds).
     pub pass_s: f64,
@@ -94,6 +96,7 @@ impl Run {
             .unwrap_or(Value::Null);
         Ok(Self {
             config: record["config"].as_str().unwrap_or("?").to_owned(),
+            setup: record["setup"].as_str().map(str::to_owned),
             repeat: record["repeat"].as_u64().unwrap_or(0) as usize,
             pass_s: record["pass_s"].as_f64().unwrap_or(f64::NAN),
             pass_end,

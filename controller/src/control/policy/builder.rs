@@ -43,21 +43,28 @@ impl PolicyToml {
 
     /// A link on `iface` (capacity as the policy writes it, e.g. `"50Mbit/s"`, or `""` for none:
     /// measured) with one peer (`name`, `cidr`) or none.
-    pub fn link(
-        mut self,
-        name: &str,
-        iface: &str,
-        capacity: &str,
-        peer: Option<(&str, &str)>,
-    ) -> Self {
-        self.body += &format!("[[link]]\nname = \"{name}\"\ninterfaces = [\"{iface}\"]\n");
+    pub fn link(self, name: &str, iface: &str, capacity: &str, peer: Option<(&str, &str)>) -> Self {
+        let link = self.link_on(name, &[iface], capacity);
+        match peer {
+            Some((peer, cidr)) => link.peer(peer, cidr),
+            None => link,
+        }
+    }
+
+    /// A link on several interfaces, with no peer yet.
+    pub fn link_on(mut self, name: &str, ifaces: &[&str], capacity: &str) -> Self {
+        let ifaces: Vec<String> = ifaces.iter().map(|i| format!("\"{i}\"")).collect();
+        self.body +=
+            &format!("[[link]]\nname = \"{name}\"\ninterfaces = [{}]\n", ifaces.join(", "));
         if !capacity.is_empty() {
             self.body += &format!("capacity = \"{capacity}\"\n");
         }
-        if let Some((peer, cidr)) = peer {
-            self = self.raw(&format!("[[link.peer]]\nname = \"{peer}\"\ncidrs = [\"{cidr}\"]"));
-        }
         self
+    }
+
+    /// A peer of the link just added.
+    pub fn peer(self, name: &str, cidr: &str) -> Self {
+        self.raw(&format!("[[link.peer]]\nname = \"{name}\"\ncidrs = [\"{cidr}\"]"))
     }
 
     /// The lab's WAN link seen from Hong Kong: "wan" on eth0 toward peer "us" (198.18.2.0/24).

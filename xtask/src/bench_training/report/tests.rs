@@ -52,6 +52,7 @@ fn run(config: &str, repeat: usize, per_s: f64, steps_per_s: f64) -> Run {
     }
     Run {
         config: config.into(),
+        setup: None,
         repeat,
         pass_s: 110.0,
         pass_end: t0 + 100.0,
@@ -199,4 +200,16 @@ fn rungs_are_taken_against_the_configuration_chosen_in_advance_where_it_ran() {
     assert!((headroom.as_f64().unwrap() - 1.25).abs() < 0.02, "{headroom}");
     let text = super::super::markdown::markdown(&s);
     assert!(text.contains("Headroom: co-located against outer-expert-h100, rung-25 1.2"), "{text}");
+}
+
+/// A configuration's setup is the one its runs recorded (a reference day's calibrated batch),
+/// and the list's own where a record predates it.
+#[test]
+fn setup_as_the_runs_recorded_it() {
+    let mut runs = repeats(1, &[("static-bbr", 0.010, 1.0), ("adaptive", 0.020, 2.0)]);
+    runs[0].setup = Some("1 rank(s) per site, batch 14 per rank".into());
+    let s = summarize("ref-fatpipe", &runs, &[]);
+    assert_eq!(config(&s, "static-bbr")["setup"], "1 rank(s) per site, batch 14 per rank");
+    let listed = config::all().into_iter().find(|c| c.name == "adaptive").unwrap().describe();
+    assert_eq!(config(&s, "adaptive")["setup"], listed.as_str());
 }
