@@ -29,6 +29,30 @@ use std::{
     thread,
 };
 
+/// A child process killed and reaped when dropped, so a failing test leaves no iperf3, tcpdump or
+/// writer behind.
+pub struct Reaped(Option<Child>);
+
+impl Reaped {
+    pub fn new(child: Child) -> Self {
+        Self(Some(child))
+    }
+
+    /// The child, no longer killed on drop (to wait for it).
+    pub fn take(mut self) -> Child {
+        self.0.take().expect("a child")
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// A fresh, empty directory for one test's files (`what` names it; the pid keeps runs apart).
 /// Left behind when the test fails, for diagnosis.
 pub fn temp_dir(what: &str) -> PathBuf {

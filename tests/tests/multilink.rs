@@ -13,7 +13,7 @@
 
 use linkpilot_tests::policy::PolicyToml;
 use std::{
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
@@ -25,7 +25,7 @@ use linkpilot_lab::{
 use linkpilot_tests::{
     daemon::{iperf3_server, lab_with, status_json, wait_for, Daemon},
     netns::Netns,
-    sh,
+    sh, Reaped,
 };
 use serde_json::Value;
 
@@ -50,24 +50,6 @@ struct Route {
     node_addr: String,
     us: Host,
     _lab: Lab,
-}
-
-/// A child process killed when dropped, so a failing test leaves no iperf3 or tcpdump behind.
-struct Reaped(Option<Child>);
-
-impl Reaped {
-    fn take(mut self) -> Child {
-        self.0.take().expect("a child")
-    }
-}
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 /// Joins `node` to the HK host of `lab` by a veth pair (`node_if`, 198.19.`n`.1 in the node;
@@ -179,11 +161,11 @@ fn two_links(tag: &str, near_peers: &str) {
         .zip(&pcaps)
         .map(|(p, pcap)| {
             let filter = format!("src host {} and tcp", p.node_addr);
-            Reaped(Some(selftest::start_capture(&p.us, &filter, pcap).expect("tcpdump")))
+            Reaped::new(selftest::start_capture(&p.us, &filter, pcap).expect("tcpdump"))
         })
         .collect();
     let servers: Vec<Reaped> =
-        [&near, &far].iter().map(|p| Reaped(Some(iperf3_server(&p.us)))).collect();
+        [&near, &far].iter().map(|p| Reaped::new(iperf3_server(&p.us))).collect();
     // Paced, light flows: RTT samples without a standing queue in the delay line.
     let clients: Vec<Reaped> = [&near, &far]
         .iter()
@@ -193,7 +175,7 @@ fn two_links(tag: &str, near_peers: &str) {
                 .stdout(Stdio::null())
                 .spawn()
                 .expect("iperf3 -c");
-            Reaped(Some(c))
+            Reaped::new(c)
         })
         .collect();
     let onset = Instant::now();

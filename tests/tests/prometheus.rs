@@ -13,7 +13,7 @@ use std::{
     collections::BTreeSet,
     io::Write as _,
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
@@ -25,6 +25,7 @@ use linkpilot_tests::{
     prometheus::{Prometheus, SCRAPE_INTERVAL_S},
     python,
     tuner::TrainingProcess,
+    Reaped,
 };
 use nix::{sys::signal::Signal, unistd::Pid};
 
@@ -52,16 +53,6 @@ while True:
     r.set_loss(2.5)
     time.sleep(0.2)
 "#;
-
-/// A child killed when the test ends, also when it fails.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// `promtool check metrics` on an exposition: its complaints, empty when it passes.
 fn promtool_check_metrics(exposition: &str) -> Result<(), String> {
@@ -131,8 +122,8 @@ fn prometheus_scrapes_the_daemon_and_every_dashboard_query_returns_data() {
     let promql = |q: &str| prom.query(q).unwrap_or_else(|e| panic!("{e}\n{}", prom.log()));
 
     // Real traffic for the rest of the test: the path marks CE, the link goes congested.
-    let _server = Killed(iperf3_server(&us));
-    let client = Killed(iperf3_client(&hk, &us, &["-C", "cubic", "-t", "120"]));
+    let _server = Reaped::new(iperf3_server(&us));
+    let client = Reaped::new(iperf3_client(&hk, &us, &["-C", "cubic", "-t", "120"]));
     wait_for("congested, as Prometheus sees it", Duration::from_secs(15), || {
         !promql("linkpilot_link_state{link=\"wan\",state=\"congested\"} == 1").is_empty()
     });
@@ -171,7 +162,7 @@ fn prometheus_scrapes_the_daemon_and_every_dashboard_query_returns_data() {
 
     // A training process publishing a job report through the training side's own writer (a
     // synchronizer job: with a loss and a sync interval), so that the jobs' series exist.
-    let _job = Killed(
+    let _job = Reaped::new(
         Command::new(python())
             .args(["-c", JOB_WRITER, dir.join("jobs").to_str().expect("utf-8")])
             .spawn()
