@@ -46,6 +46,8 @@ fn snapshot(links: usize, peers: usize, tick: u64) -> Snapshot {
                     samples: 100,
                     cross_srtt_ms: Some(180.0 + 40.0 * wobble),
                     cross_samples: 2,
+                    cross_p50_ms: Some(181.0),
+                    cross_p99_ms: Some(190.0 + 100.0 * wobble),
                 },
                 flows: 2,
                 ..PeerSnapshot::default()

@@ -43,6 +43,11 @@ pub struct Signals {
     pub rtt_p99_ms: Option<f64>,
     /// p99 - p50.
     pub jitter_ms: f64,
+    /// p99 - p50 of the samples of others' queue (`cross_rtt_ms`'s): the path's jitter without
+    /// what a reporting job's own bursts add, `None` while there are none in the window. Equal
+    /// to `jitter_ms` while no job reports.
+    #[serde(default)]
+    pub cross_jitter_ms: Option<f64>,
     /// Change of the RTT EWMA, ms per second.
     pub rtt_gradient: f64,
     /// Largest RTT p99 over the peak window, ms.
@@ -92,6 +97,7 @@ pub struct Estimator {
     /// window are unmeasured.
     srtt_seen: Option<Duration>,
     percentiles_seen: Option<Duration>,
+    cross_percentiles_seen: Option<Duration>,
     /// Shares are ratios of EWMAs (marked over all packets), so each packet weighs the same
     /// however the ticks slice them.
     ce_pps: Ewma,
@@ -131,6 +137,7 @@ impl Estimator {
             cross_seen: None,
             srtt_seen: None,
             percentiles_seen: None,
+            cross_percentiles_seen: None,
             ce_pps: e(),
             cross_ce_pps: e(),
             rx_pps: e(),
@@ -248,6 +255,12 @@ impl Estimator {
             (Some(a), Some(b)) => (b - a).max(0.0),
             _ => 0.0,
         };
+        if let (Some(p50), Some(p99)) = (a.cross_p50_ms, a.cross_p99_ms) {
+            s.cross_jitter_ms = Some((p99 - p50).max(0.0));
+            self.cross_percentiles_seen = Some(now);
+        } else if aged(self.cross_percentiles_seen) {
+            s.cross_jitter_ms = None;
+        }
         let inflation = |r: Option<f64>| match (r, s.baseline_ms) {
             (Some(r), Some(b)) if b > 0.0 => (r / b - 1.0).max(0.0),
             _ => 0.0,

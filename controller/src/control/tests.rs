@@ -68,6 +68,8 @@ pub(super) fn snap(at_ms: u64, rtt: f64, p99: f64, ce: f64, retrans: f64) -> Sna
             samples: 100,
             cross_srtt_ms: Some(rtt),
             cross_samples: 4,
+            cross_p50_ms: Some(rtt),
+            cross_p99_ms: Some(p99),
         },
         flows: 4,
         ..PeerSnapshot::default()
@@ -339,4 +341,28 @@ fn a_reload_keeps_the_state_and_baseline_and_explains_the_new_knobs() {
     core.reload(Policy::parse(&renamed, "test").unwrap_or_else(|e| panic!("{e}")));
     let d = core.step(&snap(3200, 180.0, 185.0, 0.05, 0.0));
     assert_eq!(d[0].state, "healthy", "{}", d[0].reason);
+}
+
+#[test]
+fn a_jobs_own_rtt_spread_is_not_jitter_but_a_spiking_path_is() {
+    // hk-us reads jitter from the samples of others' queue (cross_jitter): a job's own burst
+    // spreads its flows' RTT 150 ms for 5 s while those samples stay within 5 ms.
+    let own = |t: u64| {
+        let mut s =
+            snap(t * 100, 181.0, if (50..100).contains(&t) { 331.0 } else { 185.0 }, 0.0, 0.0);
+        (s.peers[0].rtt.cross_p50_ms, s.peers[0].rtt.cross_p99_ms) = (Some(181.0), Some(186.0));
+        s
+    };
+    let ds = run(shipped("hk-us"), 150, own);
+    assert_eq!(state_changes(&ds), vec![(0, "healthy".to_owned())], "{ds:#?}");
+    // The same spread in the samples of others' queue is the path's: degraded (at 100 ms).
+    let spiking = |t: u64| {
+        let mut s = own(t);
+        s.peers[0].rtt.cross_p99_ms = s.peers[0].rtt.p99_ms;
+        s
+    };
+    let ds = run(shipped("hk-us"), 150, spiking);
+    let states: Vec<String> = state_changes(&ds).into_iter().map(|(_, s)| s).collect();
+    assert_eq!(states, ["healthy", "degraded"], "{ds:#?}");
+    assert!(ds.iter().any(|d| d.reason.contains("cross_jitter 150.0ms >= 100ms")), "{ds:#?}");
 }

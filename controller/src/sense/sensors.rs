@@ -25,6 +25,9 @@ mod tests;
 struct PeerState {
     prev: Option<PeerStats>,
     rtt: RttWindow,
+    /// The samples of others' queue (`cross` in [`Sensors::tick`]) over the same window: their
+    /// spread is the jitter a job's own bursts do not add.
+    cross_rtt: RttWindow,
     /// Flows with a fresh sample at the last flow-table reading.
     flows: usize,
     marks: MarkSplit,
@@ -110,7 +113,7 @@ impl Sensors {
         let mut fresh: HashMap<(u32, u32), Vec<u32>> = HashMap::new();
         // Samples of others' queue by the same key: a job's own flows count only with the first
         // sample of a burst, the one that did not queue behind the burst itself.
-        let mut cross: HashMap<(u32, u32), (u64, usize)> = HashMap::new();
+        let mut cross: HashMap<(u32, u32), Vec<u32>> = HashMap::new();
         let mut job_marks = Added::new();
         if !r.flows_skipped {
             let last = self.last_kernel_ns;
@@ -128,8 +131,7 @@ impl Sensors {
                     sampled.then_some(f.srtt_us)
                 };
                 if let Some(us) = others {
-                    let e = cross.entry(row).or_default();
-                    (e.0, e.1) = (e.0 + u64::from(us), e.1 + 1);
+                    cross.entry(row).or_default().push(us);
                 }
             }
             self.job_marks.end_reading();
@@ -142,6 +144,7 @@ impl Sensors {
             let state = self.peers.entry((link.clone(), *id)).or_insert_with(|| PeerState {
                 prev: None,
                 rtt: RttWindow::new(window),
+                cross_rtt: RttWindow::new(window),
                 flows: 0,
                 marks: MarkSplit::default(),
             });
@@ -164,13 +167,20 @@ impl Sensors {
             let srtt_ms = (!samples.is_empty()).then(|| {
                 samples.iter().map(|&us| f64::from(us)).sum::<f64>() / samples.len() as f64 / 1e3
             });
-            let (cross_sum, cross_samples) = cross.remove(&(*ifindex, *id)).unwrap_or_default();
-            let cross_ms =
-                (cross_samples > 0).then(|| cross_sum as f64 / cross_samples as f64 / 1e3);
+            let cross_samples = cross.remove(&(*ifindex, *id)).unwrap_or_default();
+            let cross_ms = (!cross_samples.is_empty()).then(|| {
+                cross_samples.iter().map(|&us| f64::from(us)).sum::<f64>()
+                    / cross_samples.len() as f64
+                    / 1e3
+            });
             for &us in &samples {
                 state.rtt.push(now, us);
             }
             state.rtt.expire(now);
+            for &us in &cross_samples {
+                state.cross_rtt.push(now, us);
+            }
+            state.cross_rtt.expire(now);
             let retrans_fraction =
                 if tx_pkts > 0 { (retrans as f64 / tx_pkts as f64).min(1.0) } else { 0.0 };
             out.push(PeerSnapshot {
@@ -196,7 +206,9 @@ impl Sensors {
                     p99_ms: state.rtt.quantile_ms(0.99),
                     samples: state.rtt.samples() as usize,
                     cross_srtt_ms: cross_ms,
-                    cross_samples,
+                    cross_samples: cross_samples.len(),
+                    cross_p50_ms: state.cross_rtt.quantile_ms(0.5),
+                    cross_p99_ms: state.cross_rtt.quantile_ms(0.99),
                 },
                 flows: state.flows,
                 opens_per_s: per_s(d(|s| s.flows.active_opens) + d(|s| s.flows.passive_opens)),

@@ -24,6 +24,13 @@ pub struct RttSnapshot {
     /// How many samples `cross_srtt_ms` is the mean of.
     #[serde(default)]
     pub cross_samples: usize,
+    /// Percentiles of the samples of others' queue over the window: their spread is the
+    /// jitter of the path without a job's own bursts (equal to `p50_ms`/`p99_ms` while no job
+    /// reports).
+    #[serde(default)]
+    pub cross_p50_ms: Option<f64>,
+    #[serde(default)]
+    pub cross_p99_ms: Option<f64>,
 }
 
 /// Signals of one peer of one link over the last tick. Fields added later default to zero when

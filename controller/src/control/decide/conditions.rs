@@ -13,6 +13,7 @@ fn value(signal: &str, s: &Signals) -> Option<f64> {
         "cross_rtt_inflation" => s.cross_rtt_ms.map(|_| s.cross_rtt_inflation),
         "rtt_p99" => s.rtt_p99_ms,
         "jitter" => s.rtt_p99_ms.map(|_| s.jitter_ms),
+        "cross_jitter" => s.cross_jitter_ms,
         "ce_fraction" => Some(s.ce_fraction),
         "cross_ce_fraction" => Some(s.cross_ce_fraction),
         "retrans" => Some(s.retrans),
@@ -25,7 +26,7 @@ fn value(signal: &str, s: &Signals) -> Option<f64> {
 
 fn show(signal: &str, v: f64) -> String {
     match signal {
-        "rtt_p99" | "jitter" | "unanswered" => format!("{v:.1}ms"),
+        "rtt_p99" | "jitter" | "cross_jitter" | "unanswered" => format!("{v:.1}ms"),
         "cnp_rate" => format!("{v:.0}/s"),
         _ => format!("{:.2}%", v * 100.0),
     }

@@ -25,6 +25,9 @@ pub struct Aggregate {
     pub min_ms: Option<f64>,
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
+    /// The worst peer's percentiles of the samples of others' queue.
+    pub cross_p50_ms: Option<f64>,
+    pub cross_p99_ms: Option<f64>,
 }
 
 fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
@@ -64,6 +67,8 @@ impl Aggregate {
         };
         self.p50_ms = max_opt(self.p50_ms, p.rtt.p50_ms);
         self.p99_ms = max_opt(self.p99_ms, p.rtt.p99_ms);
+        self.cross_p50_ms = max_opt(self.cross_p50_ms, p.rtt.cross_p50_ms);
+        self.cross_p99_ms = max_opt(self.cross_p99_ms, p.rtt.cross_p99_ms);
     }
 
     /// The RDMA NIC's CNPs (handled as the sender told to slow down) join the TC-seen ones.

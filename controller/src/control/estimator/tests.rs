@@ -57,6 +57,8 @@ fn snap(at_s: u64, rtt: f64, ce: f64) -> Snapshot {
             samples: 10,
             cross_srtt_ms: Some(rtt),
             cross_samples: 1,
+            cross_p50_ms: Some(rtt),
+            cross_p99_ms: Some(rtt * 1.1),
         },
         flows: 1,
         ..PeerSnapshot::default()
@@ -225,4 +227,29 @@ fn a_link_that_retransmits_and_hears_nothing_is_unanswered_until_a_packet_arrive
     other_only.peers[1].rx_pps = 1e6;
     e.update(&other_only);
     assert_eq!(e.update(&dead(8, 0.0)).unanswered_ms, 1000.0);
+}
+
+#[test]
+fn cross_jitter_is_the_spread_of_others_samples_and_ages_out() {
+    let mut e = Fed::new();
+    // A job's burst spreads its own flows' RTT 150 ms; the samples of others' queue, 5 ms.
+    let mut own = snap(0, 180.0, 0.0);
+    own.peers[0].rtt.p99_ms = Some(330.0);
+    (own.peers[0].rtt.cross_p50_ms, own.peers[0].rtt.cross_p99_ms) = (Some(181.0), Some(186.0));
+    let s = e.update(&own);
+    assert!((s.jitter_ms - 150.0).abs() < 1e-9, "{s:?}");
+    assert!((s.cross_jitter_ms.unwrap() - 5.0).abs() < 1e-9, "{s:?}");
+    // The worst peer's spread counts, as for the percentiles of all samples.
+    let mut two = own.clone();
+    two.at_ms = 1000;
+    let mut far = two.peers[0].clone();
+    (far.peer, far.rtt.cross_p99_ms) = ("us".into(), Some(301.0));
+    two.peers.insert(1, far);
+    assert!((e.update(&two).cross_jitter_ms.unwrap() - 120.0).abs() < 1e-9);
+    // No such samples: the last spread holds for a window, then it is unmeasured.
+    let mut none = snap(2, 180.0, 0.0);
+    (none.peers[0].rtt.cross_p50_ms, none.peers[0].rtt.cross_p99_ms) = (None, None);
+    assert!((e.update(&none).cross_jitter_ms.unwrap() - 120.0).abs() < 1e-9);
+    none.at_ms = 12_000;
+    assert_eq!(e.update(&none).cross_jitter_ms, None);
 }

@@ -166,11 +166,11 @@ sync_every = {{ min = 8, max = 200, margin = \"25%\", max_drift = 800 }}
 # The ladder, healthiest first: any enter condition held for 300 ms enters a state (possibly
 # skipping levels); all exit conditions held for 10 s step down one level.
 #
-# cross_ce_fraction and cross_rtt_inflation read others' traffic: a job's own bursts keep a
-# marking queue above its step and its flows' RTT above the baseline, and counted they would
-# hold the link in a worse state all day. The job's own view stays in every state at a higher
-# bar (rtt_inflation at twice cross_rtt_inflation's), for a link whose capacity dropped under a
-# lone job; retransmissions count whoever caused them.
+# cross_ce_fraction, cross_rtt_inflation and cross_jitter read others' traffic: a job's own
+# bursts keep a marking queue above its step, its flows' RTT above the baseline and their RTT
+# spread wide, and counted they would hold the link in a worse state all day. The job's own
+# view stays in every state at a higher bar (rtt_inflation at twice cross_rtt_inflation's), for
+# a link whose capacity dropped under a lone job; retransmissions count whoever caused them.
 "#
     );
     let knobs = |w: &mut String, codec: &str, outer: &str, timeout: &str, first: bool| {
@@ -213,14 +213,14 @@ exit = {{ cross_ce_fraction = "0.2%", retrans = "0.1%", cross_rtt_inflation = "1
 {worse}
 [[state]]
 name = "degraded"
-enter = {{ cross_ce_fraction = "5%", retrans = "2%", cross_rtt_inflation = "50%", rtt_inflation = "80%", jitter = "{}" }}
-exit = {{ cross_ce_fraction = "1%", retrans = "0.5%", cross_rtt_inflation = "20%", rtt_inflation = "40%", jitter = "{}" }}
+enter = {{ cross_ce_fraction = "5%", retrans = "2%", cross_rtt_inflation = "50%", rtt_inflation = "80%", cross_jitter = "{}" }}
+exit = {{ cross_ce_fraction = "1%", retrans = "0.5%", cross_rtt_inflation = "20%", rtt_inflation = "40%", cross_jitter = "{}" }}
 {worse}
 [[state]]
 name = "severe"
 # unanswered: retransmitted and heard nothing back for 1 s: a dead link or peer.
-enter = {{ retrans = "5%", rtt_inflation = "100%", jitter = "{}", unanswered = "1s" }}
-exit = {{ retrans = "2%", rtt_inflation = "50%", jitter = "{}", unanswered = "500ms" }}
+enter = {{ retrans = "5%", rtt_inflation = "100%", cross_jitter = "{}", unanswered = "1s" }}
+exit = {{ retrans = "2%", rtt_inflation = "50%", cross_jitter = "{}", unanswered = "500ms" }}
 {severe}"#,
         jitter(rtt_ms, 5.0 / 9.0, 20),
         jitter(rtt_ms, 5.0 / 18.0, 10),
@@ -319,14 +319,14 @@ mod tests {
         assert!(text.contains("max = \"1GiB\""), "{text}");
         assert!(text.contains("max = \"16MiB\""), "{text}");
         assert!(
-            text.contains("jitter = \"100ms\"") && text.contains("jitter = \"200ms\""),
+            text.contains("cross_jitter = \"100ms\"") && text.contains("cross_jitter = \"200ms\""),
             "{text}"
         );
         let p = Policy::parse(&text, "t").unwrap();
         assert_eq!(p.links[0].peers.len(), 1);
         // A LAN: small bounds, jitter thresholds at their floors.
         let text = render(&answers(vec![], "10Gbit/s", "200us")).unwrap();
-        assert!(text.contains("jitter = \"20ms\""), "{text}");
+        assert!(text.contains("cross_jitter = \"20ms\""), "{text}");
         assert!(text.contains("max = \"8MiB\""), "{text}");
         // Every RTT from a rack to a planet's far side makes a ladder the checks take.
         for rtt in ["50us", "1ms", "25ms", "35ms", "70ms", "180ms", "600ms", "2s"] {

@@ -318,11 +318,12 @@ impl Errors<'_> {
 }
 
 /// The signals a threshold can name, with how to compare them: `true` if higher is worse.
-const SIGNALS: [(&str, bool); 10] = [
+const SIGNALS: [(&str, bool); 11] = [
     ("rtt_inflation", true),
     ("cross_rtt_inflation", true),
     ("rtt_p99", true),
     ("jitter", true),
+    ("cross_jitter", true),
     ("ce_fraction", true),
     ("cross_ce_fraction", true),
     ("retrans", true),
@@ -347,13 +348,14 @@ enum Written {
 impl Thresholds {
     /// (signal name, threshold in the units the signals use, how it is written) of every
     /// signal, set or not: the one list both views below read.
-    fn each(&self) -> [(&'static str, Option<f64>, Written); 10] {
+    fn each(&self) -> [(&'static str, Option<f64>, Written); 11] {
         let ms = |n: Option<Nanos>| n.map(|x| x.0 as f64 / 1e6);
         [
             ("rtt_inflation", self.rtt_inflation.map(|x| x.0), Written::Percent),
             ("cross_rtt_inflation", self.cross_rtt_inflation.map(|x| x.0), Written::Percent),
             ("rtt_p99", ms(self.rtt_p99), Written::Ms),
             ("jitter", ms(self.jitter), Written::Ms),
+            ("cross_jitter", ms(self.cross_jitter), Written::Ms),
             ("ce_fraction", self.ce_fraction.map(|x| x.0), Written::Fraction),
             ("cross_ce_fraction", self.cross_ce_fraction.map(|x| x.0), Written::Fraction),
             ("retrans", self.retrans.map(|x| x.0), Written::Fraction),

@@ -85,7 +85,7 @@ fn golden_errors() {
         ),
         (
             congested("", "", "int8"),
-            "p.toml:15:9: state \"congested\" needs enter thresholds (any of rtt_inflation, cross_rtt_inflation, rtt_p99, jitter, ce_fraction, cross_ce_fraction, retrans, cnp_rate, goodput_below, unanswered)",
+            "p.toml:15:9: state \"congested\" needs enter thresholds (any of rtt_inflation, cross_rtt_inflation, rtt_p99, jitter, cross_jitter, ce_fraction, cross_ce_fraction, retrans, cnp_rate, goodput_below, unanswered)",
         ),
         (
             "[bounds]\nchunk = { min = \"8MiB\", max = \"4MiB\", initial = \"4MiB\" }\n".to_owned(),

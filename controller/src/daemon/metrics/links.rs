@@ -24,6 +24,10 @@ const LINK_RTT_STATS: [&str; 5] = ["ewma", "baseline", "p50", "p99", "peak_p99"]
 /// The link's signals that are one number each: (name, help).
 const LINK_F64: &[(&str, &str)] = &[
     ("link_jitter_seconds", "RTT p99 - p50"),
+    (
+        "link_cross_jitter_seconds",
+        "RTT p99 - p50 of the samples cross_rtt_inflation reads (0: none in the window)",
+    ),
     ("link_rtt_inflation_ratio", "RTT EWMA over baseline, minus one"),
     (
         "link_cross_rtt_inflation_ratio",
@@ -131,6 +135,7 @@ impl LinkMetrics {
         }
         for (name, v) in [
             ("link_jitter_seconds", s.jitter_ms / 1e3),
+            ("link_cross_jitter_seconds", s.cross_jitter_ms.unwrap_or(0.0) / 1e3),
             ("link_rtt_inflation_ratio", s.rtt_inflation),
             ("link_cross_rtt_inflation_ratio", s.cross_rtt_inflation),
             ("link_ce_fraction", s.ce_fraction),

@@ -242,3 +242,36 @@ fn connection_rates() {
     let p = &s.tick(S, &readings(b, vec![])).peers[0];
     assert_eq!((p.opens_per_s, p.closes_per_s, p.failed_opens_per_s), (10.0, 5.0, 1.0));
 }
+
+#[test]
+fn cross_percentiles_leave_out_a_jobs_own_queue() {
+    let mut s = Sensors::new(Duration::from_secs(10));
+    let base = stats(0, 0, 0, 0, 0);
+    s.tick(Duration::ZERO, &readings_at(base, vec![], 100));
+    let mut job = flow(1, 180_000, 200);
+    (job.1.burst_rtt_us, job.1.burst_ns) = (181_000, 150);
+    s.set_job_flows([job.0].into(), HashSet::new());
+    // Ten ticks of a burst: the job's flow queues behind itself up to 500 ms; the other flow
+    // and the burst's first sample see the path's 180-185 ms.
+    let mut snap = None;
+    for t in 1..=10u64 {
+        let at = t * 100 + 100;
+        job.1.srtt_us = 180_000 + 32_000 * t as u32;
+        job.1.last_ns = at - 10;
+        job.1.burst_ns = if t == 1 { at - 20 } else { 0 };
+        let other = flow(2, 180_000 + 500 * t as u32, at - 10);
+        snap = Some(s.tick(t as u32 * S, &readings_at(base, vec![job, other], at)));
+    }
+    let rtt = snap.unwrap().peers[0].rtt;
+    let (p99, cross_p99) = (rtt.p99_ms.unwrap(), rtt.cross_p99_ms.unwrap());
+    assert!(p99 > 480.0 && cross_p99 < 186.0, "{rtt:?}");
+    assert!(rtt.cross_p50_ms.is_some_and(|p| (180.0..186.0).contains(&p)), "{rtt:?}");
+    // No job reports: every sample is another's, the percentiles are one.
+    let mut s = Sensors::new(Duration::from_secs(10));
+    s.tick(Duration::ZERO, &readings_at(base, vec![], 100));
+    let rtt = s
+        .tick(S, &readings_at(base, vec![flow(1, 300_000, 150), flow(2, 180_000, 150)], 200))
+        .peers[0]
+        .rtt;
+    assert_eq!((rtt.cross_p50_ms, rtt.cross_p99_ms), (rtt.p50_ms, rtt.p99_ms));
+}

@@ -39,7 +39,7 @@ pub(super) fn check_states(
             e.at(enter_span.clone(), format!("state {name:?} is the first (healthiest) state: it has no enter thresholds; remove them or put a healthier state first"));
         }
         if i > 0 && enter.conditions().is_empty() {
-            e.at(enter_span.clone(), format!("state {name:?} needs enter thresholds (any of rtt_inflation, cross_rtt_inflation, rtt_p99, jitter, ce_fraction, cross_ce_fraction, retrans, cnp_rate, goodput_below, unanswered)"));
+            e.at(enter_span.clone(), format!("state {name:?} needs enter thresholds (any of rtt_inflation, cross_rtt_inflation, rtt_p99, jitter, cross_jitter, ce_fraction, cross_ce_fraction, retrans, cnp_rate, goodput_below, unanswered)"));
         }
         let exit = match &s.exit {
             None => enter,
@@ -242,6 +242,7 @@ fn merge(into: &mut Thresholds, from: &Thresholds) {
         cross_rtt_inflation,
         rtt_p99,
         jitter,
+        cross_jitter,
         ce_fraction,
         cross_ce_fraction,
         retrans,

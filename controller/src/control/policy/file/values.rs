@@ -17,6 +17,9 @@ pub struct Thresholds {
     pub rtt_p99: Option<Nanos>,
     /// RTT p99 minus p50 over the window.
     pub jitter: Option<Nanos>,
+    /// The same over the samples `cross_rtt_inflation` reads: a job's own bursts, which queue
+    /// behind each other, add none of it.
+    pub cross_jitter: Option<Nanos>,
     pub ce_fraction: Option<Fraction>,
     /// `ce_fraction` without the marks on the flows of jobs reporting on this host: their own
     /// bursts' queue does not count.
