@@ -156,6 +156,9 @@ struct Phase {
     ping_burst_ms: f64,
     /// Mean of status reads of `cross_rtt_inflation`.
     cross_rtt_inflation: f64,
+    /// Means of status reads of `cross_jitter_ms` and `jitter_ms`.
+    cross_jitter_ms: f64,
+    jitter_ms: f64,
     /// tshark's RTT of each burst's first segment (ms), for the bursts whose sample falls in
     /// the stretch of trace the daemon's samples come from.
     wire_ms: Vec<f64>,
@@ -209,6 +212,7 @@ fn phase(
     writeln!(job.stdin.as_mut().expect("stdin"), "{PHASE_S}").expect("job stdin");
     let started = Instant::now();
     let (mut all, mut cross_infl, mut base) = (Vec::new(), Vec::new(), f64::NAN);
+    let (mut cross_jitter, mut jitter) = (Vec::new(), Vec::new());
     thread::sleep(Duration::from_secs(4));
     let (first_line, traced_from) = (trace_lines(&s.trace), unix_now());
     while started.elapsed() < Duration::from_secs(PHASE_S.into()) {
@@ -221,6 +225,8 @@ fn phase(
         if g["cross_rtt_ms"].as_f64().is_some() {
             cross_infl.push(g["cross_rtt_inflation"].as_f64().unwrap_or(f64::NAN));
         }
+        cross_jitter.extend(g["cross_jitter_ms"].as_f64());
+        jitter.push(g["jitter_ms"].as_f64().unwrap_or(f64::NAN));
         thread::sleep(Duration::from_millis(500));
     }
     let (last_line, traced_to) = (trace_lines(&s.trace), unix_now());
@@ -264,6 +270,7 @@ fn phase(
     assert!(bursts.len() >= 10 && idle.len() >= 100 && busy.len() >= 100, "too few samples");
     assert!(cross_infl.len() >= 10, "cross_rtt_inflation unmeasured: {cross_infl:?}");
     assert!(cross_samples >= 10, "{cross_samples} samples of others' queue in the trace");
+    assert!(cross_jitter.len() >= 10, "cross_jitter unmeasured: {cross_jitter:?}");
     Phase {
         queue_ms: mean(&all),
         cross_queue_ms: cross_ms - base,
@@ -271,6 +278,8 @@ fn phase(
         ping_idle_ms: mean(&idle) - base_ms,
         ping_burst_ms: mean(&busy) - base_ms,
         cross_rtt_inflation: mean(&cross_infl),
+        cross_jitter_ms: mean(&cross_jitter),
+        jitter_ms: mean(&jitter),
         wire_ms,
     }
 }
@@ -348,6 +357,17 @@ fn queueing_delay_of_a_jobs_own_bursts_is_told_from_cross_traffics_as_ping_sees_
     );
     assert!(alone.wire_ms.len() >= 10 && shared.wire_ms.len() >= 10, "too few bursts captured");
     assert!((alone.cross_queue_ms - wire_alone).abs() <= tol, "job alone, against tshark");
+    // cross_jitter is the spread of those samples over the daemon's window: with the job alone
+    // no wider than the first segments' RTTs spread on the wire over the whole phase (a window
+    // holds a part of them), give or take the tenth of the path's RTT each instrument's own
+    // reading of a segment may differ by.
+    let wire_spread = alone.wire_ms.iter().copied().fold(f64::NEG_INFINITY, f64::max) - wire_base;
+    eprintln!(
+        "job alone: cross_jitter {:.2} ms, jitter {:.2} ms, first segments' spread on the wire \
+         {wire_spread:.2} ms",
+        alone.cross_jitter_ms, alone.jitter_ms
+    );
+    assert!(alone.cross_jitter_ms <= wire_spread + tol, "job alone: cross_jitter against tshark");
     // Each instrument has its own zero: the daemon's baseline is the least smoothed RTT it saw,
     // tshark's the least first-segment RTT with the job alone. They differ by 0 to 1.5 ms from
     // run to run, by the same amount in both phases (8 runs). What iperf3 adds is the rise from
