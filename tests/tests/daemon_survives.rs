@@ -282,6 +282,53 @@ fn out_of_file_descriptors_the_daemon_backs_off_instead_of_spinning() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The decision log is a FIFO whose reader has not come yet (a log shipper still starting):
+/// opening it holds the daemon's start for as long as that takes, and the status API answers
+/// all the while, saying it is starting, then its ticks once the reader is there.
+#[test]
+fn the_status_api_answers_while_the_start_waits_on_its_decision_log() {
+    let pair = Pair::new("198.18.47.1", "198.18.47.2");
+    let dir = linkpilot_tests::temp_dir("survives-fifo");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let fifo = dir.join("decisions.jsonl");
+    sh(&["mkfifo", &fifo.display().to_string()]);
+    let mut d = Daemon::start(&pair.a.name, &dir, &policy(pair.a_if, pair.b_addr));
+    wait_for("the status socket", Duration::from_secs(20), || {
+        if let Some(s) = d.child.try_wait().expect("wait") {
+            panic!("linkpilot run exited ({s}): {}", d.log());
+        }
+        dir.join("status.sock").exists()
+    });
+    // Nothing reads the FIFO: the start cannot go on, whatever time passes.
+    for _ in 0..3 {
+        let s = status_json(&dir);
+        assert_eq!(s["starting"], true, "{s}");
+        assert_eq!(s["ticks"], 0, "{s}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let socket = dir.join("status.sock").display().to_string();
+    let text = sh(&[
+        &linkpilot_tests::linkpilot_bin().display().to_string(),
+        "status",
+        "--socket",
+        &socket,
+    ]);
+    assert!(text.contains("starting"), "{text}");
+    // The reader comes (and drains the log until the daemon exits).
+    let reader = std::thread::spawn(move || {
+        let mut lines = String::new();
+        std::fs::File::open(&fifo).expect("open the FIFO").read_to_string(&mut lines).ok();
+        lines
+    });
+    wait_for("a tick", Duration::from_secs(20), || {
+        let s = status_json(&dir);
+        s["ticks"].as_u64() > Some(0) && s["starting"] == false
+    });
+    drop(d);
+    reader.join().expect("the reader");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_file_at_the_status_socket_path_is_refused_not_removed() {
     let pair = Pair::new("198.18.44.1", "198.18.44.2");

@@ -202,8 +202,9 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         interfaces: names.clone(),
         ..Status::default()
     }));
-    // Served from here on: loading the programs takes seconds on a busy node.
-    let status_server = tokio::spawn(status::serve(status_listener, status.clone()));
+    // Served from here on, on a thread of its own: loading the programs takes seconds on a
+    // busy node, and a tick blocks this runtime while it works.
+    let status_server = status::spawn(status_listener, status.clone())?;
     let decision_log = linelog::open(&o.decision_log, "decision_log")?;
     let record = linelog::open(&o.record, "record")?;
     let restorable = apply::open_restorable(&o)?;
@@ -345,7 +346,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<()> {
         }
     }
     .await;
-    status_server.abort();
+    status_server.stop();
     let _ = fs::remove_file(&d.o.status_socket);
     // Roll back whatever happened above.
     d.act.restore();

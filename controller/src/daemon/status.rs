@@ -21,7 +21,7 @@ mod render;
 mod socket;
 
 pub use render::render;
-pub use socket::{bind, query, serve};
+pub use socket::{bind, query, spawn};
 
 pub const DEFAULT_SOCKET: &str = "/run/linkpilot/status.sock";
 
@@ -35,8 +35,9 @@ pub struct Status {
     /// SHA-256 of the running policy's bytes (hex, as sha256sum prints it).
     #[serde(default)]
     pub policy_sha256: String,
-    /// Loading and attaching the programs: the socket answers from the moment it is bound, so a
-    /// client asking during the start gets this rather than a timeout.
+    /// Opening its files, loading and attaching the programs: the socket answers from the moment
+    /// it is bound (on its own thread), so a client asking during the start gets this, not a
+    /// timeout.
     #[serde(default)]
     pub starting: bool,
     pub dry_run: bool,

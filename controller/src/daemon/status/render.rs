@@ -31,7 +31,7 @@ pub fn render(s: &Status) -> String {
         s.last_tick_work_ms,
     );
     if s.starting {
-        out += "starting: loading and attaching the programs; nothing decided yet\n";
+        out += "starting: opening its files, loading and attaching the programs; nothing decided yet\n";
     }
     out += &format!(
         "interfaces {}  flows {}/{}  reloads {} applied, {} rejected\n",
@@ -242,7 +242,7 @@ mod tests {
     #[test]
     fn a_starting_daemon_says_so_and_a_running_one_does_not() {
         let starting = Status { starting: true, ..Status::default() };
-        assert!(render(&starting).contains("starting: loading and attaching the programs"));
+        assert!(render(&starting).contains("starting: opening its files, loading and attaching"));
         assert!(!render(&Status::default()).contains("starting"));
     }
 

@@ -3,11 +3,20 @@
 //! the mode keeps others out and the peer's credentials are checked as well, since the
 //! directory's permissions are not ours to trust. Separate from the reply's shape
 //! (`status.rs`) and its table (`render.rs`): this is the only part that touches sockets.
+//!
+//! The server runs on a thread of its own, with its own small runtime: the control loop's work
+//! is synchronous (loading the programs, a tick), and a server sharing its runtime would leave
+//! clients unanswered for as long as that work takes, which on a loaded node outlasts the
+//! client's timeout.
 
 use std::{
     io::{BufRead, BufReader, Write},
-    os::unix::{fs::PermissionsExt, net::UnixStream as StdUnixStream},
+    os::unix::{
+        fs::PermissionsExt,
+        net::{UnixListener as StdUnixListener, UnixStream as StdUnixStream},
+    },
     path::Path,
+    thread::JoinHandle,
     time::Duration,
 };
 
@@ -15,6 +24,7 @@ use anyhow::Context;
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader as TokioBufReader},
     net::UnixListener,
+    sync::oneshot,
 };
 use tracing::{debug, warn};
 
@@ -23,7 +33,7 @@ use crate::daemon::status_request::{reply, MAX_REQUEST, REFUSED};
 
 /// Creates the socket (replacing a stale one, never a live one, and nothing that is not a
 /// socket), readable and writable by the owner only.
-pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
+pub fn bind(path: &Path) -> anyhow::Result<StdUnixListener> {
     use std::os::unix::fs::FileTypeExt;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -53,15 +63,69 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
             .with_context(|| format!("removing the stale {}", path.display()))?,
     }
     let listener =
-        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+        StdUnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("restricting {}", path.display()))?;
+    listener
+        .set_nonblocking(true)
+        .with_context(|| format!("making {} non-blocking", path.display()))?;
     Ok(listener)
+}
+
+/// The server's thread; [`Server::stop`] (or dropping it) ends it and closes the listener.
+pub struct Server {
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Serves `listener` on a thread of its own until stopped.
+pub fn spawn(listener: StdUnixListener, shared: Shared) -> anyhow::Result<Server> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("the status server's runtime")?;
+    let (stop, stopped) = oneshot::channel();
+    let thread = std::thread::Builder::new()
+        .name("lp-status".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                match UnixListener::from_std(listener) {
+                    Ok(l) => tokio::select! {
+                        () = serve(l, shared) => {}
+                        _ = stopped => {}
+                    },
+                    Err(e) => warn!("status socket: {e}; no status served"),
+                }
+            });
+        })
+        .context("starting the status thread")?;
+    Ok(Server { stop: Some(stop), thread: Some(thread) })
+}
+
+impl Server {
+    pub fn stop(mut self) {
+        self.shut();
+    }
+
+    fn shut(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shut();
+    }
 }
 
 /// Answers requests until the task is dropped: one line each, as `status_request::reply`
 /// decides.
-pub async fn serve(listener: UnixListener, shared: Shared) {
+async fn serve(listener: UnixListener, shared: Shared) {
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     let mut backoff = crate::daemon::serve::AcceptBackoff::default();
