@@ -35,7 +35,7 @@ fn a_fed_board_beats_then_goes_stale_at_end_of_input() {
     assert_eq!(line, "published 42\n");
 
     let r = BoardReader::open(&path).unwrap();
-    let b = r.read(100).unwrap();
+    let b = r.read().unwrap();
     assert_eq!((b.header.pid, b.header.n_links, b.header.decision_id), (child.id(), 2, 42));
     assert_eq!(b.header.heartbeat_interval_ms, 20);
     let (l, e) = (b.links[0], b.links[1]);
@@ -54,14 +54,14 @@ fn a_fed_board_beats_then_goes_stale_at_end_of_input() {
     // Quiet stdin: the heartbeat goes on.
     let first = b.header.heartbeat_ns;
     std::thread::sleep(Duration::from_millis(100));
-    let b = r.read(100).unwrap();
+    let b = r.read().unwrap();
     assert!(b.header.heartbeat_ns > first && !is_stale(&b, monotonic_ns()));
 
     drop(stdin);
     let status = child.wait().unwrap();
-    let b = r.read(100).unwrap();
+    let b = r.read().unwrap();
     std::thread::sleep(Duration::from_millis(60));
-    let stale = is_stale(&r.read(100).unwrap(), monotonic_ns());
+    let stale = is_stale(&r.read().unwrap(), monotonic_ns());
     let _ = std::fs::remove_dir_all(&dir);
     assert!(status.success(), "{status}");
     assert_eq!(b.header.decision_id, 42, "the board keeps the last decision");

@@ -56,9 +56,9 @@ fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
     wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
     wait_for("the first decision", Duration::from_secs(5), || {
-        board.read(100).is_ok_and(|b| b.header.n_links == 1)
+        board.read().is_ok_and(|b| b.header.n_links == 1)
     });
-    let b = board.read(100).expect("read");
+    let b = board.read().expect("read");
     assert_eq!(
         (name(&b.links[0].state), b.links[0].compression),
         ("healthy".into(), compression::NONE)
@@ -84,10 +84,10 @@ fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
     let onset = Instant::now();
     let mut client = iperf3_client(&hk, &us, &["-C", "cubic", "-t", "6"]);
     wait_for("congested on the board", Duration::from_secs(6), || {
-        board.read(100).is_ok_and(|b| name(&b.links[0].state) == "congested")
+        board.read().is_ok_and(|b| name(&b.links[0].state) == "congested")
     });
     let took = onset.elapsed();
-    let b = board.read(100).expect("read");
+    let b = board.read().expect("read");
     assert_eq!(b.links[0].compression, compression::INT8);
     assert_eq!((b.links[0].dscp, b.links[0].roce_traffic_class), (10, 42));
     let env = std::fs::read_to_string(dir.join("nccl.env")).expect("env file");
@@ -120,7 +120,7 @@ fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
     assert!(!dir.join("sysctl.json").exists(), "state file removed");
     // Readers see the daemon gone within two heartbeats.
     thread::sleep(Duration::from_millis(250));
-    let b = board.read(100).expect("read");
+    let b = board.read().expect("read");
     assert!(is_stale(&b, linkpilot::kernel::probes::monotonic_ns()), "the board should be stale");
     let decisions = std::fs::read_to_string(dir.join("decisions.jsonl")).unwrap_or_default();
     let trace = std::fs::read_to_string(dir.join("trace.jsonl")).unwrap_or_default();
@@ -161,14 +161,14 @@ fn sigkill_then_restart_leaves_one_set_of_attachments_and_the_original_sysctls()
     assert_eq!(one_set, 5, "2 TCX + 3 tracepoint links: {:?}", linkpilot_tests::oracle::links());
     // SIGKILL: no rollback; the state file and the changed sysctl stay behind.
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
-    assert!(!is_stale(&board.read(100).expect("read"), linkpilot::kernel::probes::monotonic_ns()));
+    assert!(!is_stale(&board.read().expect("read"), linkpilot::kernel::probes::monotonic_ns()));
     first.child.kill().expect("SIGKILL");
     let killed = linkpilot::kernel::probes::monotonic_ns();
     first.child.wait().expect("exit");
     // Readers call the board stale two heartbeat intervals after the last beat; that beat was
     // at most one interval (plus a late tick) before the death, so staleness comes within two
     // intervals of it. Measured on the board itself rather than by polling.
-    let last = board.read(100).expect("read").header;
+    let last = board.read().expect("read").header;
     let interval = u64::from(last.heartbeat_interval_ms) * 1_000_000;
     let before_death = killed.saturating_sub(last.heartbeat_ns);
     assert!(
@@ -177,7 +177,7 @@ fn sigkill_then_restart_leaves_one_set_of_attachments_and_the_original_sysctls()
         before_death / 1_000_000
     );
     wait_for("the board to go stale", Duration::from_secs(2), || {
-        board.read(100).is_ok_and(|b| is_stale(&b, linkpilot::kernel::probes::monotonic_ns()))
+        board.read().is_ok_and(|b| is_stale(&b, linkpilot::kernel::probes::monotonic_ns()))
     });
     assert!(dir.join("sysctl.json").exists());
     assert_ne!(tcp_rmem_max(&hk.netns), rmem_before);
@@ -219,9 +219,9 @@ fn reload_metrics_and_status() {
     wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
     wait_for("the first decision", Duration::from_secs(5), || {
-        board.read(100).is_ok_and(|b| b.header.n_links == 1)
+        board.read().is_ok_and(|b| b.header.n_links == 1)
     });
-    let before = board.read(100).expect("read");
+    let before = board.read().expect("read");
     assert_eq!(before.links[0].dscp, 26);
     // The RDMA port on eth0 got the healthy state's RoCE traffic class (before the board, which
     // the daemon updates last).
@@ -295,7 +295,7 @@ fn reload_metrics_and_status() {
     let log = d.log();
     assert!(log.contains(&format!("policy.toml:{line}:")), "{log}");
     // Measurements may still move auto knobs; what the policy sets must not move.
-    let after = board.read(100).expect("read");
+    let after = board.read().expect("read");
     assert_eq!((after.links[0].dscp, name(&after.links[0].state)), (26, "healthy".into()));
     let decisions = std::fs::read_to_string(dir.join("decisions.jsonl")).unwrap_or_default();
     assert!(!decisions.contains("policy reloaded"), "{decisions}");
@@ -311,7 +311,7 @@ fn reload_metrics_and_status() {
         POLICY.replacen("dscp = 26", "dscp = 18", 1).replacen("tcp_ecn = 1", "tcp_ecn = 0", 1);
     std::fs::write(&policy, reloaded).expect("policy");
     wait_for("the reloaded DSCP on the board", Duration::from_secs(5), || {
-        board.read(100).is_ok_and(|b| b.links[0].dscp == 18)
+        board.read().is_ok_and(|b| b.links[0].dscp == 18)
     });
     assert!(d.log().contains("changed: reloading"), "{}", d.log());
     assert_eq!(sysctl(&hk.netns, "net.ipv4.tcp_ecn"), "0", "the reloaded [host]");

@@ -40,9 +40,9 @@ fn congested_within_a_second_of_the_first_ce_mark_and_healthy_only_after_the_exi
     wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
     wait_for("the first decision", Duration::from_secs(5), || {
-        board.read(100).is_ok_and(|b| b.header.n_links == 1)
+        board.read().is_ok_and(|b| b.header.n_links == 1)
     });
-    let state = || board.read(100).map(|b| name(&b.links[0].state)).unwrap_or_default();
+    let state = || board.read().map(|b| name(&b.links[0].state)).unwrap_or_default();
     assert_eq!(state(), "healthy");
 
     let mut server = iperf3_server(&us);
@@ -66,7 +66,7 @@ fn congested_within_a_second_of_the_first_ce_mark_and_healthy_only_after_the_exi
     let lag = congested.duration_since(first_mark);
     eprintln!("congested {lag:?} after the lab's first CE mark");
     assert!(lag < Duration::from_secs(1), "congested {lag:?} after the first CE mark");
-    let b = board.read(100).expect("read");
+    let b = board.read().expect("read");
     assert_eq!(b.links[0].compression, compression::INT8);
 
     client.wait().expect("iperf3 client");
@@ -131,7 +131,7 @@ fn timeouts_cover_a_delay_spike_before_the_spike_is_over() {
     while lab.elapsed() < spike_at - Duration::from_millis(200) {
         thread::sleep(Duration::from_millis(20));
     }
-    let calm = board.read(100).expect("read").links[0];
+    let calm = board.read().expect("read").links[0];
     let spike_rtt = Duration::from_millis(420);
     eprintln!(
         "calm: NCCL_IB_TIMEOUT {} ({:?}), watchdog {} s",
@@ -143,7 +143,7 @@ fn timeouts_cover_a_delay_spike_before_the_spike_is_over() {
     assert!(ib_timeout(calm.nccl_ib_timeout) < spike_rtt, "{}", calm.nccl_ib_timeout);
     let spike_ends = spike_at + Duration::from_secs(2);
     let covered = loop {
-        let b = board.read(100).expect("read").links[0];
+        let b = board.read().expect("read").links[0];
         // Twice the spike's RTT for the QP timer, and a watchdog of the policy's 3000 x RTT
         // p99 for a p99 of at least 200 ms.
         if ib_timeout(b.nccl_ib_timeout) >= spike_rtt * 2 && b.watchdog_s >= 600 {
@@ -157,7 +157,7 @@ fn timeouts_cover_a_delay_spike_before_the_spike_is_over() {
         );
         thread::sleep(Duration::from_millis(10));
     };
-    let b = board.read(100).expect("read").links[0];
+    let b = board.read().expect("read").links[0];
     eprintln!(
         "covered {:?} into the spike: NCCL_IB_TIMEOUT {} ({:?}), watchdog {} s",
         covered - spike_at,
@@ -170,7 +170,7 @@ fn timeouts_cover_a_delay_spike_before_the_spike_is_over() {
     // They do not fall back between spikes: the watchdog follows the peak over its window and
     // the timeout only falls after the dwell.
     while lab.elapsed() < spike_ends + Duration::from_millis(2500) {
-        let now = board.read(100).expect("read").links[0];
+        let now = board.read().expect("read").links[0];
         assert!(now.watchdog_s >= b.watchdog_s, "watchdog fell to {}", now.watchdog_s);
         thread::sleep(Duration::from_millis(50));
     }

@@ -83,7 +83,7 @@ fn a_sigkilled_runs_roce_class_goes_back_to_the_value_from_before_it() {
     let mut second = Daemon::start_with(&pair.a.name, &dir, &POLICY, &extra);
     wait_for("the second run's board", Duration::from_secs(20), || {
         BoardReader::open(&dir.join("knobs"))
-            .and_then(|b| b.read(100))
+            .and_then(|b| b.read())
             .is_ok_and(|b| b.header.n_links == 1)
     });
     assert_eq!(read(&tos), "106", "the second run's own class");
@@ -177,7 +177,7 @@ fn a_failing_actuator_is_pending_until_it_holds() {
         .is_some_and(|n| n >= 1.0));
     // The board shows the decision, and that its env file part is not in place.
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
-    let b = board.read(100).expect("read");
+    let b = board.read().expect("read");
     assert_eq!((b.header.n_links, b.header.pending), (1, pending::ENV_FILE));
     // Retried every tick: a few ticks after the file system is writable it holds, with the
     // same decision (no new one is needed).
@@ -194,7 +194,7 @@ fn a_failing_actuator_is_pending_until_it_holds() {
     assert!(st["pending_since"].is_null() && st["errors"].as_u64() >= Some(errors_before));
     let m = scrape(&ns);
     assert_eq!(sample(&m, "linkpilot_actuator_pending{actuator=\"env_file\"}"), Some(0.0), "{m}");
-    assert_eq!(board.read(100).expect("read").header.pending, 0);
+    assert_eq!(board.read().expect("read").header.pending, 0);
     let table = linkpilot_tests::sh(&[
         &linkpilot_bin().display().to_string(),
         "status",

@@ -195,7 +195,7 @@ fn no_file_the_daemon_writes_is_written_through_a_planted_symlink() {
     let mut d = Daemon::start_with(&ns, &run_dir, &PAIR_POLICY, &["--metrics-addr", "off"]);
     wait_for("the first decision on the board", Duration::from_secs(20), || {
         BoardReader::open(&run_dir.join("knobs"))
-            .and_then(|b| b.read(100))
+            .and_then(|b| b.read())
             .is_ok_and(|b| b.header.n_links == 1)
     });
     wait_for("the env file", Duration::from_secs(5), || {

@@ -175,7 +175,7 @@ fn the_daemon_works_under_exactly_the_units_capabilities() {
     let pid = d.child.id();
     wait_for("the first decision on the board", Duration::from_secs(20), || {
         BoardReader::open(&dir.join("knobs"))
-            .and_then(|b| b.read(100))
+            .and_then(|b| b.read())
             .is_ok_and(|b| b.header.n_links == 1)
     });
     // Exactly the unit's set, and no way to more.

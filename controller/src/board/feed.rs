@@ -397,7 +397,7 @@ mod tests {
         let err = run(&path, Duration::from_secs(60), std::io::Cursor::new(input), &mut out)
             .unwrap_err()
             .to_string();
-        let b = BoardReader::open(&path).unwrap().read(10).unwrap();
+        let b = BoardReader::open(&path).unwrap().read().unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         assert!(err.starts_with("line 4: "), "{err}");
         assert_eq!(String::from_utf8(out).unwrap(), "published 7\npublished 0\n");

@@ -123,7 +123,7 @@ mod tests {
         });
         let (mut reads, mut last) = (0u64, 0u64);
         while !done.load(Ordering::Acquire) {
-            let Ok(b) = r.read(1000) else { continue };
+            let Ok(b) = r.read() else { continue };
             reads += 1;
             let id = b.header.decision_id;
             assert!(id >= last, "decision ids went back: {id} after {last}");
@@ -137,10 +137,40 @@ mod tests {
         }
         let w = writer.join().unwrap();
         assert!(reads > 100, "the reader should get many stable copies: {reads}");
-        let b = r.read(10).unwrap();
+        let b = r.read().unwrap();
         assert_eq!((b.header.decision_id, name(&b.links[2].name)), (200_000, "link2".into()));
         assert_eq!(b.header.seq % 2, 0);
         let _ = fs::remove_dir_all(w.path().parent().unwrap());
+    }
+
+    /// A writer descheduled mid-write (the sequence number left odd for milliseconds, as on a
+    /// loaded node) is waited for; one that never finishes is `Busy` after the patience.
+    #[test]
+    fn a_write_left_half_done_is_waited_out_and_one_never_finished_is_busy() {
+        let path = temp_path("halfdone");
+        let w = BoardWriter::create(&path, Duration::from_millis(100), 7).unwrap();
+        let r = BoardReader::open(&path).unwrap();
+        let file = fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let raw = Mapping::new(&file, true).unwrap();
+        let even = raw.seq().load(Ordering::Acquire);
+        raw.seq().store(even + 1, Ordering::Release);
+        let finisher = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            raw.seq().store(even + 2, Ordering::Release);
+            raw
+        });
+        let started = std::time::Instant::now();
+        let b = r.read().unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(20), "read before the write ended");
+        assert_eq!((b.header.seq, b.header.heartbeat_ns), (even + 2, 7));
+        let raw = finisher.join().unwrap();
+        raw.seq().store(even + 3, Ordering::Release);
+        let started = std::time::Instant::now();
+        let e = r.read().unwrap_err().to_string();
+        assert!(started.elapsed() >= reader::PATIENCE, "{e}");
+        assert!(e.contains("no stable copy within") && e.contains("died mid-write"), "{e}");
+        drop(w);
+        let _ = fs::remove_dir_all(path.parent().unwrap());
     }
 
     #[test]
@@ -148,11 +178,11 @@ mod tests {
         let path = temp_path("stale");
         let mut w = BoardWriter::create(&path, Duration::from_millis(100), 1_000_000_000).unwrap();
         let r = BoardReader::open(&path).unwrap();
-        let b = r.read(10).unwrap();
+        let b = r.read().unwrap();
         assert!(!is_stale(&b, 1_000_000_000 + 200_000_000));
         assert!(is_stale(&b, 1_000_000_000 + 200_000_001));
         w.heartbeat(1_300_000_000);
-        assert!(!is_stale(&r.read(10).unwrap(), 1_450_000_000));
+        assert!(!is_stale(&r.read().unwrap(), 1_450_000_000));
         let _ = fs::remove_dir_all(path.parent().unwrap());
     }
 

@@ -6,6 +6,7 @@ use std::{
     fs, io,
     path::Path,
     sync::atomic::{fence, Ordering},
+    time::{Duration, Instant},
 };
 
 use linkpilot_common::board::{Board, BoardHeader, BOARD_MAGIC, BOARD_NAME_LEN, BOARD_VERSION};
@@ -21,9 +22,20 @@ pub enum BoardError {
     Magic { path: String, magic: [u8; 8] },
     #[error("{path}: board layout version {found}, this reader knows {BOARD_VERSION}")]
     Version { path: String, found: u32 },
-    #[error("{path}: the daemon kept writing; no stable copy after {tries} tries")]
-    Busy { path: String, tries: u32 },
+    #[error(
+        "{path}: no stable copy within {waited_ms} ms (the writer died mid-write, or kept writing)"
+    )]
+    Busy { path: String, waited_ms: u128 },
 }
+
+/// How long a read waits out a write in progress. A write takes microseconds, but a writer
+/// descheduled halfway on a loaded node resumes only after other tasks' slices (milliseconds);
+/// a sequence number odd for longer than this is a writer that died mid-write.
+pub const PATIENCE: Duration = Duration::from_millis(200);
+
+/// Attempts that only spin before a failed attempt starts to sleep, giving the CPU to a writer
+/// that may be waiting for it.
+const SPINS: u32 = 64;
 
 /// A reader's view: a stable copy of the board.
 pub struct BoardReader {
@@ -57,12 +69,26 @@ impl BoardReader {
         Ok(Self { map, path: p })
     }
 
-    /// A copy no write was in progress for, or `Busy` after `tries` attempts.
-    pub fn read(&self, tries: u32) -> Result<Board, BoardError> {
-        for _ in 0..tries {
+    /// A copy no write was in progress for, or `Busy` after [`PATIENCE`].
+    pub fn read(&self) -> Result<Board, BoardError> {
+        let start = Instant::now();
+        let mut attempt = 0u32;
+        loop {
+            attempt = attempt.saturating_add(1);
+            if attempt > 1 {
+                let waited = start.elapsed();
+                if waited >= PATIENCE {
+                    let waited_ms = waited.as_millis();
+                    return Err(BoardError::Busy { path: self.path.clone(), waited_ms });
+                }
+                if attempt < SPINS {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
             let s1 = self.map.seq().load(Ordering::Acquire);
             if s1 & 1 == 1 {
-                std::hint::spin_loop();
                 continue;
             }
             // SAFETY: the mapping holds one Board; a torn copy is detected below and dropped.
@@ -85,7 +111,6 @@ impl BoardReader {
             }
             return Ok(copy);
         }
-        Err(BoardError::Busy { path: self.path.clone(), tries })
     }
 }
 
