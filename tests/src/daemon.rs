@@ -62,13 +62,26 @@ pub fn sysctl(netns: &str, name: &str) -> String {
     crate::sh(&["ip", "netns", "exec", netns, "sysctl", "-n", name]).trim().to_owned()
 }
 
-pub fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+pub fn wait_for(what: &str, limit: Duration, f: impl FnMut() -> bool) {
+    wait_for_every(what, limit, Duration::from_millis(50), f);
+}
+
+/// [`wait_for`], asking every `every`: for checks that start a process each time.
+pub fn wait_for_every(what: &str, limit: Duration, every: Duration, mut f: impl FnMut() -> bool) {
     let start = Instant::now();
     while !f() {
         assert!(start.elapsed() < limit, "{what} did not happen within {limit:?}");
-        thread::sleep(Duration::from_millis(50));
+        thread::sleep(every);
     }
 }
+
+/// What the lab tests allow a daemon's start (binding, loading and attaching the programs):
+/// seconds on a node that runs six lab tests at once.
+pub const START_ALLOWANCE: Duration = Duration::from_secs(30);
+
+/// How often a wait asks the status API: each ask is a `linkpilot status` process, and tests
+/// side by side asking at 20 Hz slow every start around them.
+const STATUS_EVERY: Duration = Duration::from_millis(200);
 
 pub struct Daemon {
     pub child: Child,
@@ -141,6 +154,22 @@ impl Daemon {
             assert!(start.elapsed() < limit, "still running after {limit:?}:\n{}", self.log());
             thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Waits for the start to end (the status API answers from its bind, saying `starting`
+    /// while the programs load) within [`START_ALLOWANCE`], then for a first tick within 5 s;
+    /// fails with the log if the daemon exits first. For a daemon on `DIR/status.sock`.
+    pub fn wait_up(&mut self) {
+        let socket = self.dir.join("status.sock");
+        wait_for_every("the start", START_ALLOWANCE, STATUS_EVERY, || {
+            if let Some(s) = self.child.try_wait().expect("wait") {
+                panic!("linkpilot run exited ({s}): {}", self.log());
+            }
+            socket.exists() && status_json(&self.dir)["starting"] == false
+        });
+        wait_for_every("a tick", Duration::from_secs(5), STATUS_EVERY, || {
+            status_json(&self.dir)["ticks"].as_u64() > Some(0)
+        });
     }
 
     pub fn log(&self) -> String {

@@ -46,16 +46,6 @@ pub fn ticks(dir: &Path) -> u64 {
     status(dir)["ticks"].as_u64().unwrap_or(0)
 }
 
-/// Waits for the daemon's first tick, failing with its log if it exits first.
-pub fn wait_up(d: &mut Daemon) {
-    wait_for("the first tick", Duration::from_secs(30), || {
-        if let Some(s) = d.child.try_wait().expect("wait") {
-            panic!("linkpilot run exited ({s}): {}", d.log());
-        }
-        ticks(&d.dir) > 0
-    });
-}
-
 /// Ticks the daemon makes over `during` while `fault` runs: (ticks, how long it took).
 pub fn ticks_during(dir: &Path, fault: impl FnOnce()) -> (u64, Duration) {
     let (t0, start) = (status_json(dir)["ticks"].as_u64().expect("ticks"), Instant::now());

@@ -72,18 +72,6 @@ fn lookup(id: &str, key: &[String]) -> Vec<String> {
     bytes.iter().map(|b| b.as_str().expect("hex").trim_start_matches("0x").to_owned()).collect()
 }
 
-/// Waits for the daemon's first tick, failing with its log if it exits first.
-fn wait_up(d: &mut Daemon, dir: &Path) {
-    let socket = dir.join("status.sock");
-    wait_for("the status socket", Duration::from_secs(20), || {
-        if let Some(s) = d.child.try_wait().expect("wait") {
-            panic!("linkpilot run exited ({s}): {}", d.log());
-        }
-        socket.exists()
-    });
-    wait_for("a tick", Duration::from_secs(5), || status_json(dir)["ticks"].as_u64() > Some(0));
-}
-
 #[test]
 fn a_failed_sensing_read_skips_a_tick_and_only_a_lasting_failure_stops_the_daemon() {
     let pair = Pair::new("198.18.40.1", "198.18.40.2");
@@ -94,7 +82,7 @@ fn a_failed_sensing_read_skips_a_tick_and_only_a_lasting_failure_stops_the_daemo
         &policy(pair.a_if, pair.b_addr),
         &["--sensing-give-up-s", "3"],
     );
-    wait_up(&mut d, &dir);
+    d.wait_up();
     // Break what the daemon reads every tick: the configuration of lpa0 that names its counters'
     // slot, deleted under it.
     let pid = d.child.id();
@@ -147,7 +135,7 @@ fn a_reload_that_renames_a_link_state_and_peer_leaves_no_old_series() {
     let dir = linkpilot_tests::temp_dir("survives-series");
     let before = policy(pair.a_if, pair.b_addr);
     let mut d = Daemon::start(&pair.a.name, &dir, &before);
-    wait_up(&mut d, &dir);
+    d.wait_up();
     let m = scrape(&pair.a.name);
     assert_eq!(sample(&m, "linkpilot_link_state{link=\"wan\",state=\"healthy\"}"), Some(1.0));
     assert!(m.contains("peer=\"b\""), "{m}");
@@ -210,7 +198,7 @@ fn clients_that_never_ask_neither_hold_the_metrics_port_nor_delay_the_tick() {
     let pair = Pair::new("198.18.42.1", "198.18.42.2");
     let dir = linkpilot_tests::temp_dir("survives-scrapers");
     let mut d = Daemon::start(&pair.a.name, &dir, &policy(pair.a_if, pair.b_addr));
-    wait_up(&mut d, &dir);
+    d.wait_up();
     // 64 connections that say nothing: the 16 newest stay (the server's cap), the rest are
     // closed at once.
     let mut idle = idle_connections(&pair, 64);
@@ -245,7 +233,7 @@ fn out_of_file_descriptors_the_daemon_backs_off_instead_of_spinning() {
     let pair = Pair::new("198.18.43.1", "198.18.43.2");
     let dir = linkpilot_tests::temp_dir("survives-emfile");
     let mut d = Daemon::start(&pair.a.name, &dir, &policy(pair.a_if, pair.b_addr));
-    wait_up(&mut d, &dir);
+    d.wait_up();
     let pid = d.child.id();
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("fds").count();
     // Two descriptors to spare, then eight clients: accept fails with EMFILE while the rest
@@ -320,10 +308,7 @@ fn the_status_api_answers_while_the_start_waits_on_its_decision_log() {
         std::fs::File::open(&fifo).expect("open the FIFO").read_to_string(&mut lines).ok();
         lines
     });
-    wait_for("a tick", Duration::from_secs(20), || {
-        let s = status_json(&dir);
-        s["ticks"].as_u64() > Some(0) && s["starting"] == false
-    });
+    d.wait_up();
     drop(d);
     reader.join().expect("the reader");
     let _ = std::fs::remove_dir_all(&dir);
@@ -369,7 +354,7 @@ fn a_reload_swaps_a_near_full_peer_set_for_another() {
     let pair = Pair::new("198.18.45.1", "198.18.45.2");
     let dir = linkpilot_tests::temp_dir("survives-peers");
     let mut d = Daemon::start(&pair.a.name, &dir, &near_full(pair.a_if, pair.b_addr, 1));
-    wait_up(&mut d, &dir);
+    d.wait_up();
     std::fs::write(dir.join("policy.new"), near_full(pair.a_if, pair.b_addr, 2)).expect("policy");
     std::fs::rename(dir.join("policy.new"), dir.join("policy.toml")).expect("rename");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(d.child.id() as i32), Signal::SIGHUP)

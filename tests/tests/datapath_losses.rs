@@ -45,7 +45,7 @@ fn truncated_headers_and_stacked_vlans_are_counted_by_kind_and_warned_once() {
     let pair = Pair::new("198.18.147.1", "198.18.147.2");
     let dir = faults::temp_dir("losses");
     let mut d = Daemon::start(&pair.a.name, &dir, &policy(pair.a_if, pair.b_addr, "calm", 10));
-    faults::wait_up(&mut d);
+    d.wait_up();
     // Its counters are sized for its one interface: 65 peer rows (64 peers and "other") per CPU,
     // not 64 interfaces' worth (bpftool).
     let peers = map_named(&faults::maps_of(d.child.id()), "LP_PEER_STATS").expect("LP_PEER_STATS");

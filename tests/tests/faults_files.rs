@@ -86,7 +86,7 @@ fn a_full_decision_log_disk_loses_lines_whole_and_the_daemon_decides_on() {
         &policy(pair.a_if, pair.b_addr, "healthy", 26),
         &["--decision-log", &log_arg],
     );
-    faults::wait_up(&mut d);
+    d.wait_up();
     let procs = iperf3(&pair, 60, "20M");
     decide(&d, &pair, 1, 3);
     let before = logged_ids(&log).len();
@@ -171,7 +171,7 @@ fn a_run_dir_gone_read_only_during_the_run_leaves_actuators_pending_and_decision
     let run_dir = Tmpfs::new(&dir.join("run"), "size=1m");
     let mut host = HostBefore::read(&pair.a.name);
     let mut d = start_with_run_dir(&pair, &dir);
-    faults::wait_up(&mut d);
+    d.wait_up();
     let procs = iperf3(&pair, 60, "20M");
     // The kernel refuses to remount a file system read-only while files on it are open for
     // writing (the board's mapping, the lock): /run cannot turn read-only under the daemon

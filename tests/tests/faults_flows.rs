@@ -77,7 +77,7 @@ fn a_full_flow_table_under_churn_keeps_the_daemon_deciding_and_measuring() {
     let dir = faults::temp_dir("flows");
     let mut host = HostBefore::read(&pair.a.name);
     let mut d = Daemon::start(&pair.a.name, &dir, &policy(pair.a_if, pair.b_addr, "healthy", 26));
-    faults::wait_up(&mut d);
+    d.wait_up();
     let pid = d.child.id();
     host.assert_one_set_attached(pid);
     let table = map_named(&maps_of(pid), "LP_FLOWS").expect("the daemon's LP_FLOWS");

@@ -40,7 +40,7 @@ fn a_flapping_interface_keeps_the_daemon_deciding_and_attached_once() {
     let dir = faults::temp_dir("flap");
     let mut host = HostBefore::read(&pair.a.name);
     let mut d = Daemon::start(&pair.a.name, &dir, &policy(pair.a_if, pair.b_addr, "healthy", 26));
-    faults::wait_up(&mut d);
+    d.wait_up();
     host.assert_one_set_attached(d.child.id());
     let procs = iperf3(&pair, 30, "20M");
     let n = rounds();
@@ -72,7 +72,7 @@ fn a_deleted_interface_is_said_and_watched_again_once_created_again() {
     let dir = faults::temp_dir("recreate");
     let mut host = HostBefore::read(&pair.a.name);
     let mut d = Daemon::start(&pair.a.name, &dir, &policy(pair.a_if, pair.b_addr, "healthy", 26));
-    faults::wait_up(&mut d);
+    d.wait_up();
     let n = rounds();
     let mut gone_ticks = Vec::new();
     let mut back = Vec::new();

@@ -67,7 +67,7 @@ fn through_the_lab_outage_the_daemon_decides_on_and_recovers_after() {
     let dir = faults::temp_dir("outage");
     let mut host = HostBefore::read(&hk.netns);
     let mut d = Daemon::start(&hk.netns, &dir, &policy(&us.ipv4.to_string()));
-    faults::wait_up(&mut d);
+    d.wait_up();
     host.assert_one_set_attached(d.child.id());
     let mut server = linkpilot_tests::daemon::iperf3_server(&us);
     let mut client = hk

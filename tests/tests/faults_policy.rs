@@ -45,7 +45,7 @@ fn a_policy_replaced_100_times_a_second_never_runs_an_invalid_version() {
     };
     let path = dir.join("policy.toml");
     let mut d = Daemon::start(&pair.a.name, &dir, &valid(0));
-    faults::wait_up(&mut d);
+    d.wait_up();
     host.assert_one_set_attached(d.child.id());
     let procs = iperf3(&pair, 30, "20M");
 

@@ -105,7 +105,7 @@ fn a_pod_jobs_connection_gets_the_profile_and_its_marks_are_the_jobs_once_opted_
     std::fs::write(dir.join("policy.toml"), policy(true)).expect("the policy");
     let mut daemon = Daemon::start(&us.netns, &dir, "");
     // Its first tick: the socket answers from its bind, while the programs still load.
-    linkpilot_tests::faults::wait_up(&mut daemon);
+    daemon.wait_up();
     let (job, mut sender) = pod_job(&hk, &pod, &dir);
     assert_eq!(congestion_control(&pod), "cubic", "the link's profile in the pod");
     assert_eq!(sample(&scrape(&us.netns), "linkpilot_job_namespaces"), Some(1.0));

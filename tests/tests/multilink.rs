@@ -143,10 +143,8 @@ fn two_links(tag: &str, near_peers: &str) {
     let far = route(&node, 2, "lpn2", lab_with(&format!("ma{tag}b"), "delay = \"30ms\""));
     let dir = std::env::temp_dir().join(format!("lp-multilink-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let d = Daemon::start(&node.name, &dir, &policy(near_peers));
-    wait_for("the daemon's status socket", Duration::from_secs(20), || {
-        dir.join("status.sock").exists()
-    });
+    let mut d = Daemon::start(&node.name, &dir, &policy(near_peers));
+    d.wait_up();
     wait_for("both links in status", Duration::from_secs(5), || {
         status_json(&dir)["links"].as_array().is_some_and(|l| l.len() == 2)
     });
