@@ -181,6 +181,10 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A failing test shows what the daemon said (its directory may be removed after).
+        if thread::panicking() {
+            eprintln!("linkpilot run's log ({}):\n{}", self.dir.display(), self.log());
+        }
     }
 }
 

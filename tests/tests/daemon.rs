@@ -370,10 +370,19 @@ fn a_restart_removes_the_clsact_filters_a_killed_run_left() {
     let _ = std::fs::remove_dir_all(&dir);
     let mut first =
         Daemon::start_with(&hk.netns, &dir, &POLICY, &["--netlink-tc", "--metrics-addr", "off"]);
-    wait_for("the first run's filters", Duration::from_secs(20), || {
-        filters("ingress").is_ok_and(|f| f.contains("lp_tc_ingress"))
-            && filters("egress").is_ok_and(|f| f.contains("lp_tc_egress"))
-    });
+    let start = std::time::Instant::now();
+    while !(filters("ingress").is_ok_and(|f| f.contains("lp_tc_ingress"))
+        && filters("egress").is_ok_and(|f| f.contains("lp_tc_egress")))
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the first run's filters did not come within 20 s: {:?} {:?}\n{}",
+            filters("ingress"),
+            filters("egress"),
+            first.log()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
     first.child.kill().expect("SIGKILL");
     first.child.wait().expect("exit");
     thread::sleep(Duration::from_millis(300));
