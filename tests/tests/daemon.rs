@@ -53,7 +53,7 @@ fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
     let dir = std::env::temp_dir().join(format!("lp-daemon-{}", std::process::id()));
     let started_ms = unix_ms();
     let mut d = Daemon::start(&hk.netns, &dir, &POLICY);
-    wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
+    d.wait_up();
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
     wait_for("the first decision", Duration::from_secs(5), || {
         board.read().is_ok_and(|b| b.header.n_links == 1)
@@ -154,9 +154,8 @@ fn sigkill_then_restart_leaves_one_set_of_attachments_and_the_original_sysctls()
     let baseline = ours(&linkpilot_tests::oracle::links());
     let dir = std::env::temp_dir().join(format!("lp-daemon-kill-{}", std::process::id()));
     let mut first = Daemon::start(&hk.netns, &dir, &POLICY);
-    wait_for("the first run's sysctls", Duration::from_secs(20), || {
-        tcp_rmem_max(&hk.netns) != rmem_before
-    });
+    first.wait_up();
+    assert_ne!(tcp_rmem_max(&hk.netns), rmem_before, "the first run's sysctls");
     let one_set = ours(&linkpilot_tests::oracle::links()) - baseline;
     assert_eq!(one_set, 5, "2 TCX + 3 tracepoint links: {:?}", linkpilot_tests::oracle::links());
     // SIGKILL: no rollback; the state file and the changed sysctl stay behind.
@@ -187,7 +186,7 @@ fn sigkill_then_restart_leaves_one_set_of_attachments_and_the_original_sysctls()
     });
     std::fs::remove_file(dir.join("knobs")).expect("the old board");
     let mut second = Daemon::start(&hk.netns, &dir, &POLICY);
-    wait_for("the second run's board", Duration::from_secs(20), || dir.join("knobs").exists());
+    second.wait_up();
     thread::sleep(Duration::from_millis(500));
     assert_eq!(ours(&linkpilot_tests::oracle::links()) - baseline, one_set, "exactly one set");
     let log = second.log();
@@ -216,7 +215,7 @@ fn reload_metrics_and_status() {
     let ecn_before = sysctl(&hk.netns, "net.ipv4.tcp_ecn");
     assert_ne!(ecn_before, "1", "a fresh namespace's tcp_ecn");
     let mut d = Daemon::start_with(&hk.netns, &dir, &POLICY, &extra);
-    wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
+    d.wait_up();
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
     wait_for("the first decision", Duration::from_secs(5), || {
         board.read().is_ok_and(|b| b.header.n_links == 1)
@@ -370,28 +369,19 @@ fn a_restart_removes_the_clsact_filters_a_killed_run_left() {
     let _ = std::fs::remove_dir_all(&dir);
     let mut first =
         Daemon::start_with(&hk.netns, &dir, &POLICY, &["--netlink-tc", "--metrics-addr", "off"]);
-    let start = std::time::Instant::now();
-    while !(filters("ingress").is_ok_and(|f| f.contains("lp_tc_ingress"))
-        && filters("egress").is_ok_and(|f| f.contains("lp_tc_egress")))
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "the first run's filters did not come within 20 s: {:?} {:?}\n{}",
-            filters("ingress"),
-            filters("egress"),
-            first.log()
-        );
-        thread::sleep(Duration::from_millis(50));
-    }
+    first.wait_up();
+    let (ingress, egress) = (filters("ingress").expect("tc"), filters("egress").expect("tc"));
+    assert!(
+        ingress.contains("lp_tc_ingress") && egress.contains("lp_tc_egress"),
+        "{ingress}\n{egress}"
+    );
     first.child.kill().expect("SIGKILL");
     first.child.wait().expect("exit");
     thread::sleep(Duration::from_millis(300));
     // Netlink filters outlive their process (TCX links would not).
     assert!(filters("ingress").expect("tc").contains("lp_tc_ingress"));
     let mut second = Daemon::start_with(&hk.netns, &dir, &POLICY, &["--metrics-addr", "off"]);
-    wait_for("the second run's board", Duration::from_secs(20), || {
-        second.log().contains("linkpilot running")
-    });
+    second.wait_up();
     let log = second.log();
     assert!(log.contains("removed a stale attachment of a killed run: eth0 ingress"), "{log}");
     assert!(log.contains("removed a stale attachment of a killed run: eth0 egress"), "{log}");

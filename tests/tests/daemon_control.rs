@@ -36,8 +36,8 @@ fn congested_within_a_second_of_the_first_ce_mark_and_healthy_only_after_the_exi
     }
     let dir = std::env::temp_dir().join(format!("lp-ctl-ecn-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let d = Daemon::start_with(&hk.netns, &dir, &ECN_POLICY, &["--metrics-addr", "off"]);
-    wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
+    let mut d = Daemon::start_with(&hk.netns, &dir, &ECN_POLICY, &["--metrics-addr", "off"]);
+    d.wait_up();
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
     wait_for("the first decision", Duration::from_secs(5), || {
         board.read().is_ok_and(|b| b.header.n_links == 1)
@@ -120,8 +120,8 @@ fn timeouts_cover_a_delay_spike_before_the_spike_is_over() {
     let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
     let dir = std::env::temp_dir().join(format!("lp-ctl-spike-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let d = Daemon::start_with(&hk.netns, &dir, &SPIKE_POLICY, &["--metrics-addr", "off"]);
-    wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
+    let mut d = Daemon::start_with(&hk.netns, &dir, &SPIKE_POLICY, &["--metrics-addr", "off"]);
+    d.wait_up();
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
     // A steady sender, so that every ACK carries an RTT sample.
     let mut server = iperf3_server(&us);

@@ -40,8 +40,9 @@ fn the_default_policy_changes_nothing_until_it_names_peers() {
     let before: Vec<String> = SYSCTLS.iter().map(|s| sysctl(&hk.netns, s)).collect();
     let dir = std::env::temp_dir().join(format!("lp-observe-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let d = Daemon::start(&hk.netns, &dir, DEFAULT);
-    wait_for("a decision", Duration::from_secs(20), || {
+    let mut d = Daemon::start(&hk.netns, &dir, DEFAULT);
+    d.wait_up();
+    wait_for("a decision", Duration::from_secs(5), || {
         std::fs::read_to_string(dir.join("decisions.jsonl")).is_ok_and(|l| !l.is_empty())
     });
     let dscp = dscp_seen(&hk, &us, &dir.join("observed.pcap"));
@@ -78,8 +79,8 @@ fn the_default_policy_changes_nothing_until_it_names_peers() {
 
     // Restarted on it: it acts (board, env file), and the packets to the peer keep DSCP 0
     // and the env file leaves NCCL_IB_TC to the job: the default keeps both.
-    let d = Daemon::start(&hk.netns, &dir, &with_peer);
-    wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
+    let mut d = Daemon::start(&hk.netns, &dir, &with_peer);
+    d.wait_up();
     let dscp = dscp_seen(&hk, &us, &dir.join("acting.pcap"));
     assert!(dscp.len() > 100 && dscp.iter().all(|&d| d == 0), "{dscp:?}");
     let env = std::fs::read_to_string(dir.join("nccl.env")).expect("env file");
@@ -115,8 +116,9 @@ fn a_site_rolled_out_observing_acts_only_once_switched() {
     let dir = std::env::temp_dir().join(format!("lp-stage-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let observing = ["env", "LINKPILOT_DRY_RUN=true"];
-    let d = Daemon::start_under(&hk.netns, &observing, &dir, &peered, &[]);
-    wait_for("a decision", Duration::from_secs(20), || {
+    let mut d = Daemon::start_under(&hk.netns, &observing, &dir, &peered, &[]);
+    d.wait_up();
+    wait_for("a decision", Duration::from_secs(5), || {
         std::fs::read_to_string(dir.join("decisions.jsonl")).is_ok_and(|l| !l.is_empty())
     });
     let dscp = dscp_seen(&hk, &us, &dir.join("observing.pcap"));
@@ -130,8 +132,8 @@ fn a_site_rolled_out_observing_acts_only_once_switched() {
     drop(d);
     // Switched: the same policy, the pod restarted with the variable false.
     let acting = ["env", "LINKPILOT_DRY_RUN=false"];
-    let d = Daemon::start_under(&hk.netns, &acting, &dir, &peered, &[]);
-    wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
+    let mut d = Daemon::start_under(&hk.netns, &acting, &dir, &peered, &[]);
+    d.wait_up();
     let dscp = dscp_seen(&hk, &us, &dir.join("switched.pcap"));
     assert!(dscp.len() > 100 && dscp.iter().all(|&d| d == 18), "{dscp:?}");
     assert_eq!(status_json(&dir)["dry_run"], false);

@@ -75,11 +75,10 @@ fn setup(tag: &str, marked_first: bool, exit_after: &str) -> Setup {
     us.exec(&["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]).expect("sysctl");
     let dir = std::env::temp_dir().join(format!("lp-outcome-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let daemon = Daemon::start(&hk.netns, &dir, &policy(exit_after));
+    let mut daemon = Daemon::start(&hk.netns, &dir, &policy(exit_after));
     let jobs = dir.join("jobs");
-    linkpilot_tests::daemon::wait_for("the job-report directory", Duration::from_secs(20), || {
-        jobs.is_dir()
-    });
+    daemon.wait_up();
+    assert!(jobs.is_dir(), "the job-report directory");
     let env = [("LINKPILOT_JOBS", jobs.to_str().expect("utf-8")), ("LINKPILOT_JOB", "lab-job")];
     let elsewhere = dir.join("us-jobs");
     std::fs::create_dir_all(&elsewhere).expect("dir");

@@ -70,7 +70,8 @@ fn a_sigkilled_runs_roce_class_goes_back_to_the_value_from_before_it() {
     const IDLE: &str = "net.ipv4.tcp_slow_start_after_idle";
     assert_eq!(sysctl(&pair.a.name, IDLE), "1", "a fresh namespace's window restart");
     let mut first = Daemon::start_with(&pair.a.name, &dir, &POLICY, &extra);
-    wait_for("the first run's class and window setting", Duration::from_secs(20), || {
+    first.wait_up();
+    wait_for("the first run's class and window setting", Duration::from_secs(5), || {
         read(&tos) == "106" && sysctl(&pair.a.name, IDLE) == "0"
     });
     assert!(dir.join("roce-tc.json").exists(), "the original is saved before the write");
@@ -81,7 +82,8 @@ fn a_sigkilled_runs_roce_class_goes_back_to_the_value_from_before_it() {
 
     std::fs::remove_file(dir.join("knobs")).expect("the old board");
     let mut second = Daemon::start_with(&pair.a.name, &dir, &POLICY, &extra);
-    wait_for("the second run's board", Duration::from_secs(20), || {
+    second.wait_up();
+    wait_for("the second run's board", Duration::from_secs(5), || {
         BoardReader::open(&dir.join("knobs"))
             .and_then(|b| b.read())
             .is_ok_and(|b| b.header.n_links == 1)
@@ -108,7 +110,8 @@ fn an_administrators_change_during_the_run_survives_the_stop() {
     let original = sysctl(&ns, "net.ipv4.tcp_ecn");
     assert!(original != "1" && original != "0", "a fresh namespace's tcp_ecn: {original}");
     let mut d = Daemon::start_with(&ns, &dir, &POLICY, &extra);
-    wait_for("the policy's tcp_ecn and class", Duration::from_secs(20), || {
+    d.wait_up();
+    wait_for("the policy's tcp_ecn and class", Duration::from_secs(5), || {
         sysctl(&ns, "net.ipv4.tcp_ecn") == "1" && read(&tos) == "106"
     });
     // Values that are neither the daemon's nor the originals.

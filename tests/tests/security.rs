@@ -193,7 +193,8 @@ fn no_file_the_daemon_writes_is_written_through_a_planted_symlink() {
     plant(&run_dir.join("tuner"), &victim_dir);
     plant(&run_dir.join("jobs"), &victim_dir);
     let mut d = Daemon::start_with(&ns, &run_dir, &PAIR_POLICY, &["--metrics-addr", "off"]);
-    wait_for("the first decision on the board", Duration::from_secs(20), || {
+    d.wait_up();
+    wait_for("the first decision on the board", Duration::from_secs(5), || {
         BoardReader::open(&run_dir.join("knobs"))
             .and_then(|b| b.read())
             .is_ok_and(|b| b.header.n_links == 1)

@@ -152,9 +152,10 @@ fn a_job_report_feeds_status_and_metrics() {
     let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
     let dir = std::env::temp_dir().join(format!("lp-train-jobs-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let daemon = Daemon::start(&hk.netns, &dir, &JOB_POLICY);
+    let mut daemon = Daemon::start(&hk.netns, &dir, &JOB_POLICY);
     let jobs = dir.join("jobs");
-    wait_for("the job-report directory", Duration::from_secs(20), || jobs.is_dir());
+    daemon.wait_up();
+    assert!(jobs.is_dir(), "the job-report directory");
     let feeders = [Feeder::new("jobs-hk", "int8"), Feeder::new("jobs-us", "int8")];
     let env = [("LINKPILOT_JOBS", jobs.to_str().expect("utf-8")), ("LINKPILOT_JOB", "lab-job")];
     // US's rank reports to a directory its host's daemon would read; not HK's.
