@@ -173,7 +173,8 @@ fn the_daemon_works_under_exactly_the_units_capabilities() {
     let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
     let mut d = Daemon::start_under(&hk.netns, &wrapper, &dir, &POLICY, &["--metrics-addr", "off"]);
     let pid = d.child.id();
-    wait_for("the first decision on the board", Duration::from_secs(20), || {
+    d.wait_up();
+    wait_for("the first decision on the board", Duration::from_secs(5), || {
         BoardReader::open(&dir.join("knobs"))
             .and_then(|b| b.read())
             .is_ok_and(|b| b.header.n_links == 1)
@@ -411,7 +412,8 @@ fn the_units_exec_stop_post_restores_what_a_killed_daemon_left() {
     };
     let netlink = ["--netlink-tc", "--metrics-addr", "off"];
     let mut d = Daemon::start_under(&hk.netns, &wrapper, &dir, &POLICY, &netlink);
-    wait_for("the policy's sysctls and filters", Duration::from_secs(20), || {
+    d.wait_up();
+    wait_for("the policy's sysctls and filters", Duration::from_secs(5), || {
         sysctl(&hk.netns, "net.ipv4.tcp_ecn") == "1"
             && tcp_rmem_max(&hk.netns) == "67108864"
             && filters("egress").is_ok_and(|f| f.contains("lp_tc_egress"))
