@@ -39,23 +39,30 @@ fn split_number(s: &str) -> Option<(f64, &str)> {
     value.is_finite().then_some((value, unit.trim()))
 }
 
+/// A number followed by one of `units` (name, scale): the number and the number times the
+/// scale. `what` and `example` make the error, which lists the units.
+fn scaled(s: &str, what: &str, units: &[(&str, f64)], example: &str) -> Result<(f64, f64), String> {
+    let bad = || {
+        let names: Vec<&str> = units.iter().map(|(n, _)| *n).collect();
+        format!(
+            "invalid {what} {s:?}: expected a number and a unit: {} (e.g. \"{example}\")",
+            names.join(", ")
+        )
+    };
+    let (v, unit) = split_number(s).ok_or_else(bad)?;
+    let (_, scale) = units.iter().find(|(n, _)| *n == unit).ok_or_else(bad)?;
+    Ok((v, v * scale))
+}
+
 impl FromStr for Nanos {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || {
-            format!("invalid duration {s:?}: expected a number and a unit: ns, us, ms, s, min (e.g. \"90ms\")")
-        };
-        let (v, unit) = split_number(s).ok_or_else(bad)?;
-        let scale = match unit {
-            "ns" => 1.0,
-            "us" | "µs" => 1e3,
-            "ms" => 1e6,
-            "s" => 1e9,
-            "min" => 60e9,
-            "" if v == 0.0 => 0.0,
-            _ => return Err(bad()),
-        };
-        let ns = v * scale;
+        if split_number(s) == Some((0.0, "")) {
+            return Ok(Self(0));
+        }
+        const UNITS: &[(&str, f64)] =
+            &[("ns", 1.0), ("us", 1e3), ("µs", 1e3), ("ms", 1e6), ("s", 1e9), ("min", 60e9)];
+        let (_, ns) = scaled(s, "duration", UNITS, "90ms")?;
         if ns > u64::MAX as f64 / 2.0 {
             return Err(format!("duration {s:?} is too large"));
         }
@@ -66,42 +73,30 @@ impl FromStr for Nanos {
 impl FromStr for BitRate {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || {
-            format!("invalid rate {s:?}: expected a number and a unit: bit/s, kbit/s, Mbit/s, Gbit/s (e.g. \"200Mbit/s\")")
-        };
-        let (v, unit) = split_number(s).ok_or_else(bad)?;
-        let scale = match unit {
-            "bit/s" => 1.0,
-            "kbit/s" => 1e3,
-            "Mbit/s" => 1e6,
-            "Gbit/s" => 1e9,
-            _ => return Err(bad()),
-        };
+        const UNITS: &[(&str, f64)] =
+            &[("bit/s", 1.0), ("kbit/s", 1e3), ("Mbit/s", 1e6), ("Gbit/s", 1e9)];
+        let (v, bps) = scaled(s, "rate", UNITS, "200Mbit/s")?;
         if v <= 0.0 {
             return Err(format!("rate {s:?} must be above zero"));
         }
-        Ok(Self(v * scale))
+        Ok(Self(bps))
     }
 }
 
 impl FromStr for Bytes {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || {
-            format!("invalid size {s:?}: expected a number and a unit: B, KiB, MiB, GiB, kB, MB, GB (e.g. \"2MiB\")")
-        };
-        let (v, unit) = split_number(s).ok_or_else(bad)?;
-        let scale = match unit {
-            "B" => 1.0,
-            "KiB" => 1024.0,
-            "MiB" => 1024.0 * 1024.0,
-            "GiB" => 1024.0 * 1024.0 * 1024.0,
-            "kB" => 1e3,
-            "MB" => 1e6,
-            "GB" => 1e9,
-            _ => return Err(bad()),
-        };
-        Ok(Self((v * scale).round() as u64))
+        const UNITS: &[(&str, f64)] = &[
+            ("B", 1.0),
+            ("KiB", 1024.0),
+            ("MiB", 1024.0 * 1024.0),
+            ("GiB", 1024.0 * 1024.0 * 1024.0),
+            ("kB", 1e3),
+            ("MB", 1e6),
+            ("GB", 1e9),
+        ];
+        let (_, bytes) = scaled(s, "size", UNITS, "2MiB")?;
+        Ok(Self(bytes.round() as u64))
     }
 }
 

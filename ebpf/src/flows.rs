@@ -9,11 +9,10 @@ use linkpilot_common::{
 };
 
 use crate::{
-    jobs::flow_iface,
     kernel::Record,
     losses::{flow_table, lost},
-    maps::{iface_slot, peer_stats, FLOWS},
-    rtt::{addresses, AddrOffsets},
+    maps::FLOWS,
+    rtt::{record_flow, RecordFlow, SockOffsets},
 };
 
 /// -EEXIST: the flow is there already (tcp_probe saw it first).
@@ -25,7 +24,11 @@ const IPPROTO_TCP: u16 = 6;
 /// BPF_NOEXIST: never overwrite what tcp_probe already recorded.
 const NOEXIST: u64 = 1;
 
-const SOCK_STATE_ADDRS: AddrOffsets = AddrOffsets {
+const SOCK_STATE: SockOffsets = SockOffsets {
+    family: rec::FAMILY,
+    skaddr: rec::SKADDR,
+    sport: rec::SPORT,
+    dport: rec::DPORT,
     local4: rec::SADDR,
     remote4: rec::DADDR,
     local6: rec::SADDR_V6,
@@ -79,14 +82,11 @@ fn try_state(ctx: &TracePointContext) -> Result<(), i64> {
         return Ok(());
     }
     let Some(event) = classify(old, new) else { return Ok(()) };
-    let family: u16 = unsafe { ctx.field(rec::FAMILY)? };
-    let Some((local_key, local, remote)) = addresses(ctx, family, &SOCK_STATE_ADDRS)? else {
+    let Some(RecordFlow { key, ifindex, netns, peer, stats }) = record_flow(ctx, &SOCK_STATE)?
+    else {
         return Ok(());
     };
-    let sk: u64 = unsafe { ctx.field(rec::SKADDR)? };
-    let Some((ifindex, netns)) = flow_iface(sk, &local_key) else { return Ok(()) };
-    let peer = crate::peers::peer_of_uncached(&remote);
-    if let Some(ps) = iface_slot(ifindex).and_then(|slot| peer_stats(slot, peer)) {
+    if let Some(ps) = stats {
         // SAFETY: a per-CPU value.
         let f = unsafe { &mut (*ps).flows };
         match event {
@@ -96,8 +96,6 @@ fn try_state(ctx: &TracePointContext) -> Result<(), i64> {
             Event::FailedOpen => f.failed_opens += 1,
         }
     }
-    let (sport, dport): (u16, u16) = unsafe { (ctx.field(rec::SPORT)?, ctx.field(rec::DPORT)?) };
-    let key = FlowKey { family, local_port: sport, remote_port: dport, _pad: 0, local, remote };
     match event {
         Event::ActiveOpen | Event::PassiveOpen => {
             // SAFETY: bpf_ktime_get_ns has no preconditions.

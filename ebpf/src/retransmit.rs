@@ -25,7 +25,7 @@ use crate::{
     jobs::flow_iface,
     kernel::{Record, LP_KERNEL_OFFSETS},
     maps::{iface_slot, peer_stats, FLOWS, IFACE_STATS},
-    rtt::{addresses, v4_addresses, v6_addresses, AddrOffsets, Addresses},
+    rtt::{addresses, v4_addresses, v6_addresses, Addresses, SockOffsets},
 };
 
 /// One retransmission, whichever way it was read.
@@ -105,20 +105,34 @@ fn from_socket(ctx: &RawTracePointContext) -> Result<Option<Retransmission>, i64
     Ok(Some(Retransmission { family, addrs, sport, dport, sk, skb: ctx.arg(1), err }))
 }
 
-const RETRANSMIT_ADDRS: AddrOffsets =
-    AddrOffsets { local4: TP_SADDR, remote4: TP_DADDR, local6: TP_SADDR_V6, remote6: TP_DADDR_V6 };
+const RETRANSMIT_SOCK: SockOffsets = SockOffsets {
+    family: TP_FAMILY,
+    skaddr: TP_SKADDR,
+    sport: TP_SPORT,
+    dport: TP_DPORT,
+    local4: TP_SADDR,
+    remote4: TP_DADDR,
+    local6: TP_SADDR_V6,
+    remote6: TP_DADDR_V6,
+};
 
 /// The same from the tracepoint's record.
 #[inline(always)]
 fn from_record(ctx: &TracePointContext) -> Result<Option<Retransmission>, i64> {
     // SAFETY (all reads): offsets within the record, checked against tracefs at load time;
     // `err` is read only where it exists.
-    let family: u16 = unsafe { ctx.field(TP_FAMILY)? };
-    let Some(addrs) = addresses(ctx, family, &RETRANSMIT_ADDRS)? else { return Ok(None) };
+    let off = &RETRANSMIT_SOCK;
+    let family: u16 = unsafe { ctx.field(off.family)? };
+    let Some(addrs) = addresses(ctx, family, off)? else { return Ok(None) };
     let has_err = unsafe { core::ptr::read_volatile(&LP_KERNEL_OFFSETS.retransmit_has_err) };
     let err: i32 = if has_err != 0 { unsafe { ctx.field(TP_ERR)? } } else { 0 };
     let (sport, dport, sk, skb) = unsafe {
-        (ctx.field(TP_SPORT)?, ctx.field(TP_DPORT)?, ctx.field(TP_SKADDR)?, ctx.field(TP_SKBADDR)?)
+        (
+            ctx.field(off.sport)?,
+            ctx.field(off.dport)?,
+            ctx.field(off.skaddr)?,
+            ctx.field(TP_SKBADDR)?,
+        )
     };
     Ok(Some(Retransmission { family, addrs, sport, dport, sk, skb, err }))
 }

@@ -4,7 +4,7 @@
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
 use linkpilot_common::{
-    probe_record as rec, v4_mapped, FlowKey, FlowState, LocalAddr, AF_INET, AF_INET6,
+    probe_record as rec, v4_mapped, FlowKey, FlowState, LocalAddr, PeerStats, AF_INET, AF_INET6,
 };
 
 use crate::{
@@ -22,12 +22,48 @@ pub fn lp_tcp_probe(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Where a tracepoint record keeps the local and remote addresses, per family.
-pub(crate) struct AddrOffsets {
+/// Where a TCP tracepoint record keeps the socket's fields: family, `struct sock *`, ports, and
+/// the local and remote addresses per family.
+pub(crate) struct SockOffsets {
+    pub family: usize,
+    pub skaddr: usize,
+    pub sport: usize,
+    pub dport: usize,
     pub local4: usize,
     pub remote4: usize,
     pub local6: usize,
     pub remote6: usize,
+}
+
+/// A TCP tracepoint record's flow: its key, the interface and network namespace of its local
+/// address, its peer, and that peer's counters on the interface (None: not a watched one).
+pub(crate) struct RecordFlow {
+    pub key: FlowKey,
+    pub ifindex: u32,
+    pub netns: u32,
+    pub peer: u32,
+    pub stats: Option<*mut PeerStats>,
+}
+
+/// The record's flow; `None` for a family other than IPv4 and IPv6, or a local address that
+/// is not a watched interface's.
+#[inline(always)]
+pub(crate) fn record_flow(
+    ctx: &TracePointContext,
+    off: &SockOffsets,
+) -> Result<Option<RecordFlow>, i64> {
+    // SAFETY (all reads): offsets within the record, checked against tracefs at load time.
+    let family: u16 = unsafe { ctx.field(off.family)? };
+    let Some((local_key, local, remote)) = addresses(ctx, family, off)? else {
+        return Ok(None);
+    };
+    let sk: u64 = unsafe { ctx.field(off.skaddr)? };
+    let Some((ifindex, netns)) = flow_iface(sk, &local_key) else { return Ok(None) };
+    let peer = crate::peers::peer_of_uncached(&remote);
+    let stats = iface_slot(ifindex).and_then(|slot| peer_stats(slot, peer));
+    let (sport, dport): (u16, u16) = unsafe { (ctx.field(off.sport)?, ctx.field(off.dport)?) };
+    let key = FlowKey { family, local_port: sport, remote_port: dport, _pad: 0, local, remote };
+    Ok(Some(RecordFlow { key, ifindex, netns, peer, stats }))
 }
 
 /// (local-address map key, local address, remote address), the last two IPv4-mapped.
@@ -39,7 +75,7 @@ pub(crate) type Addresses = (LocalAddr, [u8; 16], [u8; 16]);
 pub(crate) fn addresses(
     ctx: &TracePointContext,
     family: u16,
-    off: &AddrOffsets,
+    off: &SockOffsets,
 ) -> Result<Option<Addresses>, i64> {
     // SAFETY (reads): offsets within the record, checked against tracefs at load time.
     if family == AF_INET {
@@ -79,7 +115,11 @@ pub(crate) fn v6_addresses(l: [u8; 16], r: [u8; 16]) -> Addresses {
 const V4_MAPPED_PREFIX: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
 
 /// sockaddr_in keeps the address at +4, sockaddr_in6 at +8.
-const PROBE_ADDRS: AddrOffsets = AddrOffsets {
+const PROBE_SOCK: SockOffsets = SockOffsets {
+    family: rec::FAMILY,
+    skaddr: rec::SKADDR,
+    sport: rec::SPORT,
+    dport: rec::DPORT,
     local4: rec::SADDR + 4,
     remote4: rec::DADDR + 4,
     local6: rec::SADDR + 8,
@@ -98,14 +138,11 @@ fn try_probe(ctx: &TracePointContext) -> Result<(), i64> {
     if srtt == 0 {
         return Ok(());
     }
-    let family: u16 = unsafe { ctx.field(rec::FAMILY)? };
-    let Some((local_key, local, remote)) = addresses(ctx, family, &PROBE_ADDRS)? else {
+    let Some(RecordFlow { key, ifindex, netns, peer, stats }) = record_flow(ctx, &PROBE_SOCK)?
+    else {
         return Ok(());
     };
-    let sk: u64 = unsafe { ctx.field(rec::SKADDR)? };
-    let Some((ifindex, netns)) = flow_iface(sk, &local_key) else { return Ok(()) };
-    let peer = crate::peers::peer_of_uncached(&remote);
-    if let Some(ps) = iface_slot(ifindex).and_then(|slot| peer_stats(slot, peer)) {
+    if let Some(ps) = stats {
         // SAFETY: a per-CPU value.
         let rtt = unsafe { &mut (*ps).rtt };
         let us = u64::from(srtt);
@@ -118,9 +155,7 @@ fn try_probe(ctx: &TracePointContext) -> Result<(), i64> {
             rtt.max_us = us;
         }
     }
-    let (sport, dport): (u16, u16) = unsafe { (ctx.field(rec::SPORT)?, ctx.field(rec::DPORT)?) };
     let cwnd: u32 = unsafe { ctx.field(rec::SND_CWND)? };
-    let key = FlowKey { family, local_port: sport, remote_port: dport, _pad: 0, local, remote };
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     match FLOWS.get_ptr_mut(key) {

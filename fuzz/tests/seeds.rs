@@ -21,42 +21,23 @@ fn each_seed(target: &str, check: impl Fn(&[u8])) {
     }
 }
 
-#[test]
-fn policy() {
-    each_seed("policy", linkpilot_fuzz::policy::check);
+/// One test per target, named after it, over the target's seeds.
+macro_rules! seed_tests {
+    ($($target:ident: $check:expr;)*) => {$(
+        #[test]
+        fn $target() {
+            each_seed(stringify!($target), $check);
+        }
+    )*};
 }
 
-#[test]
-fn scenario() {
-    each_seed("scenario", linkpilot_fuzz::scenario::check);
-}
-
-#[test]
-fn replay_trace() {
-    each_seed("replay_trace", linkpilot_fuzz::replay_trace::check);
-}
-
-#[test]
-fn packet() {
-    each_seed("packet", linkpilot_fuzz::packet::check);
-}
-
-#[test]
-fn tuner_decision() {
-    each_seed("tuner_decision", |d| linkpilot_fuzz::tuner_decision::check(d, None));
-}
-
-#[test]
-fn tuner_stats() {
-    each_seed("tuner_stats", linkpilot_fuzz::tuner_stats::check);
-}
-
-#[test]
-fn job_report() {
-    each_seed("job_report", linkpilot_fuzz::job_report::check);
-}
-
-#[test]
-fn status_request() {
-    each_seed("status_request", linkpilot_fuzz::status_request::check);
+seed_tests! {
+    policy: linkpilot_fuzz::policy::check;
+    scenario: linkpilot_fuzz::scenario::check;
+    replay_trace: linkpilot_fuzz::replay_trace::check;
+    packet: linkpilot_fuzz::packet::check;
+    tuner_decision: |d| linkpilot_fuzz::tuner_decision::check(d, None);
+    tuner_stats: linkpilot_fuzz::tuner_stats::check;
+    job_report: linkpilot_fuzz::job_report::check;
+    status_request: linkpilot_fuzz::status_request::check;
 }

@@ -178,6 +178,16 @@ fn tell_latency(comm: &Comm, n_nodes: usize, constants: *mut TunerConstants) {
     say!(comm.logger, "NCCL network latency + {us:.0} us (LINKPILOT_NCCL_NET_LATENCY_US)");
 }
 
+/// Runs `f`, [`guarded`], on the communicator `ctx` names; nothing for a null `ctx`.
+///
+/// # Safety
+/// `ctx` is null or what init stored, alive until finalize.
+unsafe fn on_comm(ctx: *mut c_void, f: impl FnOnce(&Comm)) -> NcclResult {
+    // SAFETY: as the caller promises.
+    let Some(comm) = (unsafe { ctx.cast::<Comm>().as_ref() }) else { return SUCCESS };
+    guarded(comm.logger, || f(comm))
+}
+
 /// Runs `f`, turning a panic into "NCCL's own choice" (logged) instead of an abort.
 fn guarded(logger: Option<Logger>, f: impl FnOnce()) -> NcclResult {
     if catch_unwind(AssertUnwindSafe(f)).is_err() {
@@ -328,9 +338,7 @@ unsafe extern "C" fn get_coll_info(
     _reg_buff: c_int,
     n_channels: *mut c_int,
 ) -> NcclResult {
-    // SAFETY: `ctx` is null or what init stored, alive until finalize.
-    let Some(comm) = (unsafe { ctx.cast::<Comm>().as_ref() }) else { return SUCCESS };
-    guarded(comm.logger, || {
+    let call = |comm: &Comm| {
         let (Ok(na), Ok(np)) = (usize::try_from(num_algo), usize::try_from(num_proto)) else {
             return;
         };
@@ -371,7 +379,9 @@ unsafe extern "C" fn get_coll_info(
         if old != word && (e.step.swap(step, Ordering::Relaxed) != step || old == 0) {
             log_choice(comm, coll_type, n_bytes as u64, word, adopted.as_ref());
         }
-    })
+    };
+    // SAFETY: `ctx` is null or what init stored, alive until finalize.
+    unsafe { on_comm(ctx, call) }
 }
 
 fn log_choice(comm: &Comm, coll: i32, n_bytes: u64, word: u32, adopted: Option<&(Rule, u64)>) {
@@ -407,9 +417,7 @@ unsafe extern "C" fn get_chunk_size(
     _n_channels: c_int,
     chunk_size: *mut usize,
 ) -> NcclResult {
-    // SAFETY: `ctx` is null or what init stored, alive until finalize.
-    let Some(comm) = (unsafe { ctx.cast::<Comm>().as_ref() }) else { return SUCCESS };
-    guarded(comm.logger, || {
+    let call = |comm: &Comm| {
         // SAFETY: NCCL passes its chunk size to read and change, or null.
         let Some(chunk) = (unsafe { chunk_size.as_mut() }) else { return };
         let area = stats::area();
@@ -453,7 +461,9 @@ unsafe extern "C" fn get_chunk_size(
                 _ => say!(comm.logger, "{class} {how}: NCCL's own chunk size"),
             }
         }
-    })
+    };
+    // SAFETY: `ctx` is null or what init stored, alive until finalize.
+    unsafe { on_comm(ctx, call) }
 }
 
 #[cfg(test)]

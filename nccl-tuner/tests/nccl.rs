@@ -19,7 +19,7 @@ use linkpilot_common::board::{nccl, offsets};
 
 #[test]
 fn abi_from_c_and_symbol_lookup_order() {
-    let dir = temp_dir("abi");
+    let (_guard, dir) = temp_dir("abi");
     let mut h = Harness::start(&dir);
     // The C side's static asserts held (it compiled); the exported objects have the sizes of
     // ncclTuner_v6_t, v5 and v4, and members at the same offsets are the same functions.
@@ -27,12 +27,11 @@ fn abi_from_c_and_symbol_lookup_order() {
         h.one("abi").join(" "),
         "abi name linkpilot linkpilot linkpilot sizes 40 32 32 shared ok"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn calls_follow_the_adopted_decision_never_the_hosts_board() {
-    let dir = temp_dir("rules");
+    let (_guard, dir) = temp_dir("rules");
     let _board = hosts_own_board(&dir.join("knobs"));
     let mut h = Harness::start(&dir);
 
@@ -148,12 +147,11 @@ fn calls_follow_the_adopted_decision_never_the_hosts_board() {
     let file = h.counter_file(&dir).unwrap();
     assert_eq!(h.one(&format!("fin {c} 6")), ["rc", "0"]);
     assert!(!file.exists());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn network_latency_only_from_a_job_wide_value() {
-    let dir = temp_dir("latency");
+    let (_guard, dir) = temp_dir("latency");
     let _board = hosts_own_board(&dir.join("knobs"));
     let mut h = Harness::start_with(&dir, &[("LINKPILOT_NCCL_NET_LATENCY_US", "90000")]);
     let (c6, net) = h.init(6);
@@ -177,14 +175,13 @@ fn network_latency_only_from_a_job_wide_value() {
         bad.logs
     );
     assert_eq!(bad.one(&format!("fin {c} 6")), ["rc", "0"]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_board_frozen_mid_write_changes_nothing() {
     // A daemon killed while writing leaves an odd sequence number: a reader that spins on it
     // stalls every call. The plugin reads no board, so its calls neither stall nor change.
-    let dir = temp_dir("frozen");
+    let (_guard, dir) = temp_dir("frozen");
     let board = dir.join("knobs");
     let w = hosts_own_board(&board);
     drop(w);
@@ -216,12 +213,11 @@ fn a_board_frozen_mid_write_changes_nothing() {
     );
     assert!(calls > 1000, "{out:?}");
     assert_eq!(h.one(&format!("fin {c} 6")), ["rc", "0"]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn v5_and_v4_communicators_work_alongside() {
-    let dir = temp_dir("versions");
+    let (_guard, dir) = temp_dir("versions");
     let mut h = Harness::start(&dir);
     let (c5, _) = h.init(5);
     let (c4, _) = h.init(4);
@@ -249,12 +245,11 @@ fn v5_and_v4_communicators_work_alongside() {
     assert_eq!(h.coll(c6, 6, ALLREDUCE, 64 << 20, &TABLE), (0, 2, ring_ll));
     assert!(h.counter_file(&dir).is_some());
     assert_eq!(h.one(&format!("fin {c6} 6")), ["rc", "0"]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn eight_threads_while_decisions_are_adopted_10000_times() {
-    let dir = temp_dir("threads");
+    let (_guard, dir) = temp_dir("threads");
     let mut h = Harness::start(&dir);
     let (c, _) = h.init(6);
     h.adopt(CALM, 0);
@@ -307,14 +302,13 @@ fn eight_threads_while_decisions_are_adopted_10000_times() {
     }
     assert!(seen >= 2, "the workers should have seen the decision change: {out:?}");
     assert_eq!(h.one(&format!("fin {c} 6")), ["rc", "0"]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn the_counter_file_truncated_and_replaced_from_outside_breaks_nothing() {
     // The directory is shared by every training process of the node (pods in their own PID
     // namespaces often have the same pid); anyone may truncate or replace a file in it.
-    let dir = temp_dir("truncated");
+    let (_guard, dir) = temp_dir("truncated");
     let mut h = Harness::start(&dir);
     let (c, _) = h.init(6);
     h.adopt(CONGESTED, 1);
@@ -347,14 +341,13 @@ fn the_counter_file_truncated_and_replaced_from_outside_breaks_nothing() {
     assert!(out.iter().any(|l| l.starts_with(&tree)), "{out:?}");
     assert!(out.iter().any(|l| l.starts_with("calls ") && l.ends_with("bad_rc 0")), "{out:?}");
     assert_eq!(h.one(&format!("fin {c} 6")), ["rc", "0"]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_forked_child_does_not_keep_a_dead_processs_file_alive() {
     // Data loaders fork workers after NCCL started: they inherit the counter file's descriptor,
     // and with it the flock, unless the plugin closes it in the child.
-    let dir = temp_dir("fork");
+    let (_guard, dir) = temp_dir("fork");
     let mut h = Harness::start(&dir);
     let (_c, _) = h.init(6);
     let file = h.counter_file(&dir).unwrap();
@@ -372,7 +365,6 @@ fn a_forked_child_does_not_keep_a_dead_processs_file_alive() {
     );
     // SAFETY: signalling the child the harness forked for this test.
     unsafe { libc::kill(child, libc::SIGKILL) };
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The libnccl.so.2 of the `nvidia-nccl-cu13` wheel (torch's NCCL) in the repository's .venv.

@@ -10,6 +10,7 @@ which closes every feeder it started)::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -17,7 +18,6 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import pytest
@@ -38,9 +38,9 @@ def linkpilot_bin() -> str:
     return path
 
 
-class Feeder:
+class Feeder(contextlib.AbstractContextManager["Feeder"]):
     """A running `linkpilot board feed --board PATH`. Closing stdin ends it (exit 0); the board
-    stays and goes stale, like a dead daemon's."""
+    stays and goes stale, like a dead daemon's. As a context manager it closes on exit."""
 
     def __init__(self, path: str | os.PathLike[str], heartbeat_ms: int = 100) -> None:
         self.path = os.fspath(path)
@@ -81,15 +81,7 @@ class Feeder:
         if code != 0:
             raise AssertionError(f"board feed exited {code}: {self._stderr()}")
 
-    def __enter__(self) -> Feeder:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def _readline(self, deadline: float) -> str:

@@ -69,8 +69,8 @@ pub fn rank(
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> Rank {
-    let mut child = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", host.netns))
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net=/run/netns/{}", host.netns))
         .arg(crate::python())
         .args(["-m", "linkpilot.ddp_check", "--iface", "eth0", "--steps"])
         .arg(steps.to_string())
@@ -80,12 +80,8 @@ pub fn rank(
         .args(["--large-bucket-bytes", "0", "--bucket-mb", "1", "--step-sleep", "1.2"])
         .args(extra)
         .envs(env.iter().copied())
-        .env("PYTHONUNBUFFERED", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting a rank");
-    let (lines, stderr) = crate::pipe_output(&mut child);
+        .env("PYTHONUNBUFFERED", "1");
+    let (child, lines, stderr) = crate::spawn_piped(&mut cmd, "a rank");
     Rank { child, lines, stderr }
 }
 

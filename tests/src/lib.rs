@@ -24,7 +24,7 @@ pub mod watcher;
 use std::{
     io::{BufRead as _, BufReader},
     path::PathBuf,
-    process::{Child, Command, Output},
+    process::{Child, Command, Output, Stdio},
     sync::mpsc,
     thread,
 };
@@ -86,14 +86,16 @@ pub fn run(args: &[&str]) -> Output {
 /// The `linkpilot` binary under test: `LINKPILOT_BIN` (set by `cargo xtask test`) or the debug
 /// build of this workspace.
 pub fn linkpilot_bin() -> PathBuf {
-    let path = std::env::var_os("LINKPILOT_BIN").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/linkpilot")
+    built("LINKPILOT_BIN", "linkpilot", "`cargo build -p linkpilot` or run `cargo xtask test`")
+}
+
+/// A build output under test: the path in `env` or this workspace's `target/debug/<file>`;
+/// panics, saying how to build it, when it is not there.
+pub fn built(env: &str, file: &str, how: &str) -> PathBuf {
+    let path = std::env::var_os(env).map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug").join(file)
     });
-    assert!(
-        path.is_file(),
-        "{} does not exist: build it with `cargo build -p linkpilot` or run `cargo xtask test`",
-        path.display()
-    );
+    assert!(path.is_file(), "{} does not exist: build it with {how}", path.display());
     path
 }
 
@@ -107,15 +109,26 @@ pub fn python() -> PathBuf {
 
 /// The `linkpilot-lab` binary: `LINKPILOT_LAB_BIN` or the debug build of this workspace.
 pub fn lab_bin() -> PathBuf {
-    let path = std::env::var_os("LINKPILOT_LAB_BIN").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/linkpilot-lab")
-    });
-    assert!(
-        path.is_file(),
-        "{} does not exist: build it with `cargo build -p linkpilot-lab` or run `cargo xtask test`",
-        path.display()
-    );
-    path
+    built(
+        "LINKPILOT_LAB_BIN",
+        "linkpilot-lab",
+        "`cargo build -p linkpilot-lab` or run `cargo xtask test`",
+    )
+}
+
+/// Starts `cmd` with stdout and stderr piped, as [`pipe_output`] reads them; `what` names it
+/// in the panic when it cannot start.
+pub fn spawn_piped(
+    cmd: &mut Command,
+    what: &str,
+) -> (Child, mpsc::Receiver<String>, thread::JoinHandle<String>) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {what}: {e}"));
+    let (lines, log) = pipe_output(&mut child);
+    (child, lines, log)
 }
 
 /// A child's piped stdout as a channel of lines, and its piped stderr collected whole (joined

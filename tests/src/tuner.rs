@@ -15,15 +15,11 @@ const TABLE: &str = "30 25 20 5 15 10 -1 -1 -1 -1 -1 -1 -1 -1 -1 -1 -1 -1 -1 -1 
 /// The plugin under test: `LINKPILOT_TUNER_PLUGIN` or this workspace's debug build
 /// (`cargo build -p linkpilot-nccl-tuner`).
 pub fn plugin() -> PathBuf {
-    let path = std::env::var_os("LINKPILOT_TUNER_PLUGIN").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/libnccl_tuner_linkpilot.so")
-    });
-    assert!(
-        path.is_file(),
-        "{} does not exist: build it with `cargo build -p linkpilot-nccl-tuner`",
-        path.display()
-    );
-    path
+    crate::built(
+        "LINKPILOT_TUNER_PLUGIN",
+        "libnccl_tuner_linkpilot.so",
+        "`cargo build -p linkpilot-nccl-tuner`",
+    )
 }
 
 /// nccl-tuner's C harness, built in `work` with the system's `cc`: it loads a plugin as NCCL

@@ -1,7 +1,7 @@
 //! `linkpilot watch --json` run as a child process inside a test namespace.
 
 use std::{
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     sync::mpsc,
     thread,
     time::{Duration, Instant},
@@ -14,7 +14,8 @@ use nix::{
 
 use crate::{linkpilot_bin, netns::Netns};
 
-pub use linkpilot::cli::watch::{DirTotals, FlowSample, PeerTotals, RttTotals, Sample, Totals};
+pub use linkpilot::cli::watch::{DirTotals, FlowSample, PeerTotals, RttTotals, Sample};
+pub use linkpilot_common::IfaceStats;
 
 /// The totals of peer `name` in `sample`; panics if it is not there.
 pub fn peer<'a>(sample: &'a Sample, name: &str) -> &'a PeerTotals {
@@ -48,13 +49,8 @@ impl Watcher {
         for i in ifaces {
             cmd.args(["--iface", i]);
         }
-        let mut child = cmd
-            .env("RUST_LOG", "debug")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting linkpilot watch");
-        let (lines, stderr) = crate::pipe_output(&mut child);
+        let (child, lines, stderr) =
+            crate::spawn_piped(cmd.env("RUST_LOG", "debug"), "linkpilot watch");
         let mut w = Self { child, lines, stderr };
         if let Err(e) = w.lines.recv_timeout(Duration::from_secs(20)) {
             let _ = w.child.kill();
@@ -103,7 +99,7 @@ impl Watcher {
     }
 
     /// Stops with SIGINT (Ctrl-C) and returns the final totals of `iface`.
-    pub fn stop(self, iface: &str) -> Totals {
+    pub fn stop(self, iface: &str) -> IfaceStats {
         let last = self.stop_with(Signal::SIGINT);
         last.iter()
             .find(|s| s.iface == iface)

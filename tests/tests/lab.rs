@@ -14,35 +14,24 @@ use linkpilot_lab::{
 };
 use linkpilot_tests::{lab_bin, run, sh};
 
-fn assert_pass(f: anyhow::Result<selftest::Figure>) {
-    let f = f.unwrap_or_else(|e| panic!("check could not run: {e:#}"));
-    eprintln!("{f}");
-    assert!(f.pass, "{f}");
+/// One test per fidelity check of `linkpilot-lab selftest`: it must run and pass.
+macro_rules! selftests {
+    ($($name:ident: $check:path;)*) => {$(
+        #[test]
+        fn $name() {
+            let f = $check().unwrap_or_else(|e| panic!("check could not run: {e:#}"));
+            eprintln!("{f}");
+            assert!(f.pass, "{f}");
+        }
+    )*};
 }
 
-#[test]
-fn ping_rtt_matches_configured_rtt() {
-    assert_pass(selftest::rtt());
-}
-
-#[test]
-fn iperf3_throughput_matches_bottleneck_rate() {
-    assert_pass(selftest::throughput());
-}
-
-#[test]
-fn ce_marks_seen_by_tshark_equal_lab_count() {
-    assert_pass(selftest::ce_marks());
-}
-
-#[test]
-fn ping_loss_matches_configured_loss() {
-    assert_pass(selftest::loss());
-}
-
-#[test]
-fn outage_stops_traffic_for_its_duration() {
-    assert_pass(selftest::outage());
+selftests! {
+    ping_rtt_matches_configured_rtt: selftest::rtt;
+    iperf3_throughput_matches_bottleneck_rate: selftest::throughput;
+    ce_marks_seen_by_tshark_equal_lab_count: selftest::ce_marks;
+    ping_loss_matches_configured_loss: selftest::loss;
+    outage_stops_traffic_for_its_duration: selftest::outage;
 }
 
 fn namespaces() -> Vec<String> {

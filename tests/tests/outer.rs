@@ -8,7 +8,7 @@
 //! pair carries its own shard over its own connections.
 
 use std::{
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     sync::mpsc,
     thread,
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -61,8 +61,8 @@ impl Rank {
 
     fn spawn(host: &Host, master: &Host, rank: usize, world: usize, args: &[&str]) -> Self {
         let worker = concat!(env!("CARGO_MANIFEST_DIR"), "/../python/tests/outer_rank.py");
-        let mut child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", host.netns))
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{}", host.netns))
             .arg(python())
             .arg(worker)
             .args(["--rank", &rank.to_string(), "--world", &world.to_string(), "--port", "0"])
@@ -71,12 +71,8 @@ impl Rank {
             .args(["--pause-s", "3"])
             .env("GLOO_SOCKET_IFNAME", "eth0")
             .env("PYTHONUNBUFFERED", "1")
-            .env("OMP_NUM_THREADS", "1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting a rank");
-        let (lines, stderr) = linkpilot_tests::pipe_output(&mut child);
+            .env("OMP_NUM_THREADS", "1");
+        let (child, lines, stderr) = linkpilot_tests::spawn_piped(&mut cmd, "a rank");
         Self { child, lines, stderr: Some(stderr), seen: Vec::new() }
     }
 

@@ -45,14 +45,7 @@ fn read(path: &Path) -> String {
 
 /// `linkpilot status --json`, or null while the daemon does not answer yet.
 fn status(dir: &Path) -> serde_json::Value {
-    let out = linkpilot_tests::run(&[
-        &linkpilot_bin().display().to_string(),
-        "status",
-        "--json",
-        "--socket",
-        &dir.join("status.sock").display().to_string(),
-    ]);
-    serde_json::from_slice(&out.stdout).unwrap_or_default()
+    linkpilot_tests::daemon::try_status_json(dir).unwrap_or_default()
 }
 
 fn stop(d: &mut Daemon) {

@@ -397,7 +397,7 @@ fn lab_part(ctx: &Ctx, lab_bin: &Path, samples: &mut Vec<Sample>) -> anyhow::Res
     let per = ctx.secs + 15;
     let lab_secs = u64::from(ctx.rounds) * ctx.configs.len() as u64 * per + 60;
     println!("part lab: steady-180ms for up to {lab_secs} s (namespaces lpl-lpd-*)");
-    let running = lab::Lab::start_with(lab_bin, &ctx.out, "steady-180ms", "lpd", 1, lab_secs)?;
+    let running = lab::Lab::start(lab_bin, &ctx.out, "steady-180ms", "lpd", 1, lab_secs)?;
     let (hk, us) = (running.host("Hk", 0).clone(), running.host("Us", 0).clone());
     let net = us.ipv4.rsplit_once('.').map(|(n, _)| n).context("the US host's address")?;
     let _server = iperf_server(&us.netns, &us.ipv4, &[])?;

@@ -108,7 +108,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let out = workspace_root().join("target/bench-streams");
     fs::create_dir_all(&out)?;
     let rate = crate::lab::top_rate(&a.scenario)?;
-    let lab = Lab::start(&out, &a.scenario, "streams", 1, 24 * 3600)?;
+    let lab =
+        Lab::start(&crate::lab::bin("linkpilot-lab"), &out, &a.scenario, "streams", 1, 24 * 3600)?;
     let rtt = ping_rtt(&lab.hosts)?;
     // A two-rank all-reduce is a reduce-scatter then an all-gather, each half the buffer one
     // way: at best two one-way delays plus the whole buffer at the link's rate; the plain TCP

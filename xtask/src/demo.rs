@@ -53,7 +53,7 @@ pub fn run(seconds: Option<u64>) -> anyhow::Result<()> {
         "demo: the WAN lab plays {SCENARIO} for {secs} s; logs and results in {}",
         out.display()
     );
-    let running = Lab::start(&out, SCENARIO, LAB_NAME, 1, secs + 30)?;
+    let running = Lab::start(&bin("linkpilot-lab"), &out, SCENARIO, LAB_NAME, 1, secs + 30)?;
     let (hk, us) = (running.host("Hk", 0).clone(), running.host("Us", 0).clone());
     let phase = running.latest.clone();
     for h in [&hk, &us] {
@@ -70,18 +70,8 @@ pub fn run(seconds: Option<u64>) -> anyhow::Result<()> {
     let policy = workspace_root().join("policies/hk-us.toml");
     let p = |f: &str| out.join(f).display().to_string();
     let daemon = Reaped(
-        Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", hk.netns))
-            .arg(bin("linkpilot"))
-            .args(["run", "--policy", &policy.display().to_string()])
-            .args(["--board", &p("knobs"), "--env-file", &p("nccl.env")])
-            .args(["--sysctl-state", &p("sysctl-originals.json"), "--lock", &p("lock")])
-            .args(["--roce-tc-state", &p("roce-tc-originals.json")])
+        lab::linkpilot_run(&bin("linkpilot"), &hk.netns, &policy, &p)
             .args(["--decision-log", &p("decisions.jsonl"), "--record", &p("trace.jsonl")])
-            .args(["--status-socket", &p("status.sock"), "--tuner-stats", &p("tuner")])
-            .args(["--job-reports", &p("jobs")])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
             .stderr(fs::File::create(out.join("daemon.log"))?)
             .spawn()
             .context("starting linkpilot run")?,

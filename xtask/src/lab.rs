@@ -76,6 +76,29 @@ pub fn in_ns(netns: &str, args: &[&str]) -> Command {
     c
 }
 
+/// `linkpilot run` (binary `bin`) in `netns` with `policy` and every file it keeps (board, env
+/// file, originals, lock, status socket, tuner and job report directories) at `file(name)`;
+/// info logging, stdout discarded. Callers add what else they want and where the log goes.
+pub fn linkpilot_run(
+    bin: &Path,
+    netns: &str,
+    policy: &Path,
+    file: &dyn Fn(&str) -> String,
+) -> Command {
+    let mut c = Command::new("nsenter");
+    c.arg(format!("--net=/run/netns/{netns}"))
+        .arg(bin)
+        .args(["run", "--policy", &policy.display().to_string()])
+        .args(["--board", &file("knobs"), "--env-file", &file("nccl.env")])
+        .args(["--sysctl-state", &file("sysctl-originals.json"), "--lock", &file("lock")])
+        .args(["--roce-tc-state", &file("roce-tc-originals.json")])
+        .args(["--status-socket", &file("status.sock"), "--tuner-stats", &file("tuner")])
+        .args(["--job-reports", &file("jobs")])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null());
+    c
+}
+
 /// Seconds in one pass of `scenario` (a built-in name or a file), as the lab computes it.
 pub fn pass_seconds(scenario: &str) -> anyhow::Result<f64> {
     Ok(check(scenario)?.0)
@@ -131,20 +154,9 @@ impl Lab {
         self.hosts.iter().filter(|h| h.site == site).nth(index).expect("host within the lab")
     }
 
-    /// Starts `linkpilot-lab run` and returns once every host exists; its log goes to
-    /// `out/lab.log`.
+    /// Starts `linkpilot-lab run` (the binary `lab_bin`) and returns once every host exists;
+    /// its log goes to `out/lab.log`.
     pub fn start(
-        out: &Path,
-        scenario: &str,
-        name: &str,
-        hosts_per_site: u8,
-        secs: u64,
-    ) -> anyhow::Result<Self> {
-        Self::start_with(&bin("linkpilot-lab"), out, scenario, name, hosts_per_site, secs)
-    }
-
-    /// As `start`, with the given `linkpilot-lab` binary.
-    pub fn start_with(
         lab_bin: &Path,
         out: &Path,
         scenario: &str,

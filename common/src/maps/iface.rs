@@ -27,9 +27,11 @@ pub const MAX_LOCAL_ADDRS: u32 = 1024;
 ///
 /// Packets are wire segments, not skbs: a GSO/GRO skb of `n` segments counts `n` packets and
 /// `len + (n - 1) * header_len` bytes, the bytes the segments occupy on the wire including their
-/// L2 header (without preamble, FCS and inter-frame gap).
+/// L2 header (without preamble, FCS and inter-frame gap). `linkpilot watch` prints them as they
+/// are (summed), hence serde on the host.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "std", derive(serde::Serialize, serde::Deserialize))]
 pub struct IfaceStats {
     pub rx_packets: u64,
     pub rx_bytes: u64,

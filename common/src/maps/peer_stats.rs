@@ -90,9 +90,11 @@ impl RttCounters {
     }
 }
 
-/// TCP connections of one (interface, peer), from `sock:inet_sock_set_state`.
+/// TCP connections of one (interface, peer), from `sock:inet_sock_set_state`; `linkpilot watch`
+/// prints them as they are.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "std", derive(serde::Serialize, serde::Deserialize))]
 pub struct FlowEvents {
     /// SYN_SENT -> ESTABLISHED: connections this host opened (nstat TcpActiveOpens counts the
     /// attempts, these the successes).

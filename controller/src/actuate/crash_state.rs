@@ -241,11 +241,11 @@ mod tests {
     use super::*;
     use std::cell::RefCell;
 
-    fn temp(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("lp-crash-{}-{name}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        dir.join("state.json")
+    /// A state file's path in a directory of its own, which goes with the returned guard.
+    fn temp(name: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::Builder::new().prefix(&format!("lp-crash-{name}-")).tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        (dir, path)
     }
 
     fn any(_: &str) -> Result<(), String> {
@@ -265,7 +265,7 @@ mod tests {
 
     #[test]
     fn saved_before_each_write_and_restored_from_the_file_after_a_crash() {
-        let path = temp("crash");
+        let (_dir, path) = temp("crash");
         let mut s = CrashState::load(&path, any).unwrap();
         s.before_write("a", "1", "5").unwrap();
         s.after_write("a", "5").unwrap();
@@ -278,12 +278,11 @@ mod tests {
         assert_eq!(r.restored, [("a".to_owned(), "1".to_owned())], "the first original");
         s.finish().unwrap();
         assert!(!path.exists());
-        let _ = fs::remove_dir_all(path.parent().unwrap());
     }
 
     #[test]
     fn a_value_neither_ours_nor_the_original_is_left_alone() {
-        let path = temp("admin");
+        let (_dir, path) = temp("admin");
         let mut s = CrashState::load(&path, any).unwrap();
         for (k, orig) in [("a", "1"), ("b", "1"), ("c", "1")] {
             s.before_write(k, orig, "5").unwrap();
@@ -300,12 +299,11 @@ mod tests {
         assert_eq!(now.borrow()["b"], "7");
         s.finish().unwrap();
         assert!(!path.exists());
-        let _ = fs::remove_dir_all(path.parent().unwrap());
     }
 
     #[test]
     fn failures_stay_for_the_next_start() {
-        let path = temp("fail");
+        let (_dir, path) = temp("fail");
         let mut s = CrashState::load(&path, any).unwrap();
         s.before_write("a", "1", "5").unwrap();
         s.before_write("b", "2", "6").unwrap();
@@ -320,12 +318,11 @@ mod tests {
         assert_eq!((s.original("a"), s.original("b")), (Some("1"), None));
         assert_eq!(s.saved.ours["a"], ["1", "5"]);
         assert_eq!(s.saved.created, ["dev"]);
-        let _ = fs::remove_dir_all(path.parent().unwrap());
     }
 
     #[test]
     fn earlier_files_still_restore_and_unexpected_keys_are_refused() {
-        let path = temp("keys");
+        let (_dir, path) = temp("keys");
         fs::write(&path, r#"{"values": {"a": "1"}}"#).unwrap();
         let mut s = CrashState::load(&path, any).unwrap();
         let now = RefCell::new(BTreeMap::from([("a".to_owned(), "3".to_owned())]));
@@ -337,6 +334,5 @@ mod tests {
         fs::write(&path, r#"{"values": {}, "created": ["/"]}"#).unwrap();
         let err = CrashState::load(&path, only_a).err().unwrap().to_string();
         assert!(err.contains("key \"/\" is not one linkpilot manages (not a)"), "{err}");
-        let _ = fs::remove_dir_all(path.parent().unwrap());
     }
 }

@@ -213,15 +213,15 @@ mod tests {
     use super::*;
 
     /// An rdma_cm configfs look-alike where mlx5_0 was already configured (TOS 0 on port 1),
-    /// and the state file's path beside it.
-    fn tree(name: &str) -> (PathBuf, PathBuf) {
-        let dir = std::env::temp_dir().join(format!("lp-rocetc-{}-{name}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        let root = dir.join("rdma_cm");
+    /// and the state file's path beside it; both go with the returned directory.
+    fn tree(name: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let dir = tempfile::Builder::new().prefix(&format!("lp-rocetc-{name}-")).tempdir().unwrap();
+        let root = dir.path().join("rdma_cm");
         let port = root.join("mlx5_0/ports/1");
         fs::create_dir_all(&port).unwrap();
         fs::write(port.join("default_roce_tos"), "0\n").unwrap();
-        (root, dir.join("roce-tc.json"))
+        let state = dir.path().join("roce-tc.json");
+        (dir, root, state)
     }
 
     fn tos(root: &Path) -> u8 {
@@ -230,7 +230,7 @@ mod tests {
 
     #[test]
     fn set_and_restore() {
-        let (root, state) = tree("set");
+        let (_dir, root, state) = tree("set");
         let mut tc = RoceTc::open(&root, &state).unwrap();
         let change = tc.set("mlx5_0", 1, 106).unwrap();
         assert_eq!(change.as_deref(), Some("mlx5_0/1 default_roce_tos 0 -> 106"));
@@ -242,12 +242,11 @@ mod tests {
         assert_eq!(tos(&root), 0);
         assert!(root.join("mlx5_0").exists(), "a directory we did not create stays");
         assert!(!state.exists());
-        let _ = fs::remove_dir_all(root.parent().unwrap());
     }
 
     #[test]
     fn errors_name_the_file_and_change_nothing() {
-        let (root, state) = tree("err");
+        let (_dir, root, state) = tree("err");
         fs::write(root.join("mlx5_0/ports/1/default_roce_tos"), "lots\n").unwrap();
         let mut tc = RoceTc::open(&root, &state).unwrap();
         let err = tc.set("mlx5_0", 1, 106).unwrap_err().to_string();
@@ -261,12 +260,11 @@ mod tests {
         assert!(!state.exists(), "nothing to remember");
         let err = tc.set("../x", 1, 106).unwrap_err().to_string();
         assert!(err.contains("not an RDMA device name"), "{err}");
-        let _ = fs::remove_dir_all(root.parent().unwrap());
     }
 
     #[test]
     fn a_crashed_runs_classes_are_restored_at_the_next_start() {
-        let (root, state) = tree("crash");
+        let (_dir, root, state) = tree("crash");
         let mut tc = RoceTc::open(&root, &state).unwrap();
         tc.set("mlx5_0", 1, 106).unwrap();
         tc.set("mlx5_0", 1, 184).unwrap();
@@ -278,12 +276,11 @@ mod tests {
         tc.set("mlx5_0", 1, 106).unwrap();
         tc.restore().unwrap();
         assert_eq!(tos(&root), 0);
-        let _ = fs::remove_dir_all(root.parent().unwrap());
     }
 
     #[test]
     fn an_administrators_class_is_left_alone() {
-        let (root, state) = tree("admin");
+        let (_dir, root, state) = tree("admin");
         let file = root.join("mlx5_0/ports/1/default_roce_tos");
         // Changed between our write and the stop.
         let mut tc = RoceTc::open(&root, &state).unwrap();
@@ -310,12 +307,11 @@ mod tests {
         let tc = RoceTc::open(&root, &state).unwrap();
         assert_eq!((tos(&root), tc.released().len()), (8, 1));
         assert!(!state.exists());
-        let _ = fs::remove_dir_all(root.parent().unwrap());
     }
 
     #[test]
     fn a_state_file_is_checked_before_anything_is_touched() {
-        let (root, state) = tree("keys");
+        let (_dir, root, state) = tree("keys");
         let outside = root.parent().unwrap().join("outside");
         fs::create_dir_all(&outside).unwrap();
         for key in [
@@ -339,6 +335,5 @@ mod tests {
         fs::write(&state, r#"{"values": {}, "created": ["mlx5_7"]}"#).unwrap();
         RoceTc::open(&root, &state).unwrap();
         assert!(!root.join("mlx5_7").exists() && !state.exists());
-        let _ = fs::remove_dir_all(root.parent().unwrap());
     }
 }

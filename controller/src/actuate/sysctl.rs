@@ -196,14 +196,37 @@ impl Sysctls {
             let original = self.state.original(key).unwrap_or(&now);
             let floor = max_of(original).unwrap_or(0);
             let want = with_max(&path, &now, bytes.max(floor))?;
-            plan.push((key, path, now, want));
+            plan.push((key, path, now, Some(want)));
         }
+        self.carry_out(plan)
+    }
+
+    /// Carries out a plan of (key, path, value now, value wanted) read and checked beforehand:
+    /// a key someone else took over is released, one wanted at `None` gets its original back
+    /// and is forgotten. Returns what changed.
+    fn carry_out(
+        &mut self,
+        plan: Vec<(&str, PathBuf, String, Option<String>)>,
+    ) -> Result<Vec<String>, SysctlError> {
         let mut changed = Vec::new();
-        for (key, path, now, want) in plan {
+        for (key, path, now, target) in plan {
             if self.taken_over(key, &now) {
                 self.release(key, &now)?;
                 continue;
             }
+            let Some(want) = target else {
+                // No longer asked for: the original back, then forgotten.
+                self.written.remove(key);
+                if let Some(original) = self.state.original(key).map(str::to_owned) {
+                    if original != now {
+                        write(&path, &original)?;
+                        info!(sysctl = key, to = original, "restored (no longer in the policy)");
+                        changed.push(format!("{key} {now} -> {original}"));
+                    }
+                    self.state.forget(key)?;
+                }
+                continue;
+            };
             if let Some(c) = self.set(key, &path, now, &want)? {
                 changed.push(c);
             }
@@ -270,30 +293,7 @@ impl Sysctls {
             }
             plan.push((key, path, now, target));
         }
-        let mut changed = Vec::new();
-        for (key, path, now, target) in plan {
-            if self.taken_over(key, &now) {
-                self.release(key, &now)?;
-                continue;
-            }
-            let Some(want) = target else {
-                // No longer asked for: the original back, then forgotten.
-                self.written.remove(key);
-                if let Some(original) = self.state.original(key).map(str::to_owned) {
-                    if original != now {
-                        write(&path, &original)?;
-                        info!(sysctl = key, to = original, "restored (no longer in the policy)");
-                        changed.push(format!("{key} {now} -> {original}"));
-                    }
-                    self.state.forget(key)?;
-                }
-                continue;
-            };
-            if let Some(c) = self.set(key, &path, now, &want)? {
-                changed.push(c);
-            }
-        }
-        Ok(changed)
+        self.carry_out(plan)
     }
 
     /// Puts every original back (those still ours: a value that is neither ours nor the

@@ -221,11 +221,11 @@ impl Drop for Harness {
     }
 }
 
-pub fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("lp-nccl-tuner-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A directory of the test's own, removed when the returned guard goes.
+pub fn temp_dir(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let d = tempfile::Builder::new().prefix(&format!("lp-nccl-tuner-{name}-")).tempdir().unwrap();
+    let path = d.path().to_owned();
+    (d, path)
 }
 
 /// What the training code adopts, as "ALGO PROTO CHANNELS STATE MIN_BYTES CHUNK": a congested

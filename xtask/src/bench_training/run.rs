@@ -73,8 +73,14 @@ pub fn run(spec: &Spec) -> anyhow::Result<()> {
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     // The lab outlives the pass so that the ranks' last steps still have a link; steps that
     // end after the pass are not reported.
-    let running =
-        Lab::start(dir, spec.scenario, LAB_NAME, c.per_site, spec.pass_s.ceil() as u64 + 120)?;
+    let running = Lab::start(
+        &lab::bin("linkpilot-lab"),
+        dir,
+        spec.scenario,
+        LAB_NAME,
+        c.per_site,
+        spec.pass_s.ceil() as u64 + 120,
+    )?;
     let started = Instant::now();
     let mut globals = transport::Globals::apply(c.policy.as_ref(), spec.cc)?;
     transport::pin_defaults(&running.hosts, spec.cc)?;
@@ -256,20 +262,10 @@ fn start_daemon(
     let policy_file = dir.join(format!("{tag}-policy.toml"));
     fs::write(&policy_file, policy.for_site(&host.site, capacity)?)?;
     let p = |f: &str| dir.join(format!("{tag}-{f}")).display().to_string();
-    let child = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", host.netns))
-        .arg(lab::bin("linkpilot"))
-        .args(["run", "--policy", &policy_file.display().to_string()])
-        .args(["--board", &p("knobs"), "--env-file", &p("nccl.env")])
-        .args(["--sysctl-state", &p("sysctl-originals.json"), "--lock", &p("lock")])
-        .args(["--roce-tc-state", &p("roce-tc-originals.json")])
-        .args(["--decision-log", &p("decisions.jsonl"), "--status-socket", &p("status.sock")])
+    let child = lab::linkpilot_run(&lab::bin("linkpilot"), &host.netns, &policy_file, &p)
         // The snapshots it decided from, for `linkpilot replay`.
-        .args(["--record", &p("trace.jsonl")])
-        .args(["--metrics-addr", "off", "--tuner-stats", &p("tuner")])
-        .args(["--job-reports", &p("jobs")])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
+        .args(["--decision-log", &p("decisions.jsonl"), "--record", &p("trace.jsonl")])
+        .args(["--metrics-addr", "off"])
         .stderr(fs::File::create(p("daemon.log"))?)
         .spawn()
         .context("starting linkpilot run")?;

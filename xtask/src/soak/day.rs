@@ -55,6 +55,7 @@ pub fn run(
         dir.display()
     );
     let running = Lab::start(
+        &crate::lab::bin("linkpilot-lab"),
         dir,
         SCENARIO,
         if quick { "kldayq" } else { "klday" },

@@ -259,7 +259,7 @@ pub fn run(
     let mut rng = Rng(seed);
     let (rdma_args, tos) = rdma_fixture(dir)?;
     let secs = u64::from(restarts + 1) * (gap.1 + 10) + 120;
-    let running = Lab::start(dir, SCENARIO, lab_name, 1, secs)?;
+    let running = Lab::start(&crate::lab::bin("linkpilot-lab"), dir, SCENARIO, lab_name, 1, secs)?;
     let hk = running.host("Hk", 0).clone();
     let policy = workspace_root().join("policies/hk-us.toml");
     let mut before: BTreeMap<String, String> = BTreeMap::new();

@@ -10,7 +10,7 @@ mod kill;
 use std::{
     fs,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Stdio,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -108,18 +108,8 @@ fn start_daemon(
     let p = |f: &str| dir.join(f).display().to_string();
     let log = fs::OpenOptions::new().create(true).append(true).open(dir.join("daemon.log"))?;
     let daemon = Reaped(
-        Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{netns}"))
-            .arg(bin)
-            .args(["run", "--policy", &policy.display().to_string()])
-            .args(["--board", &p("knobs"), "--env-file", &p("nccl.env")])
-            .args(["--sysctl-state", &p("sysctl-originals.json"), "--lock", &p("lock")])
-            .args(["--roce-tc-state", &p("roce-tc-originals.json")])
-            .args(["--status-socket", &p("status.sock"), "--tuner-stats", &p("tuner")])
-            .args(["--job-reports", &p("jobs")])
+        crate::lab::linkpilot_run(bin, netns, policy, &p)
             .args(extra)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .context("starting linkpilot run")?,

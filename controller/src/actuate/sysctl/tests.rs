@@ -2,10 +2,11 @@
 
 use super::*;
 
-/// A /proc/sys look-alike with the defaults of a stock kernel.
-fn tree(name: &str) -> (PathBuf, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("lp-sysctl-{}-{name}", std::process::id()));
-    let root = dir.join("sys");
+/// A /proc/sys look-alike with the defaults of a stock kernel, and the state file's path beside
+/// it; both go with the returned directory.
+fn tree(name: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::Builder::new().prefix(&format!("lp-sysctl-{name}-")).tempdir().unwrap();
+    let root = dir.path().join("sys");
     fs::create_dir_all(root.join("net/core")).unwrap();
     fs::create_dir_all(root.join("net/ipv4")).unwrap();
     fs::write(root.join("net/core/rmem_max"), "212992\n").unwrap();
@@ -14,7 +15,8 @@ fn tree(name: &str) -> (PathBuf, PathBuf) {
     fs::write(root.join("net/ipv4/tcp_wmem"), "4096\t16384\t4194304\n").unwrap();
     fs::write(root.join(TCP_ECN), "2\n").unwrap();
     fs::write(root.join(NETDEV_MAX_BACKLOG), "1000\n").unwrap();
-    (root, dir.join("state.json"))
+    let state = dir.path().join("state.json");
+    (dir, root, state)
 }
 
 fn get(root: &Path, key: &str) -> String {
@@ -23,7 +25,7 @@ fn get(root: &Path, key: &str) -> String {
 
 #[test]
 fn apply_then_restore() {
-    let (root, state) = tree("restore");
+    let (_dir, root, state) = tree("restore");
     let mut s = Sysctls::open(&root, &state).unwrap();
     let changed = s.apply(128 << 20).unwrap();
     assert_eq!(changed.len(), 4, "{changed:?}");
@@ -35,12 +37,11 @@ fn apply_then_restore() {
     assert_eq!(get(&root, "net/core/rmem_max"), "212992");
     assert_eq!(get(&root, "net/ipv4/tcp_rmem"), "4096 131072 6291456");
     assert!(!state.exists());
-    let _ = fs::remove_dir_all(root.parent().unwrap());
 }
 
 #[test]
 fn the_hosts_own_maximum_is_a_floor() {
-    let (root, state) = tree("floor");
+    let (_dir, root, state) = tree("floor");
     let mut s = Sysctls::open(&root, &state).unwrap();
     // 1 MiB is above rmem_max (208 KiB) but below tcp_rmem's 6 MiB: only raises happen.
     s.apply(1 << 20).unwrap();
@@ -51,12 +52,11 @@ fn the_hosts_own_maximum_is_a_floor() {
     assert_eq!(get(&root, "net/ipv4/tcp_rmem"), "4096 131072 6291456", "back to the floor");
     s.restore().unwrap();
     assert_eq!(get(&root, "net/core/rmem_max"), "212992");
-    let _ = fs::remove_dir_all(root.parent().unwrap());
 }
 
 #[test]
 fn a_crashed_run_is_undone_at_the_next_start() {
-    let (root, state) = tree("crash");
+    let (_dir, root, state) = tree("crash");
     let mut s = Sysctls::open(&root, &state).unwrap();
     s.apply(64 << 20).unwrap();
     s.apply(256 << 20).unwrap();
@@ -67,12 +67,11 @@ fn a_crashed_run_is_undone_at_the_next_start() {
     assert_eq!(get(&root, "net/core/wmem_max"), "212992");
     assert_eq!(get(&root, "net/ipv4/tcp_wmem"), "4096 16384 4194304");
     assert!(!state.exists());
-    let _ = fs::remove_dir_all(root.parent().unwrap());
 }
 
 #[test]
 fn an_administrators_change_is_left_alone() {
-    let (root, state) = tree("admin");
+    let (_dir, root, state) = tree("admin");
     let mut s = Sysctls::open(&root, &state).unwrap();
     s.apply(128 << 20).unwrap();
     fs::write(root.join("net/core/rmem_max"), "999999\n").unwrap();
@@ -83,19 +82,17 @@ fn an_administrators_change_is_left_alone() {
     s.restore().unwrap();
     assert_eq!(get(&root, "net/core/rmem_max"), "999999", "not restored over the admin");
     assert_eq!(get(&root, "net/core/wmem_max"), "212992");
-    let _ = fs::remove_dir_all(root.parent().unwrap());
 }
 
 #[test]
 fn unexpected_values_are_errors_not_guesses() {
-    let (root, state) = tree("bad");
+    let (_dir, root, state) = tree("bad");
     fs::write(root.join("net/ipv4/tcp_rmem"), "lots\n").unwrap();
     let mut s = Sysctls::open(&root, &state).unwrap();
     let err = s.apply(1 << 20).unwrap_err().to_string();
     assert!(err.contains("tcp_rmem") && err.contains("unexpected value"), "{err}");
     assert_eq!(get(&root, "net/core/rmem_max"), "212992", "nothing changed");
     assert!(!state.exists());
-    let _ = fs::remove_dir_all(root.parent().unwrap());
 }
 
 /// The reference case's `[host]`.
@@ -103,7 +100,7 @@ const RECIPE: [(&str, i64); 2] = [(TCP_ECN, 1), (NETDEV_MAX_BACKLOG, 250_000)];
 
 #[test]
 fn host_settings_follow_the_policy_and_go_back() {
-    let (root, state) = tree("host");
+    let (_dir, root, state) = tree("host");
     let mut s = Sysctls::open(&root, &state).unwrap();
     s.apply(128 << 20).unwrap();
     let changed = s.apply_host(&RECIPE).unwrap();
@@ -129,12 +126,11 @@ fn host_settings_follow_the_policy_and_go_back() {
     assert_eq!((get(&root, TCP_ECN), get(&root, NETDEV_MAX_BACKLOG)), ("2".into(), "1000".into()));
     assert_eq!(get(&root, "net/core/rmem_max"), "212992");
     assert!(!state.exists());
-    let _ = fs::remove_dir_all(root.parent().unwrap());
 }
 
 #[test]
 fn host_settings_after_a_crash_an_administrator_or_in_a_namespace() {
-    let (root, state) = tree("host-crash");
+    let (_dir, root, state) = tree("host-crash");
     let mut s = Sysctls::open(&root, &state).unwrap();
     s.apply_host(&RECIPE).unwrap();
     std::mem::forget(s); // SIGKILL: no restore
@@ -157,12 +153,11 @@ fn host_settings_after_a_crash_an_administrator_or_in_a_namespace() {
     assert!(!root.join(NETDEV_MAX_BACKLOG).exists());
     s.restore().unwrap();
     assert_eq!(get(&root, TCP_ECN), "0");
-    let _ = fs::remove_dir_all(root.parent().unwrap());
 }
 
 #[test]
 fn host_settings_are_all_checked_before_any_is_written() {
-    let (root, state) = tree("host-bad");
+    let (_dir, root, state) = tree("host-bad");
     fs::write(root.join(NETDEV_MAX_BACKLOG), "many\n").unwrap();
     let mut s = Sysctls::open(&root, &state).unwrap();
     let err = s.apply_host(&RECIPE).unwrap_err().to_string();
@@ -175,12 +170,11 @@ fn host_settings_are_all_checked_before_any_is_written() {
         tcp_slow_start_after_idle: None,
     };
     assert_eq!(host_values(&host), [(TCP_ECN, 1)]);
-    let _ = fs::remove_dir_all(root.parent().unwrap());
 }
 
 #[test]
 fn a_stop_leaves_an_administrators_value_alone() {
-    let (root, state) = tree("stop-admin");
+    let (_dir, root, state) = tree("stop-admin");
     let mut s = Sysctls::open(&root, &state).unwrap();
     s.apply(128 << 20).unwrap();
     s.apply_host(&RECIPE).unwrap();
@@ -194,12 +188,11 @@ fn a_stop_leaves_an_administrators_value_alone() {
     assert_eq!(get(&root, NETDEV_MAX_BACKLOG), "1000", "ours: restored");
     assert_eq!(get(&root, "net/core/rmem_max"), "212992");
     assert!(!state.exists());
-    let _ = fs::remove_dir_all(root.parent().unwrap());
 }
 
 #[test]
 fn a_crashed_runs_value_an_administrator_changed_stays_theirs() {
-    let (root, state) = tree("crash-admin");
+    let (_dir, root, state) = tree("crash-admin");
     let mut s = Sysctls::open(&root, &state).unwrap();
     s.apply(128 << 20).unwrap();
     s.apply_host(&RECIPE).unwrap();
@@ -211,12 +204,11 @@ fn a_crashed_runs_value_an_administrator_changed_stays_theirs() {
     assert_eq!(get(&root, "net/core/rmem_max"), "212992", "ours: restored");
     assert_eq!(get(&root, TCP_ECN), "2");
     assert!(!state.exists());
-    let _ = fs::remove_dir_all(root.parent().unwrap());
 }
 
 #[test]
 fn a_state_file_naming_another_file_is_refused_and_nothing_changes() {
-    let (root, state) = tree("escape");
+    let (_dir, root, state) = tree("escape");
     let victim = root.parent().unwrap().join("victim");
     fs::write(&victim, "precious\n").unwrap();
     for key in
@@ -231,12 +223,11 @@ fn a_state_file_naming_another_file_is_refused_and_nothing_changes() {
         assert_eq!(get(&root, TCP_ECN), "2", "nothing restored either");
         assert!(state.exists(), "left for the operator to look at");
     }
-    let _ = fs::remove_dir_all(root.parent().unwrap());
 }
 
 #[test]
 fn slow_start_after_idle_is_a_host_setting_like_the_others() {
-    let (root, state) = tree("idle");
+    let (_dir, root, state) = tree("idle");
     fs::write(root.join(SLOW_START_AFTER_IDLE), "1\n").unwrap();
     let host =
         crate::control::policy::Host { tcp_slow_start_after_idle: Some(0), ..Default::default() };
@@ -246,5 +237,4 @@ fn slow_start_after_idle_is_a_host_setting_like_the_others() {
     assert_eq!(get(&root, SLOW_START_AFTER_IDLE), "0");
     s.restore().unwrap();
     assert_eq!(get(&root, SLOW_START_AFTER_IDLE), "1");
-    let _ = fs::remove_dir_all(root.parent().unwrap());
 }

@@ -111,20 +111,6 @@ pub struct Rates {
     pub retrans_segs_per_s: f64,
 }
 
-/// Counter totals as printed: the kernel struct minus padding concerns, serialisable.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Totals {
-    pub rx_packets: u64,
-    pub rx_bytes: u64,
-    pub tx_packets: u64,
-    pub tx_bytes: u64,
-    pub retrans_segs: u64,
-    pub retrans_failed: u64,
-    pub rx_unknown: u64,
-    pub tx_unknown: u64,
-    pub tx_dscp_rewritten: u64,
-}
-
 /// One direction of one peer, as printed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirTotals {
@@ -187,26 +173,6 @@ impl From<RoceCounters> for RoceTotals {
             nak_other: r.nak_other,
             retransmitted: r.retransmitted,
             truncated: r.truncated,
-        }
-    }
-}
-
-/// TCP connections of one peer since it was watched.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FlowTotals {
-    pub active_opens: u64,
-    pub passive_opens: u64,
-    pub closes: u64,
-    pub failed_opens: u64,
-}
-
-impl From<FlowEvents> for FlowTotals {
-    fn from(f: FlowEvents) -> Self {
-        Self {
-            active_opens: f.active_opens,
-            passive_opens: f.passive_opens,
-            closes: f.closes,
-            failed_opens: f.failed_opens,
         }
     }
 }
@@ -281,7 +247,7 @@ pub struct PeerTotals {
     pub rtt: RttTotals,
     /// TCP segments retransmitted to this peer.
     pub retrans_segs: u64,
-    pub flows: FlowTotals,
+    pub flows: FlowEvents,
     /// Egress segments by DSCP, non-zero entries only.
     pub tx_dscp: BTreeMap<u8, u64>,
 }
@@ -296,7 +262,7 @@ impl PeerTotals {
             tx_roce: s.tx_roce.into(),
             rtt: s.rtt.into(),
             retrans_segs: s.retrans_segs,
-            flows: s.flows.into(),
+            flows: s.flows,
             tx_dscp: (0u8..64).zip(s.tx_dscp).filter(|(_, n)| *n > 0).collect(),
         }
     }
@@ -314,26 +280,10 @@ pub fn ce_fraction(prev: &DirTotals, now: &DirTotals) -> f64 {
     }
 }
 
-impl From<IfaceStats> for Totals {
-    fn from(s: IfaceStats) -> Self {
-        Self {
-            rx_packets: s.rx_packets,
-            rx_bytes: s.rx_bytes,
-            tx_packets: s.tx_packets,
-            tx_bytes: s.tx_bytes,
-            retrans_segs: s.retrans_segs,
-            retrans_failed: s.retrans_failed,
-            rx_unknown: s.rx_unknown,
-            tx_unknown: s.tx_unknown,
-            tx_dscp_rewritten: s.tx_dscp_rewritten,
-        }
-    }
-}
-
 /// Rates between two readings `elapsed` apart. Counters are u64 and only reset when the
 /// interface is re-added, so a reading below the previous one is a reset: the delta is then the
 /// new value (counted since the reset) rather than a huge wrapped number.
-pub fn rates(prev: &Totals, now: &Totals, elapsed: Duration) -> Rates {
+pub fn rates(prev: &IfaceStats, now: &IfaceStats, elapsed: Duration) -> Rates {
     let secs = elapsed.as_secs_f64();
     if secs <= 0.0 {
         return Rates::default();
@@ -359,7 +309,7 @@ pub struct Sample {
     pub interval_s: f64,
     pub rates: Rates,
     /// Totals since the interface was attached.
-    pub totals: Totals,
+    pub totals: IfaceStats,
     /// Per-peer totals (configured peers, then "other").
     pub peers: Vec<PeerTotals>,
     /// Flows on this interface (with `--flows`).

@@ -6,12 +6,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use ipnet::IpNet;
+use linkpilot_common::IfaceStats;
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::warn;
 
 use super::{
     dscp_rules, peer_row, rates, table_header, table_row, DscpArg, FlowSample, PeerTotals, Sample,
-    Totals,
 };
 use crate::kernel::{
     checks,
@@ -58,7 +58,7 @@ pub async fn run(
     probes.attach_tracepoints()?;
     tracing::info!(ifaces = ?names, "watching; Ctrl-C or SIGTERM to stop");
 
-    let mut prev: Vec<Totals> = vec![Totals::default(); ifaces.len()];
+    let mut prev = vec![IfaceStats::default(); ifaces.len()];
     // Peer rows: configured peers by id, then "other" (id 0).
     let peer_rows = peer_ids.rows();
     let mut prev_peers: Vec<Vec<PeerTotals>> = ifaces
@@ -109,7 +109,7 @@ pub async fn run(
         let all_flows =
             if output == (Output::Json { flows: true }) { probes.flows()? } else { Vec::new() };
         for (i, iface) in ifaces.iter().enumerate() {
-            let totals = Totals::from(probes.stats(iface.ifindex)?);
+            let totals = probes.stats(iface.ifindex)?;
             let r = rates(&prev[i], &totals, elapsed);
             prev[i] = totals;
             let peers = peer_rows

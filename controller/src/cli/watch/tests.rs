@@ -33,8 +33,8 @@ fn dscp_rules_are_per_interface() {
     assert!(e.contains("--dscp makes 66 rules") && e.contains("at most 64 fit"), "{e}");
 }
 
-fn totals(rx: u64, retrans: u64) -> Totals {
-    Totals { rx_packets: rx, rx_bytes: rx * 100, retrans_segs: retrans, ..Default::default() }
+fn totals(rx: u64, retrans: u64) -> IfaceStats {
+    IfaceStats { rx_packets: rx, rx_bytes: rx * 100, retrans_segs: retrans, ..Default::default() }
 }
 
 #[test]
