@@ -100,31 +100,31 @@ impl FromStr for Bytes {
     }
 }
 
+/// A number followed by %, over 100; `example` for the error.
+fn percentage(s: &str, example: &str) -> Result<f64, String> {
+    match split_number(s) {
+        Some((v, "%")) => Ok(v / 100.0),
+        _ => Err(format!(
+            "invalid percentage {s:?}: expected a number followed by % (e.g. \"{example}\")"
+        )),
+    }
+}
+
 impl FromStr for Fraction {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad =
-            || format!("invalid percentage {s:?}: expected a number followed by % (e.g. \"0.5%\")");
-        let (v, unit) = split_number(s).ok_or_else(bad)?;
-        if unit != "%" {
-            return Err(bad());
-        }
-        if v > 100.0 {
+        let v = percentage(s, "0.5%")?;
+        if v > 1.0 {
             return Err(format!("percentage {s:?} is above 100%"));
         }
-        Ok(Self(v / 100.0))
+        Ok(Self(v))
     }
 }
 
 impl FromStr for Percent {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad =
-            || format!("invalid percentage {s:?}: expected a number followed by % (e.g. \"20%\")");
-        match split_number(s).ok_or_else(bad)? {
-            (v, "%") => Ok(Self(v / 100.0)),
-            _ => Err(bad()),
-        }
+        percentage(s, "20%").map(Self)
     }
 }
 

@@ -15,7 +15,7 @@ use std::{
 use anyhow::Context as _;
 
 use crate::{
-    lab::{Lab, LabConfig, Site},
+    lab::{Lab, LabConfig},
     scenario::{Direction, Scenario},
 };
 
@@ -52,7 +52,7 @@ pub fn step(mbps: f64, seconds: u64) -> anyhow::Result<Step> {
         None,
     )?;
     let mut lab = Lab::start(LabConfig { name: "bench".into(), ..LabConfig::default() }, scenario)?;
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    let (hk, us) = lab.hk_us();
     let dst = format!("{}:{PORT}", us.ipv4);
     let socket = us
         .spawn(move || -> std::io::Result<UdpSocket> {

@@ -378,6 +378,11 @@ impl Lab {
         self.hosts(site).nth(index).expect("host index within hosts_per_site")
     }
 
+    /// The first host of each site, HK's and US's, as owned values.
+    pub fn hk_us(&self) -> (Host, Host) {
+        (self.host(Site::Hk, 0).clone(), self.host(Site::Us, 0).clone())
+    }
+
     /// The router namespace.
     pub fn wan_netns(&self) -> &str {
         &self.wan

@@ -12,7 +12,7 @@ use std::{
 use anyhow::{bail, ensure, Context as _};
 
 use crate::{
-    lab::{Host, Lab, LabConfig, Site},
+    lab::{Host, Lab, LabConfig},
     scenario::{Direction, Scenario},
 };
 
@@ -42,7 +42,7 @@ fn lab(name: &str, scenario_toml: &str) -> anyhow::Result<Lab> {
 }
 
 fn hosts(lab: &Lab) -> (Host, Host) {
-    (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone())
+    lab.hk_us()
 }
 
 fn one_phase(link: &str) -> String {

@@ -18,6 +18,21 @@ use linkpilot_lab::{
 
 use crate::linkpilot_bin;
 
+/// A lab of `delay` each way at 50 Mbit/s whose queue CE-marks above 5 ms, both hosts
+/// negotiating ECN: the lab and its HK and US hosts.
+pub fn ecn_lab(name: &str, delay: &str) -> (Lab, Host, Host) {
+    let link = format!(
+        "delay = \"{delay}\"\nrate = \"50Mbit/s\"\nqueue = \"2MiB\"\n\
+         ecn = {{ mode = \"step\", threshold = \"5ms\" }}"
+    );
+    let lab = lab_with(name, &link);
+    let (hk, us) = lab.hk_us();
+    for h in [&hk, &us] {
+        h.exec(&["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]).expect("sysctl");
+    }
+    (lab, hk, us)
+}
+
 /// A lab whose link is `link` (the `[phase.link]` body of a one-phase scenario) for 10 minutes.
 pub fn lab_with(name: &str, link: &str) -> Lab {
     let toml = format!(

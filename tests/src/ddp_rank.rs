@@ -101,11 +101,7 @@ impl Rank {
                     }
                 }
                 Err(e) => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    let log = std::mem::replace(&mut self.stderr, thread::spawn(String::new))
-                        .join()
-                        .unwrap_or_default();
+                    let log = crate::killed_log(&mut self.child, &mut self.stderr);
                     panic!("rank printed no {key:?} within {limit:?} ({e}); its log:\n{log}");
                 }
             }

@@ -106,6 +106,15 @@ pub fn rss(pid: u32) -> u64 {
     kb * 1024
 }
 
+/// A fault test's start: the host's state read, then the daemon on `pair.a` with the one-state
+/// [`policy`] ("healthy", DSCP 26), files in `dir`, up.
+pub fn start_healthy(pair: &Pair, dir: &Path) -> (HostBefore, Daemon) {
+    let host = HostBefore::read(&pair.a.name);
+    let mut d = Daemon::start(&pair.a.name, dir, &policy(pair.a_if, pair.b_addr, "healthy", 26));
+    d.wait_up();
+    (host, d)
+}
+
 /// What the daemon may change on the host, read before it starts, and the programs it loaded.
 pub struct HostBefore {
     netns: String,
@@ -136,6 +145,14 @@ impl HostBefore {
             .collect();
         want.sort();
         assert_eq!(links, want, "links of the programs of pid {pid}, as bpftool lists them");
+    }
+
+    /// The end of a fault test: the daemon `d` still with one set of attachments, then stopped
+    /// (SIGTERM, exit 0) and the host as it was before.
+    pub fn stop_and_assert_unchanged(&mut self, d: &mut Daemon) {
+        self.assert_one_set_attached(d.child.id());
+        stop(d);
+        self.assert_unchanged();
     }
 
     pub fn assert_sysctls_unchanged(&self) {

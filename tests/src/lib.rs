@@ -131,6 +131,18 @@ pub fn spawn_piped(
     (child, lines, log)
 }
 
+/// What a child piped to stderr, once it has exited ([`pipe_output`]'s collector, left empty).
+pub fn collected(stderr: &mut thread::JoinHandle<String>) -> String {
+    std::mem::replace(stderr, thread::spawn(String::new)).join().unwrap_or_default()
+}
+
+/// Kills `child` and returns its stderr: what a test prints when it gives up on the child.
+pub fn killed_log(child: &mut Child, stderr: &mut thread::JoinHandle<String>) -> String {
+    let _ = child.kill();
+    let _ = child.wait();
+    collected(stderr)
+}
+
 /// A child's piped stdout as a channel of lines, and its piped stderr collected whole (joined
 /// when the child has exited), so that a test can wait for a line with a timeout and print the
 /// log on failure.

@@ -17,14 +17,11 @@ use std::{
     time::Duration,
 };
 
-use linkpilot_lab::{
-    lab::{Host, Site},
-    selftest,
-};
+use linkpilot_lab::{lab::Host, selftest};
 
 use crate::{
     daemon::{
-        iperf3_client, iperf3_server, lab_with, sample, scrape, status_json, wait_for, Daemon,
+        ecn_lab, iperf3_client, iperf3_server, sample, scrape, status_json, wait_for, Daemon,
     },
     sink::RECEIVER,
 };
@@ -245,18 +242,11 @@ pub fn marking_lab(
     name: &str,
     policy: &str,
 ) -> (linkpilot_lab::lab::Lab, Host, Host, PathBuf, Daemon) {
-    let lab = lab_with(
-        name,
-        "delay = \"2ms\"\nrate = \"50Mbit/s\"\nqueue = \"2MiB\"\n\
-         ecn = { mode = \"step\", threshold = \"5ms\" }",
-    );
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    let (lab, hk, us) = ecn_lab(name, "2ms");
     for h in [&hk, &us] {
-        h.exec(&["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]).expect("sysctl");
         h.exec(&["sysctl", "-qw", "net.ipv4.tcp_congestion_control=reno"]).expect("sysctl");
     }
-    let dir = std::env::temp_dir().join(format!("lp-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = crate::temp_dir(name);
     let daemon = Daemon::start(&us.netns, &dir, policy);
     wait_for("the job-report directory", Duration::from_secs(20), || dir.join("jobs").is_dir());
     (lab, hk, us, dir, daemon)

@@ -53,11 +53,7 @@ impl Watcher {
             crate::spawn_piped(cmd.env("RUST_LOG", "debug"), "linkpilot watch");
         let mut w = Self { child, lines, stderr };
         if let Err(e) = w.lines.recv_timeout(Duration::from_secs(20)) {
-            let _ = w.child.kill();
-            let _ = w.child.wait();
-            let log = std::mem::replace(&mut w.stderr, thread::spawn(String::new))
-                .join()
-                .unwrap_or_default();
+            let log = crate::killed_log(&mut w.child, &mut w.stderr);
             panic!("linkpilot watch printed no sample within 20 s ({e}); its log:\n{log}");
         }
         w
@@ -86,9 +82,7 @@ impl Watcher {
             assert!(Instant::now() < deadline, "linkpilot did not exit within 10 s of {signal}");
             thread::sleep(Duration::from_millis(20));
         };
-        let log = std::mem::replace(&mut self.stderr, thread::spawn(String::new))
-            .join()
-            .unwrap_or_default();
+        let log = crate::collected(&mut self.stderr);
         assert!(status.success(), "linkpilot exited with {status}; its log:\n{log}");
         // The reader thread ends at EOF, closing the channel; bounded in case it never does.
         let mut raw = Vec::new();

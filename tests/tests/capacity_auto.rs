@@ -9,7 +9,7 @@
 use linkpilot_tests::policy::PolicyToml;
 use std::process::Stdio;
 
-use linkpilot_lab::lab::{Host, Site};
+use linkpilot_lab::lab::Host;
 use linkpilot_tests::{
     daemon::{iperf3_server, lab_with, Daemon},
     faults::stop,
@@ -69,7 +69,7 @@ fn iperf3(hk: &Host, us: &Host, secs: u32) -> Vec<f64> {
 #[test]
 fn auto_capacity_fills_the_link_without_overrunning_its_queue() {
     let lab = lab_with("fcapauto", "delay = \"90ms\"\nrate = \"300Mbit/s\"\nqueue = \"8MiB\"");
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    let (hk, us) = lab.hk_us();
     let bdp = RATE / 8.0 * RTT_S;
 
     // Declared at 40 Gbit/s: the bound, once an RTT was measured.

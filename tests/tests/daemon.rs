@@ -14,11 +14,14 @@ use std::{
 
 use linkpilot::board::{is_stale, name, BoardReader};
 use linkpilot_common::board::compression;
-use linkpilot_lab::{lab::Site, scenario::Direction};
+use linkpilot_lab::{
+    lab::{Host, Site},
+    scenario::Direction,
+};
 use linkpilot_tests::{
     daemon::{
-        iperf3_client, iperf3_server, lab_with, sample, scrape, status_json, sysctl, tcp_rmem_max,
-        wait_for, Daemon,
+        ecn_lab, iperf3_client, iperf3_server, lab_with, sample, scrape, status_json, sysctl,
+        tcp_rmem_max, wait_for, Daemon,
     },
     linkpilot_bin,
 };
@@ -44,11 +47,7 @@ fn unix_ms() -> u64 {
 
 #[test]
 fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
-    let lab = lab_with("drun", "delay = \"10ms\"\nrate = \"50Mbit/s\"\nqueue = \"2MiB\"\necn = { mode = \"step\", threshold = \"5ms\" }");
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
-    for h in [&hk, &us] {
-        h.exec(&["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]).expect("sysctl");
-    }
+    let (lab, hk, us) = ecn_lab("drun", "10ms");
     let rmem_before = tcp_rmem_max(&hk.netns);
     let dir = std::env::temp_dir().join(format!("lp-daemon-{}", std::process::id()));
     let started_ms = unix_ms();
@@ -65,21 +64,13 @@ fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
     );
 
     // What the US host receives, judged by tshark: the DSCP the daemon sets per state.
-    let pcap = dir.join("us.pcap").display().to_string();
-    let dump = linkpilot_lab::selftest::start_capture(
-        &us,
-        &format!("src host {} and tcp", hk.ipv4),
-        &pcap,
-    )
-    .expect("tcpdump");
+    let capture = |on: &Host, filter: String, file: &str| {
+        let pcap = dir.join(file).display().to_string();
+        (linkpilot_lab::selftest::start_capture(on, &filter, &pcap).expect("tcpdump"), pcap)
+    };
+    let (dump, pcap) = capture(&us, format!("src host {} and tcp", hk.ipv4), "us.pcap");
     // The sender's own capture, after the rewrite, tells new data from retransmissions exactly.
-    let sent_pcap = dir.join("hk.pcap").display().to_string();
-    let sent_dump = linkpilot_lab::selftest::start_capture(
-        &hk,
-        &format!("dst host {} and tcp", us.ipv4),
-        &sent_pcap,
-    )
-    .expect("tcpdump");
+    let (sent_dump, sent_pcap) = capture(&hk, format!("dst host {} and tcp", us.ipv4), "hk.pcap");
     let mut server = iperf3_server(&us);
     let onset = Instant::now();
     let mut client = iperf3_client(&hk, &us, &["-C", "cubic", "-t", "6"]);
@@ -203,10 +194,8 @@ fn sigkill_then_restart_leaves_one_set_of_attachments_and_the_original_sysctls()
 #[test]
 fn reload_metrics_and_status() {
     let lab = lab_with("drel", "delay = \"5ms\"");
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
-    let dir = std::env::temp_dir().join(format!("lp-daemon-reload-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
+    let (hk, us) = lab.hk_us();
+    let dir = linkpilot_tests::temp_dir("daemon-reload");
     // The ConnectX sysfs fixture with port 1 on eth0, and an rdma_cm configfs fixture.
     let rdma = RdmaFixture::create(&dir, "eth0");
     let tos = rdma.tos.clone();
@@ -365,8 +354,7 @@ fn a_restart_removes_the_clsact_filters_a_killed_run_left() {
         "match", "u32", "0", "0",
     ])
     .expect("u32 filter");
-    let dir = std::env::temp_dir().join(format!("lp-daemon-stale-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = linkpilot_tests::temp_dir("daemon-stale");
     let mut first =
         Daemon::start_with(&hk.netns, &dir, &POLICY, &["--netlink-tc", "--metrics-addr", "off"]);
     first.wait_up();

@@ -13,10 +13,10 @@ use std::{
 use linkpilot::board::{name, BoardReader};
 use linkpilot_common::board::compression;
 use linkpilot_lab::{
-    lab::{Lab, LabConfig, Site},
+    lab::{Lab, LabConfig},
     scenario::{Direction, Scenario},
 };
-use linkpilot_tests::daemon::{iperf3_client, iperf3_server, lab_with, wait_for, Daemon};
+use linkpilot_tests::daemon::{ecn_lab, iperf3_client, iperf3_server, wait_for, Daemon};
 
 static ECN_POLICY: LazyLock<String> = LazyLock::new(|| {
     PolicyToml::new()
@@ -29,13 +29,8 @@ static ECN_POLICY: LazyLock<String> = LazyLock::new(|| {
 
 #[test]
 fn congested_within_a_second_of_the_first_ce_mark_and_healthy_only_after_the_exit_window() {
-    let lab = lab_with("ctlecn", "delay = \"10ms\"\nrate = \"50Mbit/s\"\nqueue = \"2MiB\"\necn = { mode = \"step\", threshold = \"5ms\" }");
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
-    for h in [&hk, &us] {
-        h.exec(&["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]).expect("sysctl");
-    }
-    let dir = std::env::temp_dir().join(format!("lp-ctl-ecn-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let (lab, hk, us) = ecn_lab("ctlecn", "10ms");
+    let dir = linkpilot_tests::temp_dir("ctl-ecn");
     let mut d = Daemon::start_with(&hk.netns, &dir, &ECN_POLICY, &["--metrics-addr", "off"]);
     d.wait_up();
     let board = BoardReader::open(&dir.join("knobs")).expect("board");
@@ -117,9 +112,8 @@ fn timeouts_cover_a_delay_spike_before_the_spike_is_over() {
     let scenario = Scenario::parse(toml, "<test>", None).expect("scenario");
     let lab = Lab::start(LabConfig { name: "ctlspk".into(), ..LabConfig::default() }, scenario)
         .expect("lab");
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
-    let dir = std::env::temp_dir().join(format!("lp-ctl-spike-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let (hk, us) = lab.hk_us();
+    let dir = linkpilot_tests::temp_dir("ctl-spike");
     let mut d = Daemon::start_with(&hk.netns, &dir, &SPIKE_POLICY, &["--metrics-addr", "off"]);
     d.wait_up();
     let board = BoardReader::open(&dir.join("knobs")).expect("board");

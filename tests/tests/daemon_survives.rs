@@ -277,7 +277,6 @@ fn out_of_file_descriptors_the_daemon_backs_off_instead_of_spinning() {
 fn the_status_api_answers_while_the_start_waits_on_its_decision_log() {
     let pair = Pair::new("198.18.47.1", "198.18.47.2");
     let dir = linkpilot_tests::temp_dir("survives-fifo");
-    std::fs::create_dir_all(&dir).expect("dir");
     let fifo = dir.join("decisions.jsonl");
     sh(&["mkfifo", &fifo.display().to_string()]);
     let mut d = Daemon::start(&pair.a.name, &dir, &policy(pair.a_if, pair.b_addr));
@@ -318,7 +317,6 @@ fn the_status_api_answers_while_the_start_waits_on_its_decision_log() {
 fn a_file_at_the_status_socket_path_is_refused_not_removed() {
     let pair = Pair::new("198.18.44.1", "198.18.44.2");
     let dir = linkpilot_tests::temp_dir("survives-socket");
-    std::fs::create_dir_all(&dir).expect("dir");
     std::fs::write(dir.join("status.sock"), "someone's data").expect("file");
     let mut d = Daemon::start(&pair.a.name, &dir, &policy(pair.a_if, pair.b_addr));
     let mut status = None;

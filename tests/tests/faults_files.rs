@@ -10,7 +10,7 @@ use std::{
 
 use linkpilot_tests::{
     daemon::{sample, scrape, status_json, wait_for, Daemon},
-    faults::{self, end, iperf3, policy, stop, HostBefore},
+    faults::{self, end, iperf3, policy, HostBefore},
     netns::Pair,
     run, sh,
 };
@@ -111,9 +111,7 @@ fn a_full_decision_log_disk_loses_lines_whole_and_the_daemon_decides_on() {
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids in order: {ids:?}");
     assert!(d.log().contains("writing again;"), "{}", d.log());
     end(procs);
-    host.assert_one_set_attached(d.child.id());
-    stop(&mut d);
-    host.assert_unchanged();
+    host.stop_and_assert_unchanged(&mut d);
     drop(logs);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -197,9 +195,7 @@ fn a_run_dir_gone_read_only_during_the_run_leaves_actuators_pending_and_decision
     drop(over);
     wait_for("env_file in place again", Duration::from_secs(3), || !env_pending());
     end(procs);
-    host.assert_one_set_attached(d.child.id());
-    stop(&mut d);
-    host.assert_unchanged();
+    host.stop_and_assert_unchanged(&mut d);
     drop(run_dir);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use linkpilot_common::MAX_FLOWS;
 use linkpilot_tests::{
     connections::Connections,
-    daemon::{sample, scrape, status_json, wait_for, Daemon},
-    faults::{self, end, iperf3, maps_of, policy, rss, stop, ticks_during, HostBefore},
+    daemon::{sample, scrape, status_json, wait_for},
+    faults::{self, end, iperf3, maps_of, rss, stop, ticks_during},
     netns::{Netns, Pair},
     oracle::{map_entries, map_named, recursion_misses, run_count, BpfStats, KernelTrace},
 };
@@ -75,9 +75,7 @@ fn a_full_flow_table_under_churn_keeps_the_daemon_deciding_and_measuring() {
     let rate: u32 = env_or("LINKPILOT_FAULT_CHURN", 2_000);
     let pair = Pair::new("198.18.146.1", "198.18.146.2");
     let dir = faults::temp_dir("flows");
-    let mut host = HostBefore::read(&pair.a.name);
-    let mut d = Daemon::start(&pair.a.name, &dir, &policy(pair.a_if, pair.b_addr, "healthy", 26));
-    d.wait_up();
+    let (mut host, mut d) = faults::start_healthy(&pair, &dir);
     let pid = d.child.id();
     host.assert_one_set_attached(pid);
     let table = map_named(&maps_of(pid), "LP_FLOWS").expect("the daemon's LP_FLOWS");

@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant};
 
 use linkpilot_tests::{
-    daemon::{sample, scrape, status_json, wait_for, Daemon},
-    faults::{self, end, iperf3, policy, stop, ticks_during, HostBefore},
+    daemon::{sample, scrape, status_json, wait_for},
+    faults::{self, end, iperf3, stop, ticks_during},
     netns::Pair,
 };
 
@@ -38,9 +38,7 @@ fn sees_traffic(pair: &Pair, dir: &std::path::Path) {
 fn a_flapping_interface_keeps_the_daemon_deciding_and_attached_once() {
     let pair = Pair::new("198.18.140.1", "198.18.140.2");
     let dir = faults::temp_dir("flap");
-    let mut host = HostBefore::read(&pair.a.name);
-    let mut d = Daemon::start(&pair.a.name, &dir, &policy(pair.a_if, pair.b_addr, "healthy", 26));
-    d.wait_up();
+    let (mut host, mut d) = faults::start_healthy(&pair, &dir);
     host.assert_one_set_attached(d.child.id());
     let procs = iperf3(&pair, 30, "20M");
     let n = rounds();
@@ -70,9 +68,7 @@ fn a_flapping_interface_keeps_the_daemon_deciding_and_attached_once() {
 fn a_deleted_interface_is_said_and_watched_again_once_created_again() {
     let pair = Pair::new("198.18.141.1", "198.18.141.2");
     let dir = faults::temp_dir("recreate");
-    let mut host = HostBefore::read(&pair.a.name);
-    let mut d = Daemon::start(&pair.a.name, &dir, &policy(pair.a_if, pair.b_addr, "healthy", 26));
-    d.wait_up();
+    let (mut host, mut d) = faults::start_healthy(&pair, &dir);
     let n = rounds();
     let mut gone_ticks = Vec::new();
     let mut back = Vec::new();

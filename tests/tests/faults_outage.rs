@@ -7,7 +7,7 @@ use linkpilot_tests::policy::PolicyToml;
 use std::time::Duration;
 
 use linkpilot_lab::{
-    lab::{LabConfig, Site},
+    lab::LabConfig,
     scenario::{Direction, Scenario},
 };
 use linkpilot_tests::{
@@ -63,7 +63,7 @@ fn through_the_lab_outage_the_daemon_decides_on_and_recovers_after() {
         scenario,
     )
     .expect("lab");
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    let (hk, us) = lab.hk_us();
     let dir = faults::temp_dir("outage");
     let mut host = HostBefore::read(&hk.netns);
     let mut d = Daemon::start(&hk.netns, &dir, &policy(&us.ipv4.to_string()));
@@ -129,8 +129,6 @@ fn through_the_lab_outage_the_daemon_decides_on_and_recovers_after() {
     assert!(states_down.contains(&"stalled"), "a dead link is entered as such: {states_down:?}");
     assert_eq!(end_state, "healthy", "after the outage");
     assert_eq!(status_json(&dir)["sensing_errors"], 0);
-    host.assert_one_set_attached(d.child.id());
-    faults::stop(&mut d);
-    host.assert_unchanged();
+    host.stop_and_assert_unchanged(&mut d);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -15,7 +15,7 @@ use std::{
 
 use linkpilot_tests::{
     daemon::{status_json, wait_for, Daemon},
-    faults::{self, end, iperf3, policy, stop, HostBefore},
+    faults::{self, end, iperf3, policy, HostBefore},
     netns::Pair,
     oracle,
 };
@@ -122,8 +122,6 @@ fn a_policy_replaced_100_times_a_second_never_runs_an_invalid_version() {
     assert_eq!(status_json(&dir)["policy_sha256"], oracle::sha256sum(&copy).as_str());
     assert!(d.child.try_wait().expect("wait").is_none(), "{}", d.log());
     end(procs);
-    host.assert_one_set_attached(d.child.id());
-    stop(&mut d);
-    host.assert_unchanged();
+    host.stop_and_assert_unchanged(&mut d);
     let _ = std::fs::remove_dir_all(&dir);
 }

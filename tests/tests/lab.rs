@@ -58,19 +58,26 @@ fn drop_tears_everything_down() {
     assert!(!std::path::Path::new("/run/linkpilot-lab/tdrop.json").exists());
 }
 
-#[test]
-fn restart_after_a_crash_removes_exactly_what_the_crashed_run_made() {
-    let mut child = Command::new(lab_bin())
-        .args(["run", "--name", "tcrash", "--scenario", "steady-180ms"])
+/// `linkpilot-lab run` of `scenario` as lab `name`, returned once its last namespace exists.
+fn cli_lab(name: &str, scenario: &str) -> std::process::Child {
+    let child = Command::new(lab_bin())
+        .args(["run", "--name", name, "--scenario", scenario])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("start linkpilot-lab");
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !namespaces().iter().any(|n| n == "lpl-tcrash-us0") {
+    let last = format!("lpl-{name}-us0");
+    while !namespaces().contains(&last) {
         assert!(Instant::now() < deadline, "lab did not come up");
         thread::sleep(Duration::from_millis(100));
     }
+    child
+}
+
+#[test]
+fn restart_after_a_crash_removes_exactly_what_the_crashed_run_made() {
+    let mut child = cli_lab("tcrash", "steady-180ms");
     thread::sleep(Duration::from_millis(500));
     child.kill().expect("SIGKILL");
     child.wait().expect("reap");
@@ -92,17 +99,7 @@ fn restart_after_a_crash_removes_exactly_what_the_crashed_run_made() {
 
 #[test]
 fn sigterm_tears_the_cli_lab_down() {
-    let mut child = Command::new(lab_bin())
-        .args(["run", "--name", "tterm", "--scenario", "outage"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start linkpilot-lab");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !namespaces().iter().any(|n| n == "lpl-tterm-us0") {
-        assert!(Instant::now() < deadline, "lab did not come up");
-        thread::sleep(Duration::from_millis(100));
-    }
+    let mut child = cli_lab("tterm", "outage");
     run(&["kill", "-TERM", &child.id().to_string()]);
     let status = child.wait().expect("wait");
     assert!(status.success(), "{status}");

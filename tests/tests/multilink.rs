@@ -19,7 +19,7 @@ use std::{
 };
 
 use linkpilot_lab::{
-    lab::{Host, Lab, Site},
+    lab::{Host, Lab},
     selftest,
 };
 use linkpilot_tests::{
@@ -56,7 +56,7 @@ struct Route {
 /// lpx`n`, 198.19.`n`.2 in the HK host, which forwards), and routes the node's traffic from
 /// 198.19.`n`.1 through it. The lab's router learns the way back to 198.19.`n`.0/24.
 fn route(node: &Netns, n: u8, node_if: &str, lab: Lab) -> Route {
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    let (hk, us) = lab.hk_us();
     let (lab_if, node_addr, hk_addr) =
         (format!("lpx{n}"), format!("198.19.{n}.1"), format!("198.19.{n}.2"));
     sh(&[
@@ -141,8 +141,7 @@ fn two_links(tag: &str, near_peers: &str) {
     let node = Netns::new("node");
     let near = route(&node, 1, "lpn1", lab_with(&format!("ma{tag}a"), "delay = \"10ms\""));
     let far = route(&node, 2, "lpn2", lab_with(&format!("ma{tag}b"), "delay = \"30ms\""));
-    let dir = std::env::temp_dir().join(format!("lp-multilink-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = linkpilot_tests::temp_dir(&format!("multilink-{tag}"));
     let mut d = Daemon::start(&node.name, &dir, &policy(near_peers));
     d.wait_up();
     wait_for("both links in status", Duration::from_secs(5), || {

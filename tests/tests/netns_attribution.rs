@@ -12,7 +12,7 @@ use std::{
 use linkpilot_tests::{
     netns::Pair,
     oracle::nstat,
-    watcher::{peer, Watcher},
+    watcher::{peer, Sample, Watcher},
 };
 use nix::sys::signal::Signal;
 
@@ -47,20 +47,26 @@ fn connections(pair: &Pair, n: usize) {
     thread::sleep(Duration::from_millis(300)); // the closing handshakes
 }
 
+/// `n` connections in `pair` while `watched.a`'s interface is watched (peer "far" is B): how
+/// many nstat counted as opened in `pair`, and the watcher's last sample of the interface.
+fn opened_while_watched(watched: &Pair, pair: &Pair, n: usize) -> (u64, Sample) {
+    let peer_arg = format!("far={B_ADDR}/32");
+    let watcher = Watcher::start_in(&watched.a.name, &[watched.a_if], &["--peer", &peer_arg]);
+    let before = nstat(&pair.a, &["TcpActiveOpens"]);
+    connections(pair, n);
+    let opened = nstat(&pair.a, &["TcpActiveOpens"])[0] - before[0];
+    let last = watcher.stop_with(Signal::SIGINT);
+    (opened, last.into_iter().find(|s| s.iface == watched.a_if).expect("sample"))
+}
+
 #[test]
 fn tracepoints_count_only_the_watched_namespace() {
     let watched = Pair::new(A_ADDR, B_ADDR);
     let other = Pair::new(A_ADDR, B_ADDR);
-    let peer_arg = format!("far={B_ADDR}/32");
 
     // Three connections in the other pair: same addresses, another namespace.
-    let watcher = Watcher::start_in(&watched.a.name, &[watched.a_if], &["--peer", &peer_arg]);
-    let before = nstat(&other.a, &["TcpActiveOpens"]);
-    connections(&other, 3);
-    let opened = nstat(&other.a, &["TcpActiveOpens"])[0] - before[0];
-    let last = watcher.stop_with(Signal::SIGINT);
-    let s = last.iter().find(|s| s.iface == watched.a_if).expect("sample");
-    let far = peer(s, "far");
+    let (opened, s) = opened_while_watched(&watched, &other, 3);
+    let far = peer(&s, "far");
     eprintln!("other namespace: nstat active opens {opened}; watched: {far:?}");
     assert_eq!(opened, 3, "nstat saw the other namespace's connections");
     assert_eq!(far.flows.active_opens + far.flows.closes, 0, "{:?}", far.flows);
@@ -69,13 +75,8 @@ fn tracepoints_count_only_the_watched_namespace() {
     assert_eq!(s.totals.rx_packets + s.totals.tx_packets, 0, "the TC programs saw no packet");
 
     // One connection in the watched pair counts (the check above would pass if nothing did).
-    let watcher = Watcher::start_in(&watched.a.name, &[watched.a_if], &["--peer", &peer_arg]);
-    let before = nstat(&watched.a, &["TcpActiveOpens"]);
-    connections(&watched, 1);
-    let opened = nstat(&watched.a, &["TcpActiveOpens"])[0] - before[0];
-    let last = watcher.stop_with(Signal::SIGINT);
-    let s = last.iter().find(|s| s.iface == watched.a_if).expect("sample");
-    let far = peer(s, "far");
+    let (opened, s) = opened_while_watched(&watched, &watched, 1);
+    let far = peer(&s, "far");
     eprintln!("watched namespace: nstat active opens {opened}; watched: {far:?}");
     assert_eq!((far.flows.active_opens, far.flows.closes), (opened, opened));
     assert!(far.rtt.samples > 0, "{:?}", far.rtt);

@@ -5,9 +5,9 @@
 //! appears, and a reload that names peers is refused until a restart. The same policy with a
 //! peer named acts (board, env file) but leaves the DSCP and the RoCE class, which it keeps.
 
-use std::{process::Stdio, thread, time::Duration};
+use std::{path::Path, process::Stdio, thread, time::Duration};
 
-use linkpilot_lab::lab::{Host, Site};
+use linkpilot_lab::lab::Host;
 use linkpilot_tests::daemon::{iperf3_server, lab_with, status_json, sysctl, wait_for, Daemon};
 use nix::{sys::signal::Signal, unistd::Pid};
 
@@ -15,7 +15,7 @@ const DEFAULT: &str = include_str!("../../policies/default.toml");
 const SYSCTLS: [&str; 3] = ["net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem", "net.ipv4.tcp_ecn"];
 
 /// The DSCP of each TCP data packet `us` received from `hk` while iperf3 ran for 2 s.
-fn dscp_seen(hk: &Host, us: &Host, pcap: &std::path::Path) -> Vec<u64> {
+fn dscp_seen(hk: &Host, us: &Host, pcap: &Path) -> Vec<u64> {
     let filter = format!("src host {} and tcp", hk.ipv4);
     let dump = linkpilot_lab::selftest::start_capture(us, &filter, &pcap.display().to_string())
         .expect("tcpdump");
@@ -33,21 +33,32 @@ fn dscp_seen(hk: &Host, us: &Host, pcap: &std::path::Path) -> Vec<u64> {
     linkpilot_tests::oracle::data_dscp(&pcap.display().to_string())
 }
 
-#[test]
-fn the_default_policy_changes_nothing_until_it_names_peers() {
-    let lab = lab_with("dobs", "delay = \"5ms\"\nrate = \"100Mbit/s\"");
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
-    let before: Vec<String> = SYSCTLS.iter().map(|s| sysctl(&hk.netns, s)).collect();
-    let dir = std::env::temp_dir().join(format!("lp-observe-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut d = Daemon::start(&hk.netns, &dir, DEFAULT);
+/// Once the daemon `d` (files in `dir`) is up and has decided: HK's data to US is sent unmarked
+/// (captured at `dir/<name>.pcap`); returns the daemon's status.
+fn unmarked_once_decided(
+    d: &mut Daemon,
+    hk: &Host,
+    us: &Host,
+    dir: &Path,
+    name: &str,
+) -> serde_json::Value {
     d.wait_up();
     wait_for("a decision", Duration::from_secs(5), || {
         std::fs::read_to_string(dir.join("decisions.jsonl")).is_ok_and(|l| !l.is_empty())
     });
-    let dscp = dscp_seen(&hk, &us, &dir.join("observed.pcap"));
+    let dscp = dscp_seen(hk, us, &dir.join(format!("{name}.pcap")));
     assert!(dscp.len() > 100 && dscp.iter().all(|&d| d == 0), "{dscp:?}");
-    let st = status_json(&dir);
+    status_json(dir)
+}
+
+#[test]
+fn the_default_policy_changes_nothing_until_it_names_peers() {
+    let lab = lab_with("dobs", "delay = \"5ms\"\nrate = \"100Mbit/s\"");
+    let (hk, us) = lab.hk_us();
+    let before: Vec<String> = SYSCTLS.iter().map(|s| sysctl(&hk.netns, s)).collect();
+    let dir = linkpilot_tests::temp_dir("observe");
+    let mut d = Daemon::start(&hk.netns, &dir, DEFAULT);
+    let st = unmarked_once_decided(&mut d, &hk, &us, &dir, "observed");
     assert_eq!(st["dry_run"], false);
     assert!(
         st["observe_only"].as_str().is_some_and(|s| s.contains("names no [[link.peer]]")),
@@ -101,7 +112,7 @@ fn the_default_policy_changes_nothing_until_it_names_peers() {
 #[test]
 fn a_site_rolled_out_observing_acts_only_once_switched() {
     let lab = lab_with("dstage", "delay = \"5ms\"\nrate = \"100Mbit/s\"");
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    let (hk, us) = lab.hk_us();
     // Socket buffer maxima kept: once it acts, it marks the site's DSCP but writes no sysctl.
     let peered = DEFAULT
         .replacen(
@@ -113,17 +124,10 @@ fn a_site_rolled_out_observing_acts_only_once_switched() {
         .replace("dscp = \"keep\"", "dscp = 18");
     assert!(!DEFAULT.contains("[host]"), "the default policy sets no host sysctl");
     let before: Vec<String> = SYSCTLS.iter().map(|s| sysctl(&hk.netns, s)).collect();
-    let dir = std::env::temp_dir().join(format!("lp-stage-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = linkpilot_tests::temp_dir("stage");
     let observing = ["env", "LINKPILOT_DRY_RUN=true"];
     let mut d = Daemon::start_under(&hk.netns, &observing, &dir, &peered, &[]);
-    d.wait_up();
-    wait_for("a decision", Duration::from_secs(5), || {
-        std::fs::read_to_string(dir.join("decisions.jsonl")).is_ok_and(|l| !l.is_empty())
-    });
-    let dscp = dscp_seen(&hk, &us, &dir.join("observing.pcap"));
-    assert!(dscp.len() > 100 && dscp.iter().all(|&d| d == 0), "{dscp:?}");
-    let st = status_json(&dir);
+    let st = unmarked_once_decided(&mut d, &hk, &us, &dir, "observing");
     assert_eq!(st["dry_run"], true, "{st}");
     assert!(st["links"][0]["decision_id"].as_u64().is_some_and(|id| id >= 1), "{st}");
     assert!(linkpilot_tests::daemon::scrape(&hk.netns).contains("linkpilot_dry_run 1"));

@@ -9,7 +9,7 @@ use linkpilot_tests::policy::{PolicyToml, PLAIN};
 use std::time::{Duration, Instant};
 
 use linkpilot_lab::{
-    lab::{Lab, LabConfig, Site},
+    lab::{Lab, LabConfig},
     scenario::Scenario,
 };
 use linkpilot_tests::{
@@ -70,11 +70,10 @@ fn setup(tag: &str, marked_first: bool, exit_after: &str) -> Setup {
     let scenario = scenario(marked_first);
     let config = LabConfig { name: tag.into(), hosts_per_site: 1, ..LabConfig::default() };
     let lab = Lab::start(config, scenario).expect("lab");
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    let (hk, us) = lab.hk_us();
     // US's side echoes the marks only on connections it negotiated ECN for.
     us.exec(&["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]).expect("sysctl");
-    let dir = std::env::temp_dir().join(format!("lp-outcome-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = linkpilot_tests::temp_dir(&format!("outcome-{tag}"));
     let mut daemon = Daemon::start(&hk.netns, &dir, &policy(exit_after));
     let jobs = dir.join("jobs");
     daemon.wait_up();

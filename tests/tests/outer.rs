@@ -147,7 +147,7 @@ fn rounds_overlap_send_the_codecs_bytes_and_ride_through_an_outage() {
     let scenario = Scenario::parse(SCENARIO, "outer-calm", None).expect("scenario");
     let config = LabConfig { name: "touter".into(), ..LabConfig::default() };
     let lab = Lab::start(config, scenario).expect("lab");
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    let (hk, us) = lab.hk_us();
     let mut ranks = [Rank::start(&hk, &hk, 0), Rank::start(&us, &hk, 1)];
 
     // Bytes: the counters read while both ranks pause, after their last exchange landed.

@@ -140,11 +140,24 @@ fn snapshot(p: &Probes) -> (IfaceStats, PeerStats) {
     (p.stats(1).expect("lo stats"), p.peer_stats(1, PEER).expect("peer stats"))
 }
 
-#[test]
-fn malformed_and_truncated_packets_are_counted_never_misparsed_never_dropped() {
+/// Our programs loaded (as root), attached to nothing.
+fn loaded() -> Probes {
     checks::check_privileges().expect("root");
     let (offsets, _) = checks::kernel_offsets(true);
-    let mut probes = Probes::load(offsets).expect("load");
+    Probes::load(offsets).expect("load")
+}
+
+/// Our programs loaded and counting on `lo`, with one peer: `id` for `cidr`.
+fn loaded_on_lo(id: u32, cidr: &str) -> Probes {
+    let mut probes = loaded();
+    probes.set_peers(&[(id, cidr.parse().unwrap())]).expect("peers");
+    probes.count_on(&Iface::resolve("lo").expect("lo")).expect("count on lo");
+    probes
+}
+
+#[test]
+fn malformed_and_truncated_packets_are_counted_never_misparsed_never_dropped() {
+    let mut probes = loaded();
     // Both ends of the fixtures belong to the peer, so ingress (source) and egress (destination)
     // attribute alike.
     let prefixes = ["198.18.1.0/24", "198.18.2.0/24", "2001:db8:1::/48", "2001:db8:2::/48"];
@@ -191,11 +204,7 @@ fn malformed_and_truncated_packets_are_counted_never_misparsed_never_dropped() {
 #[test]
 fn what_the_programs_lose_is_counted_by_kind() {
     use linkpilot_common::packet::Loss;
-    checks::check_privileges().expect("root");
-    let (offsets, _) = checks::kernel_offsets(true);
-    let mut probes = Probes::load(offsets).expect("load");
-    probes.set_peers(&[(PEER, "198.18.1.0/24".parse().unwrap())]).expect("peers");
-    probes.count_on(&Iface::resolve("lo").expect("lo")).expect("count on lo");
+    let mut probes = loaded_on_lo(PEER, "198.18.1.0/24");
     let truncated = Some(Loss::TruncatedHeader);
     let expected = [
         ("IPv4 TCP, CE, ECE", None),
@@ -240,12 +249,8 @@ fn what_the_programs_lose_is_counted_by_kind() {
 
 #[test]
 fn egress_dscp_histogram_and_ipv4_mapped_peers() {
-    checks::check_privileges().expect("root");
-    let (offsets, _) = checks::kernel_offsets(true);
-    let mut probes = Probes::load(offsets).expect("load");
     // Egress: the peer is the destination, 198.18.2.10.
-    probes.set_peers(&[(2, "198.18.2.0/24".parse().unwrap())]).expect("peers");
-    probes.count_on(&Iface::resolve("lo").expect("lo")).expect("count on lo");
+    let mut probes = loaded_on_lo(2, "198.18.2.0/24");
     let pkt = cat(&[eth(0x0800), ipv4(5, (26 << 2) | 2, 6, 0), tcp(5, 0x10)]);
     for _ in 0..3 {
         probes.run_classifier(true, &pkt, 1).expect("run");
@@ -260,9 +265,7 @@ fn egress_dscp_histogram_and_ipv4_mapped_peers() {
 #[test]
 fn batched_flow_table_read_equals_aya_iteration() {
     use linkpilot_common::{FlowKey, FlowState};
-    checks::check_privileges().expect("root");
-    let (offsets, _) = checks::kernel_offsets(true);
-    let mut probes = Probes::load(offsets).expect("load");
+    let mut probes = loaded();
     // More than one batch (4096), with distinct keys and values.
     let flows: Vec<(FlowKey, FlowState)> = (0..10_000u32)
         .map(|i| {
@@ -289,11 +292,7 @@ fn batched_flow_table_read_equals_aya_iteration() {
 
 #[test]
 fn peer_changes_invalidate_the_address_cache() {
-    checks::check_privileges().expect("root");
-    let (offsets, _) = checks::kernel_offsets(true);
-    let mut probes = Probes::load(offsets).expect("load");
-    probes.set_peers(&[(1, "198.18.7.0/24".parse().unwrap())]).expect("peers");
-    probes.count_on(&Iface::resolve("lo").expect("lo")).expect("count on lo");
+    let mut probes = loaded_on_lo(1, "198.18.7.0/24");
     // To 198.18.2.10. Repeated runs hit the cache: still "other", as the trie says.
     let pkt = cat(&[eth(0x0800), ipv4(5, 2, 6, 0), tcp(5, 0x10)]);
     for _ in 0..3 {

@@ -17,10 +17,9 @@ use std::{
     time::Duration,
 };
 
-use linkpilot_lab::lab::Site;
 use linkpilot_tests::{
     configmap::ConfigMapDir,
-    daemon::{iperf3_client, iperf3_server, lab_with, scrape, wait_for, Daemon},
+    daemon::{ecn_lab, iperf3_client, iperf3_server, scrape, wait_for, Daemon},
     grafana, oracle,
     prometheus::{Prometheus, SCRAPE_INTERVAL_S},
     python,
@@ -90,17 +89,8 @@ fn families(exposition: &str) -> BTreeSet<String> {
 
 #[test]
 fn prometheus_scrapes_the_daemon_and_every_dashboard_query_returns_data() {
-    let lab = lab_with(
-        "flprom",
-        "delay = \"10ms\"\nrate = \"50Mbit/s\"\nqueue = \"2MiB\"\necn = { mode = \"step\", threshold = \"5ms\" }",
-    );
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
-    for h in [&hk, &us] {
-        h.exec(&["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]).expect("sysctl");
-    }
-    let dir = std::env::temp_dir().join(format!("lp-prometheus-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
+    let (_lab, hk, us) = ecn_lab("flprom", "10ms");
+    let dir = linkpilot_tests::temp_dir("prometheus");
     // The policy as the DaemonSet's ConfigMap volume presents it at /etc/linkpilot.
     let mut config =
         ConfigMapDir::create(&dir.join("etc-linkpilot"), &[("policy.toml", POLICY.as_str())]);

@@ -96,8 +96,7 @@ fn setup() -> Setup {
     for h in [&hk, &hk2, &us] {
         h.exec(&["sysctl", "-qw", "net.ipv4.tcp_congestion_control=reno"]).expect("sysctl");
     }
-    let dir = std::env::temp_dir().join(format!("lp-qattr-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = linkpilot_tests::temp_dir("qattr");
     let daemon = Daemon::start(&hk.netns, &dir, &POLICY);
     let trace = dir.join("trace.jsonl");
     wait_for("the job-report directory", Duration::from_secs(20), || dir.join("jobs").is_dir());

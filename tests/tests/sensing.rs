@@ -4,29 +4,17 @@
 use std::{process::Stdio, thread, time::Duration};
 
 use linkpilot_lab::{
-    lab::{Lab, LabConfig, Site},
-    scenario::{Direction, Scenario},
+    lab::{Host, Lab, Site},
+    scenario::Direction,
     selftest,
 };
-use linkpilot_tests::daemon::{iperf3_client, iperf3_server, lab_with};
+use linkpilot_tests::daemon::{ecn_lab, iperf3_client, iperf3_server, lab_with};
 use linkpilot_tests::watcher::{peer, Watcher};
 use nix::sys::signal::Signal;
 
-fn ecn_lab(name: &str) -> Lab {
-    let toml = "name = \"ecn\"\n[[phase]]\nname = \"only\"\nduration = \"10min\"\n[phase.link]\n\
-                delay = \"10ms\"\nrate = \"50Mbit/s\"\nqueue = \"2MiB\"\n\
-                ecn = { mode = \"step\", threshold = \"5ms\" }\n";
-    let scenario = Scenario::parse(toml, "<test>", None).expect("scenario");
-    Lab::start(LabConfig { name: name.into(), ..LabConfig::default() }, scenario).expect("lab")
-}
-
 #[test]
 fn ce_marks_per_peer_equal_the_labs_count() {
-    let lab = ecn_lab("sce");
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
-    for h in [&hk, &us] {
-        h.exec(&["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]).expect("sysctl");
-    }
+    let (lab, hk, us) = ecn_lab("sce", "10ms");
     // Watch the receiving host's NIC, with the sending site as a named peer.
     let watcher = Watcher::start_in(&us.netns, &["eth0"], &["--peer", "hk=198.18.1.0/24"]);
     let mut server = iperf3_server(&us);
@@ -55,11 +43,7 @@ fn ce_marks_per_peer_equal_the_labs_count() {
 
 #[test]
 fn dscp_rewrite_seen_by_tshark_with_ecn_intact_and_valid_checksums() {
-    let lab = ecn_lab("sdscp");
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
-    for h in [&hk, &us] {
-        h.exec(&["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]).expect("sysctl");
-    }
+    let (lab, hk, us) = ecn_lab("sdscp", "10ms");
     // Rewrite everything the HK host sends to the US site to DSCP 46 (EF).
     let watcher =
         Watcher::start_in(&hk.netns, &["eth0"], &["--peer", "us=198.18.2.0/24", "--dscp", "us=46"]);
@@ -133,13 +117,18 @@ fn ss_rtt_ms(netns: &str, dst: &str) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// A lab of 180 ms RTT without jitter at 200 Mbit/s (a 10 Mbit/s paced sender never builds a
+/// queue), its hosts, and `linkpilot watch` on HK's eth0 with peer "us" and `output`.
+fn calm_lab_watched(name: &str, output: &str) -> (Lab, Host, Host, Watcher) {
+    let lab = lab_with(name, "delay = \"90ms\"\nrate = \"200Mbit/s\"\nqueue = \"5MiB\"");
+    let (hk, us) = lab.hk_us();
+    let watcher = Watcher::start_in(&hk.netns, &["eth0"], &["--peer", "us=198.18.2.0/24", output]);
+    (lab, hk, us, watcher)
+}
+
 #[test]
 fn flow_rtt_matches_the_lab_and_ss() {
-    // 180 ms RTT, no jitter; a 10 Mbit/s paced sender never builds a queue at 200 Mbit/s.
-    let lab = lab_with("srtt", "delay = \"90ms\"\nrate = \"200Mbit/s\"\nqueue = \"5MiB\"");
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
-    let watcher =
-        Watcher::start_in(&hk.netns, &["eth0"], &["--peer", "us=198.18.2.0/24", "--flows"]);
+    let (_lab, hk, us, watcher) = calm_lab_watched("srtt", "--flows");
     let mut server = iperf3_server(&us);
     let mut client = iperf3_client(&hk, &us, &["-b", "10M", "-t", "6"]);
     thread::sleep(Duration::from_secs(4));
@@ -163,7 +152,7 @@ fn flow_rtt_matches_the_lab_and_ss() {
 #[test]
 fn retransmissions_per_peer_equal_nstat_under_loss() {
     let lab = lab_with("sret", "delay = \"20ms\"\nrate = \"200Mbit/s\"\nqueue = \"5MiB\"\n[phase.hk_to_us]\nloss = { model = \"bernoulli\", rate = \"1%\" }");
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    let (hk, us) = lab.hk_us();
     let watcher = Watcher::start_in(&hk.netns, &["eth0"], &["--peer", "us=198.18.2.0/24"]);
     let names = ["TcpRetransSegs", "TcpExtTCPRetransFail"];
     // The kernel's own record of every retransmission event and its count of our program's
@@ -234,10 +223,7 @@ fn retransmissions_per_peer_equal_nstat_under_loss() {
 
 #[test]
 fn snapshots_carry_rtt_percentiles_and_rates() {
-    let lab = lab_with("ssnap", "delay = \"90ms\"\nrate = \"200Mbit/s\"\nqueue = \"5MiB\"");
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
-    let watcher =
-        Watcher::start_in(&hk.netns, &["eth0"], &["--peer", "us=198.18.2.0/24", "--snapshots"]);
+    let (_lab, hk, us, watcher) = calm_lab_watched("ssnap", "--snapshots");
     let mut server = iperf3_server(&us);
     hk.exec(&["iperf3", "-c", &us.ipv4.to_string(), "-b", "10M", "-t", "4"]).expect("iperf3 -c");
     server.wait().expect("iperf3 server");
@@ -273,7 +259,7 @@ fn snapshots_carry_rtt_percentiles_and_rates() {
 #[test]
 fn flow_opens_and_closes_equal_nstat() {
     let lab = lab_with("sflow", "delay = \"5ms\"\nrate = \"200Mbit/s\"\nqueue = \"5MiB\"");
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
+    let (hk, us) = lab.hk_us();
     let watcher = Watcher::start_in(
         &hk.netns,
         &["eth0"],

@@ -264,7 +264,6 @@ fn under_ip_netns_exec_the_units_capabilities_cannot_mount_tracefs() {
     let caps = unit_capabilities();
     let pair = Pair::new("198.18.86.1", "198.18.86.2");
     let dir = linkpilot_tests::temp_dir("unit-netns-exec");
-    std::fs::create_dir_all(&dir).expect("dir");
     std::fs::write(dir.join("policy.toml"), PAIR_POLICY.as_str()).expect("policy");
     let bin = linkpilot_bin().display().to_string();
     let wrapper = setpriv(&caps);
@@ -339,7 +338,6 @@ fn the_units_syscall_filter_allows_every_call_the_daemon_makes() {
     let caps = unit_capabilities();
     let pair = Pair::new("198.18.87.1", "198.18.87.2");
     let dir = linkpilot_tests::temp_dir("unit-syscalls");
-    std::fs::create_dir_all(&dir).expect("dir");
     let trace = dir.join("strace.txt").display().to_string();
     // strace after setpriv: what it sees is the daemon under the unit's capabilities, from
     // its exec to its exit (a run of 30 ticks, then the clean stop's restore).

@@ -149,9 +149,8 @@ static JOB_POLICY: LazyLock<String> = LazyLock::new(|| {
 #[test]
 fn a_job_report_feeds_status_and_metrics() {
     let lab = steady_lab("tjobs", 1);
-    let (hk, us) = (lab.host(Site::Hk, 0).clone(), lab.host(Site::Us, 0).clone());
-    let dir = std::env::temp_dir().join(format!("lp-train-jobs-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let (hk, us) = lab.hk_us();
+    let dir = linkpilot_tests::temp_dir("train-jobs");
     let mut daemon = Daemon::start(&hk.netns, &dir, &JOB_POLICY);
     let jobs = dir.join("jobs");
     daemon.wait_up();

@@ -185,8 +185,7 @@ fn the_peers_connections_follow_the_links_state_and_no_other_connection_changes(
     assert_ne!(default_cc, "cubic");
     let cg = cgroup();
     let before = attached(&cg);
-    let dir = std::env::temp_dir().join(format!("lp-transport-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = linkpilot_tests::temp_dir("transport");
     let d = Daemon::start_with(&hk.netns, &dir, &POLICY, &["--metrics-addr", "off"]);
     wait_for("the board", Duration::from_secs(20), || dir.join("knobs").exists());
     assert_eq!(attached(&cg), before + 1, "one sock_ops attachment: {}", d.log());
