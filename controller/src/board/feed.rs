@@ -27,131 +27,82 @@ struct Line {
     links: Vec<FeedLink>,
 }
 
-/// One link slot. Omitted knobs take the reference case's starting values (what `linkpilot env
-/// --policy policies/hk-us.toml` prints), so a line may name only what a test varies.
+/// One link slot; `name` is required. Omitted knobs take the reference case's starting values
+/// (what `linkpilot env --policy policies/hk-us.toml` prints, and the reference policy's [nccl]:
+/// Tree and Simple from 1 MiB on), so a line may name only what a test varies.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 struct FeedLink {
     name: String,
-    #[serde(default = "d_state")]
     state: String,
-    #[serde(default)]
     state_index: u32,
-    #[serde(default = "d_compression")]
     compression: String,
     topk_ratio: Option<f64>,
-    #[serde(default = "d_chunk")]
     chunk_bytes: u64,
-    #[serde(default = "d_tcp_buffer")]
     tcp_buffer_bytes: u64,
-    #[serde(default = "d_watchdog")]
     watchdog_s: u32,
-    #[serde(default = "d_ib_timeout")]
     nccl_ib_timeout: u8,
-    #[serde(default = "d_ib_retry")]
     nccl_ib_retry_cnt: u8,
-    #[serde(default = "d_dscp")]
     dscp: u8,
-    #[serde(default = "d_tc")]
     roce_traffic_class: u8,
     decision_id: Option<u64>,
-    #[serde(default = "d_nccl_algo")]
     nccl_algo: String,
-    #[serde(default = "d_nccl_proto")]
     nccl_proto: String,
-    #[serde(default)]
     nccl_max_channels: u8,
-    #[serde(default = "d_nccl_min_bytes")]
     nccl_min_bytes: u64,
-    #[serde(default)]
     rtt_us: u32,
-    #[serde(default = "d_one_u32")]
     sync_every: u32,
-    #[serde(default = "d_one_u32")]
     sync_min: u32,
-    #[serde(default = "d_sync_max")]
     sync_max: u32,
-    #[serde(default = "d_max_drift")]
     max_drift: u32,
-    #[serde(default = "d_outer")]
     outer_compression: String,
     outer_topk_ratio: Option<f64>,
-    #[serde(default = "d_one_u16")]
     fragments: u16,
-    #[serde(default)]
     overlap: u16,
-    #[serde(default)]
     delivery_bps: u64,
-    #[serde(default)]
     capacity_bps: u64,
-    #[serde(default = "d_margin_bp")]
     sync_margin_bp: u16,
     /// The training side chooses the outer codec, from `outer_weakest` to `outer_compression`.
-    #[serde(default)]
     outer_codec_auto: bool,
-    #[serde(default = "d_weakest")]
     outer_weakest: String,
 }
 
-fn d_weakest() -> String {
-    "none".into()
-}
-
-fn d_one_u32() -> u32 {
-    1
-}
-fn d_one_u16() -> u16 {
-    1
-}
-fn d_sync_max() -> u32 {
-    500
-}
-fn d_max_drift() -> u32 {
-    2000
-}
-fn d_outer() -> String {
-    "int8".into()
-}
-fn d_margin_bp() -> u16 {
-    2000
-}
-
-fn d_state() -> String {
-    "healthy".into()
-}
-fn d_compression() -> String {
-    "none".into()
-}
-fn d_chunk() -> u64 {
-    8 << 20
-}
-fn d_tcp_buffer() -> u64 {
-    128 << 20
-}
-fn d_watchdog() -> u32 {
-    600
-}
-fn d_ib_timeout() -> u8 {
-    22
-}
-fn d_ib_retry() -> u8 {
-    7
-}
-fn d_dscp() -> u8 {
-    26
-}
-fn d_tc() -> u8 {
-    106
-}
-// The reference policy's [nccl]: Tree and Simple from 1 MiB on.
-fn d_nccl_algo() -> String {
-    "tree".into()
-}
-fn d_nccl_proto() -> String {
-    "simple".into()
-}
-fn d_nccl_min_bytes() -> u64 {
-    1 << 20
+impl Default for FeedLink {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            state: "healthy".into(),
+            state_index: 0,
+            compression: "none".into(),
+            topk_ratio: None,
+            chunk_bytes: 8 << 20,
+            tcp_buffer_bytes: 128 << 20,
+            watchdog_s: 600,
+            nccl_ib_timeout: 22,
+            nccl_ib_retry_cnt: 7,
+            dscp: 26,
+            roce_traffic_class: 106,
+            decision_id: None,
+            nccl_algo: "tree".into(),
+            nccl_proto: "simple".into(),
+            nccl_max_channels: 0,
+            nccl_min_bytes: 1 << 20,
+            rtt_us: 0,
+            sync_every: 1,
+            sync_min: 1,
+            sync_max: 500,
+            max_drift: 2000,
+            outer_compression: "int8".into(),
+            outer_topk_ratio: None,
+            fragments: 1,
+            overlap: 0,
+            delivery_bps: 0,
+            capacity_bps: 0,
+            sync_margin_bp: 2000,
+            outer_codec_auto: false,
+            outer_weakest: "none".into(),
+        }
+    }
 }
 
 /// An NCCL algorithm or protocol name as its board code ("auto": NCCL's own choice).
@@ -207,6 +158,9 @@ pub fn parse_line(text: &str, default_id: u64) -> Result<Vec<BoardLink>, String>
     line.links
         .iter()
         .map(|l| {
+            if l.name.is_empty() {
+                return Err("a link without a \"name\"".to_owned());
+            }
             // The writer cuts longer names; a test would then read a name it did not feed.
             for (what, s) in [("name", &l.name), ("state", &l.state)] {
                 if s.len() >= BOARD_NAME_LEN || s.contains('\0') {
@@ -378,6 +332,7 @@ mod tests {
         for (text, why) in [
             ("{", "EOF while parsing an object at column 1"),
             (r#"{"links":[{"nam":"a"}]}"#, "unknown field"),
+            (r#"{"links":[{"state":"congested"}]}"#, "a link without a \"name\""),
             (r#"{"links":[{"name":"a","dscp":300}]}"#, "invalid value"),
             (r#"{"links":[{"name":"0123456789012345678901234567890123"}]}"#, "at most 31"),
         ] {
