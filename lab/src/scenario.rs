@@ -23,10 +23,9 @@
 mod link;
 mod parse;
 
-use std::{fmt, fs, path::Path};
+use std::{fs, path::Path};
 
 pub use link::{Ecn, Jitter, Lerp, LinkSpec, Loss, QueueLevel, Ramp, Spikes};
-pub use parse::line_col;
 
 use crate::units::{BitRate, Bytes, Nanos};
 
@@ -67,21 +66,7 @@ impl Direction {
 }
 
 /// A scenario file that cannot be used, with where the problem is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScenarioError {
-    pub file: String,
-    pub line: usize,
-    pub column: usize,
-    pub message: String,
-}
-
-impl fmt::Display for ScenarioError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:{}: {}", self.file, self.line, self.column, self.message)
-    }
-}
-
-impl std::error::Error for ScenarioError {}
+pub type ScenarioError = linkpilot_common::config_error::ConfigError;
 
 /// Settings of one direction during one phase, validated.
 #[derive(Clone, Debug, PartialEq)]
@@ -130,14 +115,14 @@ impl Scenario {
             return Self::parse(src, &format!("<built-in {name_or_path}>"), None);
         }
         let path = Path::new(name_or_path);
-        let src = fs::read_to_string(path).map_err(|e| ScenarioError {
-            file: name_or_path.to_owned(),
-            line: 0,
-            column: 0,
-            message: format!(
-                "cannot read it ({e}); built-in scenarios are: {}",
-                BUILTIN.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
-            ),
+        let src = fs::read_to_string(path).map_err(|e| {
+            ScenarioError::unreadable(
+                name_or_path,
+                format!(
+                    "cannot read it ({e}); built-in scenarios are: {}",
+                    BUILTIN.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+                ),
+            )
         })?;
         Self::parse(&src, name_or_path, path.parent())
     }

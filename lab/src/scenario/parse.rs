@@ -51,8 +51,7 @@ impl Scenario {
         depth: u8,
     ) -> Result<Self, ScenarioError> {
         let at = |span: Option<Range<usize>>, message: String| {
-            let (line, column) = span.map_or((1, 1), |s| line_col(src, s.start));
-            ScenarioError { file: file.to_owned(), line, column, message }
+            ScenarioError::at(file, src, span.map_or(0, |s| s.start), message)
         };
         let raw: RawScenario = toml::from_str(src).map_err(|e| {
             let message = match e.span().and_then(|s| key_before(src, s.start)) {
@@ -194,12 +193,4 @@ fn key_before(src: &str, offset: usize) -> Option<&str> {
         .map_or(0, |(i, c)| i + c.len_utf8());
     let key = &before[start..];
     (!key.is_empty()).then_some(key)
-}
-
-/// 1-based line and column of byte `offset` in `src`.
-pub fn line_col(src: &str, offset: usize) -> (usize, usize) {
-    let before = &src[..offset.min(src.len())];
-    let line = before.matches('\n').count() + 1;
-    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    (line, column)
 }

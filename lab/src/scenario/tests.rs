@@ -72,9 +72,3 @@ fn ramps_and_phase_lookup() {
     assert_eq!(s.phase_at(Nanos(99_000_000_000)).0, 1, "the last phase goes on");
     assert_eq!(s.phase_start(1), Nanos(10_000_000_000));
 }
-
-#[test]
-fn line_col_counts_from_one() {
-    assert_eq!(line_col("ab\ncd", 0), (1, 1));
-    assert_eq!(line_col("ab\ncd", 4), (2, 2));
-}

@@ -5,7 +5,10 @@
 use std::{collections::BTreeMap, fmt, ops::Range};
 
 use ipnet::IpNet;
-use linkpilot_common::units::{Fraction, Nanos, PerSecond, Percent};
+use linkpilot_common::{
+    config_error::ConfigError,
+    units::{Fraction, Nanos, PerSecond, Percent},
+};
 
 use super::knobs::Compression;
 
@@ -34,19 +37,7 @@ pub const SHIPPED: &[(&str, &str)] = &[
 ];
 
 /// A policy that cannot be used, with where the problem is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PolicyError {
-    pub file: String,
-    pub line: usize,
-    pub column: usize,
-    pub message: String,
-}
-
-impl fmt::Display for PolicyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:{}: {}", self.file, self.line, self.column, self.message)
-    }
-}
+pub type PolicyError = ConfigError;
 
 /// Every error of one policy file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -290,14 +281,6 @@ pub struct StateTransport {
     pub ecn: bool,
 }
 
-/// Line and column (1-based) of byte `offset`.
-fn line_col(src: &str, offset: usize) -> (usize, usize) {
-    let before = &src[..offset.min(src.len())];
-    let line = before.matches('\n').count() + 1;
-    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    (line, column)
-}
-
 pub(super) struct Errors<'a> {
     file: &'a str,
     src: &'a str,
@@ -312,8 +295,7 @@ impl Errors<'_> {
 
     /// An error at `span`, not recorded (for a check made later, elsewhere).
     pub(super) fn error_at(&self, span: Range<usize>, message: impl Into<String>) -> PolicyError {
-        let (line, column) = line_col(self.src, span.start);
-        PolicyError { file: self.file.to_owned(), line, column, message: message.into() }
+        ConfigError::at(self.file, self.src, span.start, message)
     }
 }
 
@@ -443,9 +425,8 @@ impl Policy {
     /// Reads and parses a policy file, with the [`sha256_hex`] of the bytes it was parsed from.
     pub fn load_with_digest(path: &std::path::Path) -> Result<(Policy, String), PolicyErrors> {
         let file = path.display().to_string();
-        let unreadable = |message: String| {
-            PolicyErrors(vec![PolicyError { file: file.clone(), line: 0, column: 0, message }])
-        };
+        let unreadable =
+            |message: String| PolicyErrors(vec![ConfigError::unreadable(&file, message)]);
         let bytes =
             std::fs::read(path).map_err(|e| unreadable(format!("cannot read the policy: {e}")))?;
         let src = std::str::from_utf8(&bytes)
