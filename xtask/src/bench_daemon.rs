@@ -14,7 +14,10 @@ use std::{
 
 use anyhow::{bail, Context as _};
 
-use crate::run::{status, workspace_root};
+use crate::{
+    proc_usage::{usage, Usage},
+    run::{status, workspace_root},
+};
 
 const NS: [&str; 2] = ["lpb-daemon", "lpb-flows"];
 const ADDR: [&str; 2] = ["10.213.0.1", "10.213.0.2"];
@@ -85,27 +88,6 @@ fn netns() -> anyhow::Result<Namespaces> {
     Ok(guard)
 }
 
-/// (user + system CPU seconds, resident bytes, peak resident bytes) of `pid`.
-fn usage(pid: u32) -> anyhow::Result<(f64, u64, u64)> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let rest = stat.get(stat.rfind(')').context("/proc/pid/stat")? + 2..).unwrap_or_default();
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let field = |i: usize| -> anyhow::Result<f64> {
-        Ok(f.get(i).context("/proc/pid/stat is short")?.parse::<f64>()?)
-    };
-    let ticks = field(11)? + field(12)?;
-    let st = fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib = |key: &str| -> u64 {
-        st.lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    // CLK_TCK is 100 on every Linux configuration this runs on.
-    Ok((ticks / 100.0, kib("VmRSS:") * 1024, kib("VmHWM:") * 1024))
-}
-
 fn status_json(bin: &Path, socket: &Path) -> Option<serde_json::Value> {
     let out = Command::new(bin)
         .args(["status", "--json", "--socket", &socket.display().to_string()])
@@ -117,11 +99,12 @@ fn status_json(bin: &Path, socket: &Path) -> Option<serde_json::Value> {
 
 /// CPU share of one core and RSS over `secs` seconds.
 fn measure(pid: u32, bin: &Path, socket: &Path, secs: u64) -> anyhow::Result<(u64, u64, u64, u64)> {
-    let (c0, _, _) = usage(pid)?;
+    let c0 = usage(pid)?.cpu_s;
     let t0 = Instant::now();
     let ticks0 = status_json(bin, socket).and_then(|s| s["ticks"].as_u64()).unwrap_or(0);
     thread::sleep(Duration::from_secs(secs));
-    let (c1, rss, hwm) = usage(pid)?;
+    let Usage { cpu_s: c1, rss_kib, peak_rss_kib } = usage(pid)?;
+    let (rss, hwm) = (rss_kib * 1024, peak_rss_kib * 1024);
     let s = status_json(bin, socket).context("status")?;
     let ticks = s["ticks"].as_u64().unwrap_or(0).saturating_sub(ticks0);
     let flows = s["flows"].as_u64().unwrap_or(0);

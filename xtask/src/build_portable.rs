@@ -14,11 +14,10 @@ use std::{
 use anyhow::{bail, Context as _};
 
 use crate::{
-    build_tuner::{check_glibc, GLIBC},
+    build_tuner::{ship, zigbuild},
     run::{output, status, workspace_root},
 };
 
-const TARGET: &str = "x86_64-unknown-linux-gnu";
 /// What a glibc 2.28 system has without packages: the C library's own parts.
 const LIBC_ONLY: &[&str] = &[
     "libc.so.6",
@@ -62,19 +61,16 @@ pub fn in_background(
 
 /// Builds it with `env` set (diagnostics to `log` if given) and checks it.
 fn build_with(env: &[(&str, PathBuf)], log: Option<&Path>) -> anyhow::Result<PathBuf> {
-    let path = crate::python::path_with_tools(&[crate::python::zig_dir()?]);
-    let target_dir = workspace_root().join(format!("target/glibc-{}.{}", GLIBC.0, GLIBC.1));
     // At full priority even in the background: the lab tests beside it judge a daemon's start
     // by the daemon's own time, not the wall clock (tests/src/daemon.rs), so a busy CPU slows
     // them without failing them, and a build that ends early lets the soak's day run beside
     // pytest instead of after it.
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["zigbuild", "--release", "-p", "linkpilot", "--bin", "linkpilot"])
-        .args(["--no-default-features", "--features", "ebpf", "--target"])
-        .arg(format!("{TARGET}.{}.{}", GLIBC.0, GLIBC.1))
-        .arg("--target-dir")
-        .arg(&target_dir)
-        .env("PATH", path);
+    let mut cmd = zigbuild()?;
+    cmd.args(["-p", "linkpilot", "--bin", "linkpilot"]).args([
+        "--no-default-features",
+        "--features",
+        "ebpf",
+    ]);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -83,11 +79,8 @@ fn build_with(env: &[(&str, PathBuf)], log: Option<&Path>) -> anyhow::Result<Pat
         cmd.stderr(file);
     }
     status("cargo zigbuild (the daemon for glibc 2.28)", &mut cmd)?;
-    let built = target_dir.join(TARGET).join("release/linkpilot");
     let out = shipped();
-    fs::create_dir_all(out.parent().context("a parent")?)?;
-    fs::copy(&built, &out).with_context(|| format!("copying {}", built.display()))?;
-    check_glibc(&out)?;
+    ship("linkpilot", &out)?;
     let headers = output(Command::new("objdump").arg("-p").arg(&out))
         .with_context(|| format!("objdump -p {} failed", out.display()))?;
     let others = other_libraries(&headers);

@@ -25,23 +25,38 @@ pub fn shipped() -> PathBuf {
 
 /// Builds it, checks its glibc needs, and returns its path.
 pub fn build() -> anyhow::Result<PathBuf> {
-    let path = crate::python::path_with_tools(&[crate::python::zig_dir()?]);
-    let target_dir = workspace_root().join(format!("target/glibc-{}.{}", GLIBC.0, GLIBC.1));
-    status(
-        "cargo zigbuild (the tuner plugin for glibc 2.28)",
-        Command::new(env!("CARGO"))
-            .args(["zigbuild", "--release", "-p", "linkpilot-nccl-tuner", "--target"])
-            .arg(format!("{TARGET}.{}.{}", GLIBC.0, GLIBC.1))
-            .arg("--target-dir")
-            .arg(&target_dir)
-            .env("PATH", path),
-    )?;
-    let built = target_dir.join(TARGET).join("release/libnccl_tuner_linkpilot.so");
+    let mut cmd = zigbuild()?;
+    cmd.args(["-p", "linkpilot-nccl-tuner"]);
+    status("cargo zigbuild (the tuner plugin for glibc 2.28)", &mut cmd)?;
     let out = shipped();
-    fs::create_dir_all(out.parent().context("a parent")?)?;
-    fs::copy(&built, &out).with_context(|| format!("copying {}", built.display()))?;
-    check_glibc(&out)?;
+    ship("libnccl_tuner_linkpilot.so", &out)?;
     Ok(out)
+}
+
+/// One target directory for everything built for glibc 2.28 (the plugin and the portable daemon).
+fn glibc_target_dir() -> PathBuf {
+    workspace_root().join(format!("target/glibc-{}.{}", GLIBC.0, GLIBC.1))
+}
+
+/// `cargo zigbuild --release` for [`GLIBC`] with the setup's zig on PATH; the caller adds what
+/// it builds.
+pub fn zigbuild() -> anyhow::Result<Command> {
+    let path = crate::python::path_with_tools(&[crate::python::zig_dir()?]);
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args(["zigbuild", "--release", "--target"])
+        .arg(format!("{TARGET}.{}.{}", GLIBC.0, GLIBC.1))
+        .arg("--target-dir")
+        .arg(glibc_target_dir())
+        .env("PATH", path);
+    Ok(cmd)
+}
+
+/// Copies `file`, as [`zigbuild`] left it, to `out` and checks its glibc needs.
+pub fn ship(file: &str, out: &Path) -> anyhow::Result<()> {
+    let built = glibc_target_dir().join(TARGET).join("release").join(file);
+    fs::create_dir_all(out.parent().context("a parent")?)?;
+    fs::copy(&built, out).with_context(|| format!("copying {}", built.display()))?;
+    check_glibc(out)
 }
 
 /// Fails unless the newest glibc symbol version `binary` names (`objdump -T`) is at most

@@ -59,14 +59,7 @@ pub fn run(seconds: Option<u64>) -> anyhow::Result<()> {
     for h in [&hk, &us] {
         status("enable ECN", &mut in_ns(&h.netns, &["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]))?;
     }
-    let server = Reaped(
-        in_ns(&us.netns, &["iperf3", "-s", "-B", &us.ipv4])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting iperf3 -s (is iperf3 installed? cargo xtask setup installs it)")?,
-        "iperf3 -s",
-    );
+    let server = lab::iperf3_server(&us)?;
     let policy = workspace_root().join("policies/hk-us.toml");
     let p = |f: &str| out.join(f).display().to_string();
     let daemon = Reaped(

@@ -76,6 +76,16 @@ pub fn in_ns(netns: &str, args: &[&str]) -> Command {
     c
 }
 
+/// The iperf3 server the demo's and the soak's traffic goes to, on `host`'s lab address.
+pub fn iperf3_server(host: &Host) -> anyhow::Result<Reaped> {
+    let child = in_ns(&host.netns, &["iperf3", "-s", "-B", &host.ipv4])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting iperf3 -s (is iperf3 installed? cargo xtask setup installs it)")?;
+    Ok(Reaped(child, "iperf3 -s"))
+}
+
 /// `linkpilot run` (binary `bin`) in `netns` with `policy` and every file it keeps (board, env
 /// file, originals, lock, status socket, tuner and job report directories) at `file(name)`;
 /// info logging, stdout discarded. Callers add what else they want and where the log goes.

@@ -11,6 +11,7 @@ mod build_tuner;
 mod demo;
 mod fuzz;
 mod lab;
+mod proc_usage;
 mod python;
 mod run;
 mod setup;

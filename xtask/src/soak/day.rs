@@ -23,8 +23,12 @@ use std::{
 
 use anyhow::bail;
 
-use super::{start_daemon, traffic, usage, wait_up};
-use crate::{lab::Lab, run::workspace_root};
+use super::{start_daemon, traffic, wait_up};
+use crate::{
+    lab::Lab,
+    proc_usage::{usage, Usage},
+    run::workspace_root,
+};
 
 const SCENARIO: &str = "hk-us-day";
 const WARM_UP: f64 = 60.0;
@@ -89,7 +93,7 @@ pub fn run(
                 dir.join("daemon.log").display()
             );
         }
-        let (cpu_s, rss_kib) = usage(pid)?;
+        let Usage { cpu_s, rss_kib, .. } = usage(pid)?;
         let ticks = crate::demo::query(&socket).and_then(|s| s["ticks"].as_u64()).unwrap_or(0);
         let t = start.elapsed().as_secs_f64();
         let pct = samples.last().map_or(0.0, |p| (cpu_s - p.cpu_s) / (t - p.t) * 100.0);

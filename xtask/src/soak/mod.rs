@@ -10,7 +10,6 @@ mod kill;
 use std::{
     fs,
     path::{Path, PathBuf},
-    process::Stdio,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -142,26 +141,6 @@ fn wait_up(daemon: &mut Reaped, dir: &Path, limit: Duration) -> anyhow::Result<s
     }
 }
 
-/// (user + system CPU seconds, resident KiB) of `pid`, from /proc/PID/stat and /proc/PID/status.
-fn usage(pid: u32) -> anyhow::Result<(f64, u64)> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let rest = stat.get(stat.rfind(')').context("/proc/pid/stat")? + 2..).unwrap_or_default();
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let field = |i: usize| -> anyhow::Result<f64> {
-        Ok(f.get(i).context("/proc/pid/stat is short")?.parse::<f64>()?)
-    };
-    // utime and stime (fields 14 and 15; 11 and 12 after the command name), in CLK_TCK = 100.
-    let cpu = (field(11)? + field(12)?) / 100.0;
-    let st = fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let rss = st
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .context("/proc/pid/status has no VmRSS")?;
-    Ok((cpu, rss))
-}
-
 /// iperf3 across the lab, from HK to US, as the demo drives it; stopped when dropped.
 struct Traffic {
     server: Option<Reaped>,
@@ -193,14 +172,7 @@ fn traffic(
     for h in [&hk, &us].into_iter().filter(|h| ecn_on_hk || h.site != "Hk") {
         status("enable ECN", &mut lab::in_ns(&h.netns, &["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]))?;
     }
-    let server = Reaped(
-        lab::in_ns(&us.netns, &["iperf3", "-s", "-B", &us.ipv4])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting iperf3 -s (is iperf3 installed? cargo xtask setup installs it)")?,
-        "iperf3 -s",
-    );
+    let server = lab::iperf3_server(&us)?;
     let stop = Arc::new(AtomicBool::new(false));
     let log = dir.join("iperf3.log");
     let t = crate::demo::drive_traffic(hk.netns, us.ipv4, deadline, log, stop.clone());
