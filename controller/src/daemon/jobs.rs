@@ -56,7 +56,8 @@ pub struct JobStatus {
     pub failed: u64,
 }
 
-/// Totals a report adds since the previous accepted one, for the metrics' counters.
+/// Totals a report adds since the previous accepted one, for the metrics' counters; summed,
+/// a job's totals.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Added {
     pub steps: u64,
@@ -325,8 +326,7 @@ mod tests {
                 .collect();
             last = jobs.update(now, files, wan);
             if let Some(a) = last.added.get("lm") {
-                added.steps += a.steps;
-                added.wire_bytes += a.wire_bytes;
+                added += a.clone();
             }
         }
         assert!(last.refused.is_empty());

@@ -8,7 +8,7 @@ use std::{
 };
 
 use super::{
-    jobs::{JobStatus, Jobs},
+    jobs::{Added, JobStatus, Jobs},
     metrics::Metrics,
     sensing::Sensing,
     transport::{self, TransportPath, TransportStatus},
@@ -23,16 +23,6 @@ use crate::{
     sense::sensors::JobProgress,
 };
 
-/// A job's totals since the daemon first read it (never going down: a restarted rank's totals
-/// start over in its own report, not here).
-#[derive(Clone, Copy, Debug, Default)]
-struct JobTotals {
-    steps: u64,
-    step_s: f64,
-    compute_s: f64,
-    wire_bytes: u64,
-}
-
 #[derive(Default)]
 pub(super) struct TrainingSide {
     /// The tuner plugin's counters of each training process, and when they were last read.
@@ -43,7 +33,9 @@ pub(super) struct TrainingSide {
     pub job_status: Vec<JobStatus>,
     pub job_refused: Vec<String>,
     /// Each job's totals since it was first read (what the core judges and sizes codecs by).
-    job_totals: BTreeMap<String, JobTotals>,
+    /// Each job's totals since the daemon first read it (never going down: a restarted rank's
+    /// totals start over in its own report, not here).
+    job_totals: BTreeMap<String, Added>,
     /// What the sock_ops program has done, as of the latest read (once a second).
     pub transport_status: TransportStatus,
 }
@@ -109,10 +101,7 @@ impl TrainingSide {
             .map(|j| {
                 let t = self.job_totals.entry(j.job.clone()).or_default();
                 if let Some(a) = reading.added.get(&j.job) {
-                    t.steps += a.steps;
-                    t.step_s += a.step_s;
-                    t.compute_s += a.compute_s;
-                    t.wire_bytes += a.wire_bytes;
+                    *t += a.clone();
                 }
                 JobProgress {
                     job: j.job.clone(),
