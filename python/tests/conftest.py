@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import select
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +24,14 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a torch.distributed store."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def linkpilot_bin() -> str:

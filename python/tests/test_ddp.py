@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,16 +15,9 @@ from typing import Any
 
 import pytest
 
-from conftest import feed_board
+from conftest import feed_board, free_port
 
 CODECS = ["none", "fp16", "bf16", "int8", "int4", "topk:0.01"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def wan(codec: str, watchdog_s: int = 300, decision_id: int = 1) -> list[dict[str, Any]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -15,19 +14,12 @@ from typing import Any
 import torch
 
 from benchmarks.lm_data import Corpus, batch_offsets, eval_offsets, load_corpus, windows
-from conftest import REPO
+from conftest import REPO, free_port
 
 SCRIPT = REPO / "python" / "benchmarks" / "train_lm.py"
 TINY = ["--width", "32", "--depth", "1", "--heads", "2", "--seq", "16", "--batch", "2",
         "--data-mib", "0.1", "--eval-windows", "2", "--eval-every", "2", "--bucket-mb", "0.01",
         "--large-bucket-bytes", "4096", "--timeout-s", "60"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def corpus() -> Corpus:

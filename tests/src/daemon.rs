@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 use crate::policy::PolicyToml;
 use std::{
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, Command, Output, Stdio},
     thread,
     time::{Duration, Instant},
 };
@@ -15,6 +15,8 @@ use linkpilot_lab::{
     lab::{Host, Lab, LabConfig},
     scenario::Scenario,
 };
+
+use linkpilot::board::BoardReader;
 
 use crate::linkpilot_bin;
 
@@ -43,16 +45,22 @@ pub fn lab_with(name: &str, link: &str) -> Lab {
 }
 
 /// An iperf3 server on `host`'s IPv4 address for one test (`-1`), listening.
-pub fn iperf3_server(host: &Host) -> std::process::Child {
-    let child = host
-        .command("iperf3")
-        .args(["-s", "-1", "-B", &host.ipv4.to_string()])
+pub fn iperf3_server(host: &Host) -> Child {
+    iperf3_server_in(&host.netns, &host.ipv4.to_string())
+}
+
+/// An iperf3 server on `addr` in the network namespace `netns` for one test (`-1`), listening.
+pub fn iperf3_server_in(netns: &str, addr: &str) -> Child {
+    let child = Command::new("ip")
+        .args(["netns", "exec", netns, "iperf3", "-s", "-1", "-B", addr])
         .stdout(Stdio::null())
         .spawn()
         .expect("iperf3 -s");
     // Listening, as ss sees it (a fixed sleep loses the race on a loaded machine).
     wait_for("iperf3 -s listening", Duration::from_secs(5), || {
-        host.exec(&["ss", "-Hltn", "sport = :5201"]).is_ok_and(|o| !o.trim().is_empty())
+        !crate::run(&["ip", "netns", "exec", netns, "ss", "-Hltn", "sport = :5201"])
+            .stdout
+            .is_empty()
     });
     child
 }
@@ -213,6 +221,15 @@ impl Daemon {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
     }
+
+    /// The daemon's knob board once its first decision is there (a policy of one link).
+    pub fn first_decision(&self) -> BoardReader {
+        let path = self.dir.join("knobs");
+        wait_for("the first decision on the board", Duration::from_secs(5), || {
+            BoardReader::open(&path).and_then(|b| b.read()).is_ok_and(|b| b.header.n_links == 1)
+        });
+        BoardReader::open(&path).expect("board")
+    }
 }
 
 impl Drop for Daemon {
@@ -242,19 +259,31 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
     metrics.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
 }
 
+/// `linkpilot status ARGS` on `DIR/status.sock`, whatever it answers (`prefix`: what the
+/// command runs under, `setpriv` for another user).
+pub fn linkpilot_status(prefix: &[&str], dir: &Path, args: &[&str]) -> Output {
+    let (bin, socket) = (linkpilot_bin(), dir.join("status.sock"));
+    let (bin, socket) = (bin.display().to_string(), socket.display().to_string());
+    let mut all = prefix.to_vec();
+    all.extend([bin.as_str(), "status", "--socket", &socket]);
+    all.extend(args);
+    crate::run(&all)
+}
+
+/// The status table, as root reads it.
+pub fn status_table(dir: &Path) -> String {
+    let out = linkpilot_status(&[], dir, &[]);
+    assert!(out.status.success(), "linkpilot status: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 pub fn status_json(dir: &Path) -> serde_json::Value {
     try_status_json(dir).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// `linkpilot status --json` on `DIR/status.sock`, or what it said when it failed.
 pub fn try_status_json(dir: &Path) -> Result<serde_json::Value, String> {
-    let out = crate::run(&[
-        &linkpilot_bin().display().to_string(),
-        "status",
-        "--json",
-        "--socket",
-        &dir.join("status.sock").display().to_string(),
-    ]);
+    let out = linkpilot_status(&[], dir, &["--json"]);
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }

@@ -81,20 +81,35 @@ pub fn rank(
         .args(extra)
         .envs(env.iter().copied())
         .env("PYTHONUNBUFFERED", "1");
-    let (child, lines, stderr) = crate::spawn_piped(&mut cmd, "a rank");
-    Rank { child, lines, stderr }
+    Rank::spawn(&mut cmd)
 }
 
 impl Rank {
+    /// A rank process that prints JSON lines (`PYTHONUNBUFFERED` set by the caller).
+    pub fn spawn(cmd: &mut Command) -> Self {
+        let (child, lines, stderr) = crate::spawn_piped(cmd, "a rank");
+        Rank { child, lines, stderr }
+    }
+
     /// Lines up to the next one that has `key` (returned last); panics with the rank's log if
     /// it does not come in time or the rank exits first.
     pub fn until(&mut self, key: &str, limit: Duration) -> Vec<Value> {
+        self.until_where(key, |_| true, limit)
+    }
+
+    /// Lines up to the next one whose `key` is there and passes `wanted` (returned last).
+    pub fn until_where(
+        &mut self,
+        key: &str,
+        wanted: impl Fn(&Value) -> bool,
+        limit: Duration,
+    ) -> Vec<Value> {
         let mut seen = Vec::new();
         loop {
             match self.lines.recv_timeout(limit) {
                 Ok(line) => {
                     let v: Value = serde_json::from_str(&line).unwrap_or(Value::String(line));
-                    let found = v.get(key).is_some();
+                    let found = v.get(key).is_some_and(&wanted);
                     seen.push(v);
                     if found {
                         return seen;

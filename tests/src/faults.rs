@@ -12,7 +12,7 @@ use std::{
 use nix::{sys::signal::Signal, unistd::Pid};
 
 use crate::{
-    daemon::{status_json, wait_for, Daemon},
+    daemon::{iperf3_server_in, status_json, Daemon},
     netns::{Netns, Pair},
     oracle,
 };
@@ -32,13 +32,7 @@ pub use crate::temp_dir;
 
 /// `linkpilot status --json`, or null while the daemon does not answer.
 pub fn status(dir: &Path) -> serde_json::Value {
-    let out = crate::run(&[
-        &crate::linkpilot_bin().display().to_string(),
-        "status",
-        "--json",
-        "--socket",
-        &dir.join("status.sock").display().to_string(),
-    ]);
+    let out = crate::daemon::linkpilot_status(&[], dir, &["--json"]);
     serde_json::from_slice(&out.stdout).unwrap_or_default()
 }
 
@@ -172,17 +166,7 @@ impl HostBefore {
 
 /// An iperf3 client in `a` sending to a one-shot server in `b` at `rate` for `secs`.
 pub fn iperf3(pair: &Pair, secs: u32, rate: &str) -> (Child, Child) {
-    let server = pair
-        .b
-        .command(&["iperf3", "-s", "-1", "-B", pair.b_addr])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("iperf3 -s");
-    wait_for("iperf3 -s listening", Duration::from_secs(5), || {
-        !crate::run(&["ip", "netns", "exec", &pair.b.name, "ss", "-Hltn", "sport = :5201"])
-            .stdout
-            .is_empty()
-    });
+    let server = iperf3_server_in(&pair.b.name, pair.b_addr);
     let client = pair
         .a
         .command(&["iperf3", "-c", pair.b_addr, "-t", &secs.to_string(), "-b", rate])

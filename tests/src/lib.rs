@@ -107,6 +107,16 @@ pub fn python() -> PathBuf {
     })
 }
 
+/// The NCCL tuner plugin as shipped, built for glibc 2.28: `LINKPILOT_SHIPPED_TUNER` (set by
+/// `cargo xtask test`; `cargo xtask build-tuner` prints its path).
+pub fn shipped_tuner() -> PathBuf {
+    let path = PathBuf::from(std::env::var_os("LINKPILOT_SHIPPED_TUNER").expect(
+        "LINKPILOT_SHIPPED_TUNER: the shipped plugin (`cargo xtask build-tuner` prints it)",
+    ));
+    assert!(path.is_file(), "{} does not exist", path.display());
+    path
+}
+
 /// The `linkpilot-lab` binary: `LINKPILOT_LAB_BIN` or the debug build of this workspace.
 pub fn lab_bin() -> PathBuf {
     built(

@@ -20,8 +20,8 @@ use linkpilot_lab::{
 };
 use linkpilot_tests::{
     daemon::{
-        ecn_lab, iperf3_client, iperf3_server, lab_with, sample, scrape, status_json, sysctl,
-        tcp_rmem_max, wait_for, Daemon,
+        ecn_lab, iperf3_client, iperf3_server, lab_with, linkpilot_status, sample, scrape,
+        status_json, status_table, sysctl, tcp_rmem_max, wait_for, Daemon,
     },
     linkpilot_bin,
 };
@@ -53,10 +53,7 @@ fn ecn_drives_the_link_congested_and_sigterm_rolls_back() {
     let started_ms = unix_ms();
     let mut d = Daemon::start(&hk.netns, &dir, &POLICY);
     d.wait_up();
-    let board = BoardReader::open(&dir.join("knobs")).expect("board");
-    wait_for("the first decision", Duration::from_secs(5), || {
-        board.read().is_ok_and(|b| b.header.n_links == 1)
-    });
+    let board = d.first_decision();
     let b = board.read().expect("read");
     assert_eq!(
         (name(&b.links[0].state), b.links[0].compression),
@@ -205,10 +202,7 @@ fn reload_metrics_and_status() {
     assert_ne!(ecn_before, "1", "a fresh namespace's tcp_ecn");
     let mut d = Daemon::start_with(&hk.netns, &dir, &POLICY, &extra);
     d.wait_up();
-    let board = BoardReader::open(&dir.join("knobs")).expect("board");
-    wait_for("the first decision", Duration::from_secs(5), || {
-        board.read().is_ok_and(|b| b.header.n_links == 1)
-    });
+    let board = d.first_decision();
     let before = board.read().expect("read");
     assert_eq!(before.links[0].dscp, 26);
     // The RDMA port on eth0 got the healthy state's RoCE traffic class (before the board, which
@@ -248,23 +242,10 @@ fn reload_metrics_and_status() {
     assert_eq!(st["links"][0]["state"], "healthy", "{st}");
     assert_eq!(st["links"][0]["knobs"]["dscp"], 26);
     assert_eq!(st["interfaces"][0], "eth0");
-    let table = linkpilot_tests::sh(&[
-        &linkpilot_bin().display().to_string(),
-        "status",
-        "--socket",
-        &dir.join("status.sock").display().to_string(),
-    ]);
+    let table = status_table(&dir);
     assert!(table.contains("wan") && table.contains("healthy") && table.contains("us"), "{table}");
-    let nobody = linkpilot_tests::run(&[
-        "setpriv",
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-        &linkpilot_bin().display().to_string(),
-        "status",
-        "--socket",
-        &dir.join("status.sock").display().to_string(),
-    ]);
+    let setpriv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"];
+    let nobody = linkpilot_status(&setpriv, &dir, &[]);
     let err = String::from_utf8_lossy(&nobody.stderr);
     assert!(!nobody.status.success() && err.contains("root-only"), "{err}");
 

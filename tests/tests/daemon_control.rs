@@ -33,10 +33,7 @@ fn congested_within_a_second_of_the_first_ce_mark_and_healthy_only_after_the_exi
     let dir = linkpilot_tests::temp_dir("ctl-ecn");
     let mut d = Daemon::start_with(&hk.netns, &dir, &ECN_POLICY, &["--metrics-addr", "off"]);
     d.wait_up();
-    let board = BoardReader::open(&dir.join("knobs")).expect("board");
-    wait_for("the first decision", Duration::from_secs(5), || {
-        board.read().is_ok_and(|b| b.header.n_links == 1)
-    });
+    let board = d.first_decision();
     let state = || board.read().map(|b| name(&b.links[0].state)).unwrap_or_default();
     assert_eq!(state(), "healthy");
 

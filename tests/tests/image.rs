@@ -18,7 +18,7 @@ use std::{
 };
 
 use linkpilot::actuate::envfile::DEFAULT_TUNER;
-use linkpilot_tests::{linkpilot_bin, python, run, sh, temp_dir};
+use linkpilot_tests::{linkpilot_bin, python, run, sh, shipped_tuner, temp_dir};
 use serde_json::Value;
 
 const BASE: &str = "localhost/linkpilot-test-base:bookworm";
@@ -26,14 +26,6 @@ const IMAGE: &str = "localhost/linkpilot-test:prebuilt";
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
-}
-
-fn shipped_tuner() -> PathBuf {
-    let path = PathBuf::from(std::env::var_os("LINKPILOT_SHIPPED_TUNER").expect(
-        "LINKPILOT_SHIPPED_TUNER: the shipped plugin (`cargo xtask build-tuner` prints it)",
-    ));
-    assert!(path.is_file(), "{} does not exist", path.display());
-    path
 }
 
 /// `buildah ARGS` (chroot isolation for `run`: no OCI runtime, no cgroup setup needed).

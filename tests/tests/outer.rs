@@ -8,8 +8,7 @@
 //! pair carries its own shard over its own connections.
 
 use std::{
-    process::{Child, Command},
-    sync::mpsc,
+    process::Command,
     thread,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -18,7 +17,7 @@ use linkpilot_lab::{
     lab::{Host, Lab, LabConfig, Site},
     scenario::{Direction, Scenario},
 };
-use linkpilot_tests::python;
+use linkpilot_tests::{ddp_rank, python};
 use serde_json::Value;
 
 const DOWN_S: f64 = 15.0;
@@ -43,10 +42,9 @@ const SHARD_PAUSES: [u64; 2] = [24, 108];
 /// The link is cut when rank 0 has reported this step.
 const CUT_AT: u64 = 360;
 
+/// A rank process and every line it printed so far.
 struct Rank {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    stderr: Option<thread::JoinHandle<String>>,
+    proc: ddp_rank::Rank,
     seen: Vec<Value>,
 }
 
@@ -72,30 +70,14 @@ impl Rank {
             .env("GLOO_SOCKET_IFNAME", "eth0")
             .env("PYTHONUNBUFFERED", "1")
             .env("OMP_NUM_THREADS", "1");
-        let (child, lines, stderr) = linkpilot_tests::spawn_piped(&mut cmd, "a rank");
-        Self { child, lines, stderr: Some(stderr), seen: Vec::new() }
+        Self { proc: ddp_rank::Rank::spawn(&mut cmd), seen: Vec::new() }
     }
 
     /// Reads lines up to one that has `key` equal to `value` (any value when None).
     fn until(&mut self, key: &str, value: Option<u64>, limit: Duration) -> &Value {
-        loop {
-            match self.lines.recv_timeout(limit) {
-                Ok(line) => {
-                    let v: Value = serde_json::from_str(&line).unwrap_or(Value::String(line));
-                    let found = v.get(key).is_some_and(|x| value.is_none_or(|w| x == w));
-                    self.seen.push(v);
-                    if found {
-                        return self.seen.last().expect("pushed");
-                    }
-                }
-                Err(e) => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    let log = self.stderr.take().map(|h| h.join().unwrap_or_default());
-                    panic!("rank printed no {key:?} within {limit:?} ({e}); its log:\n{log:?}");
-                }
-            }
-        }
+        let lines = self.proc.until_where(key, |x| value.is_none_or(|w| x == w), limit);
+        self.seen.extend(lines);
+        self.seen.last().expect("the line found")
     }
 
     fn steps(&self) -> impl Iterator<Item = &Value> {
@@ -105,13 +87,6 @@ impl Rank {
     fn exchanges(&self) -> impl Iterator<Item = &Value> {
         // Step lines, then the done line (what closing finished).
         self.seen.iter().filter_map(|v| v["exchanges"].as_array()).flatten()
-    }
-}
-
-impl Drop for Rank {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -167,7 +142,7 @@ fn rounds_overlap_send_the_codecs_bytes_and_ride_through_an_outage() {
     let down_to = now_s();
     for r in &mut ranks {
         r.until("done", None, Duration::from_secs(300));
-        assert!(r.child.wait().expect("rank exit").success(), "a rank failed");
+        assert!(r.proc.child.wait().expect("rank exit").success(), "a rank failed");
     }
 
     // 1. Bytes per round: what crossed between the pauses against the codec's size of the
@@ -296,7 +271,7 @@ fn crossed(lab: &Lab, hk: usize, us: usize) -> Crossed {
     }
     for r in &mut ranks {
         r.until("done", None, Duration::from_secs(120));
-        assert!(r.child.wait().expect("rank exit").success(), "a rank failed");
+        assert!(r.proc.child.wait().expect("rank exit").success(), "a rank failed");
     }
     let window = |v: &&Value| (SHARD_PAUSES[0] + 2..=SHARD_PAUSES[1] + 1).contains(&u(v, "sent"));
     let codec = ranks

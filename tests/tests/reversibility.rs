@@ -16,8 +16,7 @@ use std::{
 use linkpilot::board::BoardReader;
 use linkpilot_common::board::pending;
 use linkpilot_tests::{
-    daemon::{sample, scrape, sysctl, wait_for, Daemon},
-    linkpilot_bin,
+    daemon::{sample, scrape, status_table, sysctl, wait_for, Daemon},
     netns::Pair,
 };
 use nix::{sys::signal::Signal, unistd::Pid};
@@ -191,12 +190,7 @@ fn a_failing_actuator_is_pending_until_it_holds() {
     let m = scrape(&ns);
     assert_eq!(sample(&m, "linkpilot_actuator_pending{actuator=\"env_file\"}"), Some(0.0), "{m}");
     assert_eq!(board.read().expect("read").header.pending, 0);
-    let table = linkpilot_tests::sh(&[
-        &linkpilot_bin().display().to_string(),
-        "status",
-        "--socket",
-        &dir.join("status.sock").display().to_string(),
-    ]);
+    let table = status_table(&dir);
     assert!(table.contains("env_file     in place: wan healthy #1"), "{table}");
     stop(&mut d);
     drop(ro);

@@ -11,7 +11,6 @@ use std::{
     time::Duration,
 };
 
-use linkpilot::board::BoardReader;
 use linkpilot_tests::{
     daemon::{status_json, sysctl, wait_for, Daemon, PAIR_POLICY},
     linkpilot_bin,
@@ -194,11 +193,7 @@ fn no_file_the_daemon_writes_is_written_through_a_planted_symlink() {
     plant(&run_dir.join("jobs"), &victim_dir);
     let mut d = Daemon::start_with(&ns, &run_dir, &PAIR_POLICY, &["--metrics-addr", "off"]);
     d.wait_up();
-    wait_for("the first decision on the board", Duration::from_secs(5), || {
-        BoardReader::open(&run_dir.join("knobs"))
-            .and_then(|b| b.read())
-            .is_ok_and(|b| b.header.n_links == 1)
-    });
+    d.first_decision();
     wait_for("the env file", Duration::from_secs(5), || {
         std::fs::read_to_string(run_dir.join("nccl.env"))
             .is_ok_and(|e| e.contains("LINKPILOT_STATE=healthy"))

@@ -10,7 +10,6 @@ use std::sync::LazyLock;
 use linkpilot_tests::policy::PolicyToml;
 use std::{path::Path, time::Duration};
 
-use linkpilot::board::BoardReader;
 use linkpilot_tests::{
     daemon::{lab_with, sysctl, tcp_rmem_max, wait_for, Daemon, PAIR_POLICY},
     linkpilot_bin,
@@ -174,11 +173,7 @@ fn the_daemon_works_under_exactly_the_units_capabilities() {
     let mut d = Daemon::start_under(&hk.netns, &wrapper, &dir, &POLICY, &["--metrics-addr", "off"]);
     let pid = d.child.id();
     d.wait_up();
-    wait_for("the first decision on the board", Duration::from_secs(5), || {
-        BoardReader::open(&dir.join("knobs"))
-            .and_then(|b| b.read())
-            .is_ok_and(|b| b.header.n_links == 1)
-    });
+    d.first_decision();
     // Exactly the unit's set, and no way to more.
     assert_eq!(std::fs::read_to_string(format!("/proc/{pid}/comm")).expect("comm"), "linkpilot\n");
     let want = mask(&caps);

@@ -5,21 +5,14 @@
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
-    path::PathBuf,
     process::{Command, Stdio},
 };
 
-fn shipped() -> PathBuf {
-    let path = PathBuf::from(std::env::var_os("LINKPILOT_SHIPPED_TUNER").expect(
-        "LINKPILOT_SHIPPED_TUNER: the shipped plugin (`cargo xtask build-tuner` prints it)",
-    ));
-    assert!(path.is_file(), "{} does not exist", path.display());
-    path
-}
+use linkpilot_tests::shipped_tuner;
 
 #[test]
 fn the_shipped_plugin_needs_no_glibc_newer_than_2_28() {
-    let so = shipped();
+    let so = shipped_tuner();
     let out = Command::new("objdump").arg("-T").arg(&so).output().expect("objdump");
     assert!(out.status.success(), "objdump -T {}", so.display());
     let text = String::from_utf8_lossy(&out.stdout);
