@@ -135,12 +135,19 @@ def result(config: str, out: Path) -> list[dict[str, Any]]:
     return sites
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
+def site_args(description: str | None) -> argparse.ArgumentParser:
+    """The options both unequal-sites benchmarks take: how long, how often, how slow."""
+    ap = argparse.ArgumentParser(description=description,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=45.0)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--slow-share", type=float, default=0.33)
+    ap.add_argument("--slow-share", type=float, default=0.33,
+                    help="the slow site's share of a core (a cgroup CPU quota)")
+    return ap
+
+
+def main() -> None:
+    ap = site_args(__doc__)
     ap.add_argument("--configs", default=",".join(CONFIGS), help="alone first: the ceiling")
     ap.add_argument("--keep", type=Path, help="keep each run's rank outputs under this directory")
     a = ap.parse_args()

@@ -41,7 +41,7 @@ from typing import Any
 
 if not __package__:  # run as a script: python/ holds the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.unequal_sites import MODEL, SlowGroup, free_port
+from benchmarks.unequal_sites import MODEL, SlowGroup, free_port, site_args
 
 HERE = Path(__file__).resolve().parent
 TRAIN, EVAL = HERE / "train_lm.py", HERE / "eval_checkpoints.py"
@@ -205,11 +205,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main() -> None:
     global ARGS
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=45.0)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--slow-share", type=float, default=0.33)
+    ap = site_args(__doc__)
     ap.add_argument("--checkpoint-s", type=float, default=2.0)
     ap.add_argument("--scenario", default="steady-180ms")
     ap.add_argument("--lab-bin", default=str(HERE.parents[1] / "target/debug/linkpilot-lab"))

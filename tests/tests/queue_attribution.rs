@@ -26,10 +26,9 @@ use linkpilot_lab::{
 use linkpilot_tests::{
     burst_rtt::first_segment_rtts,
     daemon::{iperf3_client, iperf3_server, status_json, wait_for, Daemon},
+    marking::{self, JOB_PORT},
     sink::RECEIVER,
 };
-
-const JOB_PORT: u16 = 6000;
 
 /// Seconds of each phase: beside iperf3 the job bursts about twice a second, each burst one
 /// sample of a queue that swings between about 5 and 30 ms with iperf3's window; 20 s of them
@@ -101,15 +100,6 @@ fn setup() -> Setup {
     let trace = dir.join("trace.jsonl");
     wait_for("the job-report directory", Duration::from_secs(20), || dir.join("jobs").is_dir());
     Setup { _lab: lab, hk, hk2, us, dir, trace, daemon }
-}
-
-fn spawn_python(cmd: &mut std::process::Command, script: &str, to: &Host) -> Child {
-    cmd.args(["-c", script, &to.ipv4.to_string(), &JOB_PORT.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3")
 }
 
 /// ping from `from` to `to` every 10 ms for `secs`: (Unix time the echo was sent, RTT ms).
@@ -290,19 +280,11 @@ fn queueing_delay_of_a_jobs_own_bursts_is_told_from_cross_traffics_as_ping_sees_
     let base_ms =
         ping_samples(ping(&s.hk, &s.us, 2)).into_iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
     assert!(base_ms.is_finite(), "no ping reply");
-    let mut sink = spawn_python(
-        &mut s.us.command(&linkpilot_tests::python().display().to_string()),
-        RECEIVER,
-        &s.us,
-    );
+    let mut sink = marking::python(&s.us, RECEIVER, &s.us, None, &[]);
     let sink_lines = linkpilot_tests::pipe_output(&mut sink).0;
     assert_eq!(sink_lines.recv_timeout(Duration::from_secs(30)).expect("sink"), "listening");
-    let mut cmd = s.hk.command("setpriv");
-    cmd.args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
-        .arg(linkpilot_tests::python())
-        .current_dir("/")
-        .env("LINKPILOT_JOBS", s.dir.join("jobs"));
-    let mut job = spawn_python(&mut cmd, JOB, &s.us);
+    // The job runs as `nobody`, its report's owner, so that its connections are the job's.
+    let mut job = marking::python(&s.hk, JOB, &s.us, Some(&s.dir.join("jobs")), &[]);
     let lines = linkpilot_tests::pipe_output(&mut job).0;
     assert_eq!(lines.recv_timeout(Duration::from_secs(30)).expect("job"), "connected");
     wait_for("the job in status", Duration::from_secs(10), || {
